@@ -1,0 +1,225 @@
+"""The dispatcher's guarantees: order, isolation, pairing, strong references, timing."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+
+import pytest
+
+import verl_events
+from verl_events import Observer, ObserverError, Selection, StageEnd, StageEvent, stage
+from verl_events._bus import Dispatcher
+from verl_events.testing import RecordingObserver, capture_events
+
+from .test_events import make_event
+
+
+class Journal(Observer):
+    """Writes every hook call into a shared list, to check global order."""
+
+    def __init__(self, journal: list[str], fail_on: str | None = None, exc: BaseException | None = None) -> None:
+        self.journal = journal
+        self.fail_on = fail_on
+        self.exc = exc or RuntimeError("observer bug")
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        self.journal.append(f"{self.name}.begin")
+        if self.fail_on == "begin":
+            raise self.exc
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        self.journal.append(f"{self.name}.end")
+        if self.fail_on == "end":
+            raise self.exc
+
+
+def journals(journal: list[str], *specs: tuple[str, int]) -> list[Journal]:
+    made = []
+    for name, priority in specs:
+        obs = Journal(journal)
+        obs.name, obs.priority = name, priority
+        made.append(obs)
+    return made
+
+
+def test_begin_runs_by_priority_then_install_order_and_end_in_reverse() -> None:
+    journal: list[str] = []
+    with verl_events.install(observers=journals(journal, ("a", 0), ("b", 10), ("c", 0), ("d", 10))):
+        with stage("actor_update", step=1):
+            journal.append("body")
+    assert journal == [
+        "b.begin", "d.begin", "a.begin", "c.begin",
+        "body",
+        "c.end", "a.end", "d.end", "b.end",
+    ]
+
+
+def test_a_failing_observer_is_logged_and_the_others_and_the_body_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    journal: list[str] = []
+    first, broken, last = journals(journal, ("first", 0), ("broken", 0), ("last", 0))
+    broken.fail_on = "begin"
+    with verl_events.install(observers=[first, broken, last]):
+        with stage("actor_update", step=4):
+            journal.append("body")
+    assert journal == ["first.begin", "broken.begin", "last.begin", "body", "last.end", "broken.end", "first.end"]
+    [record] = [r for r in caplog.records if r.name == "verl_events"]
+    assert record.levelno == logging.ERROR
+    assert "observer 'broken' failed in on_stage_begin for stage 'actor_update' (step 4, rank 0): RuntimeError: observer bug" in record.getMessage()
+
+
+def test_only_the_first_failure_of_an_observer_carries_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    broken = RecordingObserver(fail_on="end")
+    with verl_events.install(observers=[broken]):
+        for step in (1, 2):
+            with stage("actor_update", step=step):
+                pass
+    records = [r for r in caplog.records if r.name == "verl_events"]
+    assert [r.exc_info is not None for r in records] == [True, False]
+    assert records[1].getMessage().endswith("(failure 2)")
+
+
+def test_every_begin_gets_one_end_when_the_body_raises_and_the_error_propagates_unchanged() -> None:
+    rec = RecordingObserver()
+    error = ValueError("body failed")
+    calls = 0
+    with verl_events.install(observers=[rec]):
+        with pytest.raises(ValueError) as raised:
+            with stage("critic_update", step=2):
+                calls += 1
+                raise error
+    assert raised.value is error
+    assert calls == 1
+    assert rec.calls == [("begin", "critic_update", 2), ("end", "critic_update", 2)]
+    end = rec.events[-1]
+    assert isinstance(end, StageEnd) and end.error is error
+
+
+def test_strict_mode_raises_after_owed_end_hooks_and_skips_the_body() -> None:
+    journal: list[str] = []
+    outer, broken, inner = journals(journal, ("outer", 2), ("broken", 1), ("inner", 0))
+    broken.fail_on = "begin"
+    ran = False
+    with verl_events.install({"strict": True}, observers=[outer, broken, inner]):
+        with pytest.raises(ObserverError, match=r"observer 'broken' failed in on_stage_begin for stage 'actor_update' \(step 1, rank 0\); strict mode") as raised:
+            with stage("actor_update", step=1):
+                ran = True
+    assert not ran
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    # "inner" never began, so it is owed nothing; the others end in reverse.
+    assert journal == ["outer.begin", "broken.begin", "broken.end", "outer.end"]
+
+
+def test_strict_end_failure_raises_after_every_end_hook_ran() -> None:
+    journal: list[str] = []
+    outer, broken = journals(journal, ("outer", 1), ("broken", 0))
+    broken.fail_on = "end"
+    with verl_events.install({"strict": True}, observers=[outer, broken]):
+        with pytest.raises(ObserverError, match="failed in on_stage_end"):
+            with stage("actor_update", step=1):
+                pass
+    assert journal == ["outer.begin", "broken.begin", "broken.end", "outer.end"]
+
+
+def test_strict_end_failure_does_not_replace_the_body_exception(caplog: pytest.LogCaptureFixture) -> None:
+    broken = RecordingObserver(fail_on="end")
+    with verl_events.install({"strict": True}, observers=[broken]):
+        with pytest.raises(KeyError):
+            with stage("actor_update", step=1):
+                raise KeyError("the body's error")
+    assert any("already failing" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_keyboard_interrupt_and_system_exit_are_never_swallowed(interrupt: type[BaseException]) -> None:
+    journal: list[str] = []
+    outer, broken = journals(journal, ("outer", 1), ("broken", 0))
+    broken.fail_on, broken.exc = "begin", interrupt()
+    with verl_events.install(observers=[outer, broken]):
+        with pytest.raises(interrupt):
+            with stage("actor_update", step=1):
+                journal.append("body")
+    assert journal == ["outer.begin", "broken.begin", "broken.end", "outer.end"]
+
+
+def test_observers_are_held_strongly() -> None:
+    rec = RecordingObserver()
+    installation = verl_events.install(observers=[rec])
+    del rec
+    gc.collect()
+    with stage("actor_update", step=1):
+        pass
+    [observer] = installation.observers
+    assert isinstance(observer, RecordingObserver) and len(observer.calls) == 2
+    installation.close()
+
+
+def test_hook_times_are_reported_when_a_timing_observer_is_connected() -> None:
+    class Slow(Observer):
+        def on_stage_begin(self, event: StageEvent) -> None:
+            time.sleep(0.02)
+
+    slow, timing = Slow(), RecordingObserver(timings=True)
+    slow.name, timing.name = "slow", "timing"
+    with verl_events.install(observers=[timing, slow]):
+        with stage("actor_update", step=1):
+            pass
+    [report] = timing.reports
+    assert report.observers == ("timing", "slow")
+    assert report.hook_seconds["slow"] >= 0.02
+    assert report.event.elapsed_s < report.hook_seconds["slow"]  # hooks are outside the body time
+
+
+def test_no_hook_time_is_measured_without_a_timing_observer(monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = RecordingObserver()
+    dispatcher = Dispatcher([rec], strict=False)
+    clock_reads = 0
+
+    def counting_clock() -> float:
+        nonlocal clock_reads
+        clock_reads += 1
+        return 0.0
+
+    monkeypatch.setattr("verl_events._bus.perf_counter", counting_clock)
+    event = make_event(seq=1)
+    dispatcher.on_begin("actor_update", event=event)
+    dispatcher.on_end("actor_update", event=event.ended(0.1, None))
+    assert clock_reads == 0 and len(rec.calls) == 2
+
+
+def test_the_framework_applies_the_selection() -> None:
+    rec = RecordingObserver()
+    rec.selection = Selection.parse(steps=[2], stages=["actor_update"])
+    with verl_events.install(observers=[rec]):
+        for step in (1, 2, 3):
+            for name in ("actor_update", "critic_update"):
+                with stage(name, step=step):
+                    pass
+    assert rec.calls == [("begin", "actor_update", 2), ("end", "actor_update", 2)]
+
+
+def test_blinker_skips_stages_no_observer_selected() -> None:
+    rec = RecordingObserver()
+    rec.selection = Selection.parse(stages=["actor_update"])
+    with verl_events.install(observers=[rec]):
+        assert verl_events.stage_begin.has_receivers_for("actor_update")
+        assert not verl_events.stage_begin.has_receivers_for("critic_update")
+        with stage("critic_update", step=1) as event:
+            assert event is None  # nothing listened, so nothing was built
+
+
+def test_plain_blinker_receivers_get_the_events_too() -> None:
+    with capture_events() as events:
+        with stage("ref_compute_log_prob", step=3, batch=8):
+            pass
+    begin, end = events
+    assert (begin.stage, begin.role, begin.step, dict(begin.meta)) == ("ref_compute_log_prob", "ref", 3, {"batch": 8})
+    assert isinstance(end, StageEnd) and end.seq == begin.seq
+
+
+def test_an_end_without_its_begin_is_ignored() -> None:
+    rec = RecordingObserver()
+    dispatcher = Dispatcher([rec], strict=False)
+    dispatcher.on_end("actor_update", event=make_event(seq=99).ended(0.0, None))
+    assert rec.calls == []

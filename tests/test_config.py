@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_events import ConfigError, load_config
+
+YAML = """
+save_path: out/profile
+strict: false
+observers:
+  - name: recording
+    steps: [1, "4-5"]
+    stages: [actor_update]
+    priority: 3
+  - _target_: verl_events.testing:RecordingObserver
+    timings: true
+"""
+
+
+def test_yaml_file_dict_and_omegaconf_give_the_same_config(tmp_path: Path) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(YAML)
+    from_file = load_config(path)
+    from_dict = load_config(OmegaConf.to_container(OmegaConf.create(YAML)))
+    from_omegaconf = load_config(OmegaConf.create(YAML))
+    assert from_file == from_dict == from_omegaconf
+    first, second = from_file.observers
+    assert from_file.save_path == Path("out/profile")
+    assert first.name == "recording" and first.priority == 3
+    assert first.selection.steps == {1, 4, 5} and first.selection.stages == {"actor_update"}
+    assert second.target == "verl_events.testing:RecordingObserver" and dict(second.options) == {"timings": True}
+
+
+def test_empty_sources_give_the_defaults(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(None) == load_config(empty) == load_config({})
+    assert load_config(None).save_path == Path("outputs/profile")
+
+
+def test_dotlist_overrides_reach_into_the_observer_list() -> None:
+    cfg = load_config(YAML_DICT(), ["observers.0.steps=[2,3]", "strict=true", "observers.1.enabled=false"])
+    assert cfg.strict is True
+    assert cfg.observers[0].selection.steps == {2, 3}
+    assert cfg.observers[1].enabled is False
+
+
+def YAML_DICT() -> dict:  # type: ignore[type-arg]
+    return {"observers": [{"name": "recording"}, {"name": "recording"}]}
+
+
+@pytest.mark.parametrize("override", ["no_equals_sign", "=3"])
+def test_malformed_overrides_are_errors(override: str) -> None:
+    with pytest.raises(ConfigError, match="is not key=value"):
+        load_config({}, [override])
+
+
+def test_yaml_that_does_not_parse_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("observers:\n  - name: recording\n    steps: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml' is not valid YAML at line \d+, column \d+"):
+        load_config(path)
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping with keys save_path, strict, observers; found a list"):
+        load_config(path)
+
+
+def test_unknown_top_level_keys_are_errors() -> None:
+    with pytest.raises(ConfigError, match=r"config: unknown key 'observer'; allowed: save_path, strict, observers"):
+        load_config({"observer": []})
+
+
+@pytest.mark.parametrize(
+    ("raw", "pattern"),
+    [
+        ({"strict": "yes"}, r"strict: 'yes' is not allowed; use true or false"),
+        ({"save_path": 3}, r"save_path: 3 is not allowed"),
+        ({"observers": {"name": "x"}}, r"observers: .* use a list"),
+        ({"observers": ["recording"]}, r"observers\[0\]: 'recording' is not allowed; each observer is a mapping"),
+        ({"observers": [{"steps": [1]}]}, r"observers\[0\]: give exactly one of 'name'"),
+        ({"observers": [{"name": "a", "_target_": "b.C"}]}, r"give exactly one of"),
+        ({"observers": [{"name": ""}]}, r"observers\[0\]\.name: '' is not allowed"),
+        ({"observers": [{"name": "recording", "priority": "high"}]}, r"observers\[0\]\.priority: 'high' is not allowed; use an integer"),
+        ({"observers": [{"name": "recording", "priority": True}]}, r"priority: True is not allowed"),
+        ({"observers": [{"name": "recording", "enabled": 1}]}, r"enabled: 1 is not allowed"),
+        ({"observers": [{"name": "recording", "steps": ["5-2"]}]}, r"observers\[0\]\.steps: '5-2' is not allowed"),
+        ({"observers": [{"name": "recording", "ranks": [-1]}]}, r"observers\[0\]\.ranks: -1 is not allowed"),
+        ({"observers": [{"name": "recording", "stages": ["x/.."]}]}, r"not a valid stage name"),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_allowed(raw: dict, pattern: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(raw)
+
+
+def test_a_non_config_source_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="int is not a config"):
+        load_config(3)

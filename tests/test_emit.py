@@ -1,0 +1,253 @@
+"""The emit API: stage(), emits_stage, step/rank/model resolution, nesting, threads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import verl_events
+from verl_events import ConfigError, StageEnd, emits_stage, stage
+from verl_events.testing import RecordingObserver, capture_events
+
+
+class DataProtoLike:
+    """Just the part of verl's DataProto that step resolution reads."""
+
+    def __init__(self, global_steps: Any) -> None:
+        self.meta_info = {"global_steps": global_steps}
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.actor = SimpleNamespace(engine=SimpleNamespace(module=torch.nn.Linear(2, 2)))
+        self.calls = 0
+
+    @emits_stage("actor_update")
+    def update_actor(self, data: Any) -> str:
+        self.calls += 1
+        return "updated"
+
+    @emits_stage("my_custom_stage", role="critic")
+    def custom(self, data: Any = None) -> None:
+        self.calls += 1
+
+    @emits_stage("actor_update")
+    def fails(self) -> None:
+        self.calls += 1
+        raise RuntimeError("stage body failed")
+
+
+def begins(events: list[Any]) -> list[Any]:
+    return [e for e in events if not isinstance(e, StageEnd)]
+
+
+def test_nothing_listening_runs_the_body_once_and_builds_no_event() -> None:
+    worker = Worker()
+    assert worker.update_actor(DataProtoLike(1)) == "updated"
+    assert worker.calls == 1
+    with stage("actor_update") as event:
+        assert event is None
+
+
+def test_decorator_keeps_the_method_name_and_return_value() -> None:
+    worker = Worker()
+    with capture_events():
+        assert worker.update_actor(DataProtoLike(1)) == "updated"
+    assert Worker.update_actor.__name__ == "update_actor"
+
+
+def test_step_comes_from_meta_info_first() -> None:
+    worker = Worker()
+    worker.global_step = 9  # type: ignore[attr-defined]
+    verl_events.set_step(11)
+    with capture_events() as events:
+        worker.update_actor(DataProtoLike(3))
+    assert begins(events)[0].step == 3
+
+
+def test_step_comes_from_a_dict_argument() -> None:
+    with capture_events() as events:
+        Worker().update_actor({"global_steps": torch.tensor(5)})
+    assert begins(events)[0].step == 5
+
+
+@pytest.mark.parametrize("attr", ["global_step", "_global_step"])
+def test_step_falls_back_to_worker_attributes(attr: str) -> None:
+    worker = Worker()
+    setattr(worker, attr, 7)
+    verl_events.set_step(11)
+    with capture_events() as events:
+        worker.update_actor(object())
+    assert begins(events)[0].step == 7
+
+
+def test_step_falls_back_to_the_announced_step_then_none() -> None:
+    worker = Worker()
+    with capture_events() as events:
+        worker.update_actor(object())
+        verl_events.set_step(12)
+        worker.update_actor(object())
+    assert [e.step for e in begins(events)] == [None, 12]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True])
+def test_set_step_rejects_non_steps(bad: Any) -> None:
+    with pytest.raises(ValueError, match="is not a step"):
+        verl_events.set_step(bad)
+
+
+def test_rank_comes_from_the_environment_without_torch_distributed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with capture_events() as events:
+        with stage("actor_update", step=1):
+            pass
+    assert (events[0].rank, events[0].world_size) == (3, 8)
+
+
+def test_a_bad_rank_variable_warns_once_and_uses_zero(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("RANK", "abc")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with capture_events() as events:
+        for _ in range(2):
+            with stage("actor_update", step=1):
+                pass
+    assert events[0].rank == 0
+    assert [r.getMessage() for r in caplog.records] == ["environment variable RANK='abc' is not an integer; using 0"]
+
+
+def test_model_is_resolved_through_verl_candidate_paths() -> None:
+    worker = Worker()
+    with capture_events() as events:
+        worker.update_actor(DataProtoLike(1))
+    event = begins(events)[0]
+    assert event.model is worker.actor.engine.module
+    assert event.model_paths[0] == "actor.engine.module" and event.model_paths[-1] == "module"
+
+
+def test_model_chunks_are_kept_as_a_list() -> None:
+    worker = Worker()
+    chunks = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    worker.actor = SimpleNamespace(actor_module=chunks)  # type: ignore[assignment]
+    with capture_events() as events:
+        worker.update_actor(DataProtoLike(1))
+    assert begins(events)[0].model is chunks
+
+
+def test_user_model_paths_are_tried_first() -> None:
+    worker = Worker()
+    worker.policy = SimpleNamespace(net=torch.nn.Linear(3, 3))  # type: ignore[attr-defined]
+    verl_events.add_model_paths("actor", "policy.net")
+    with capture_events() as events:
+        worker.update_actor(DataProtoLike(1))
+    assert begins(events)[0].model is worker.policy.net  # type: ignore[attr-defined]
+
+
+def test_add_model_paths_rejects_non_paths() -> None:
+    with pytest.raises(ValueError, match="not a dotted attribute path"):
+        verl_events.add_model_paths("actor", "actor/engine")
+
+
+class NeedsModel(RecordingObserver):
+    needs_model = True
+
+
+def test_missing_model_warns_once_naming_stage_role_and_every_path(caplog: pytest.LogCaptureFixture) -> None:
+    worker = Worker()
+    del worker.actor
+    observer = NeedsModel()
+    observer.name = "dumper"
+    with verl_events.install(observers=[observer]):
+        worker.update_actor(DataProtoLike(1))
+        worker.update_actor(DataProtoLike(2))
+    [record] = [r for r in caplog.records if r.name == "verl_events"]
+    message = record.getMessage()
+    assert record.levelno == logging.WARNING
+    assert "model not resolved for stage 'actor_update' (role 'actor', step 1): observer 'dumper' needs one" in message
+    assert "actor.engine.module, actor.actor_module, actor.actor_module_fsdp, actor_module_fsdp, actor_module, module" in message
+    assert len(observer.calls) == 4  # the stage still reaches the observer
+
+
+def test_no_warning_when_no_observer_needs_a_model(caplog: pytest.LogCaptureFixture) -> None:
+    worker = Worker()
+    del worker.actor
+    with verl_events.install(observers=[RecordingObserver()]):
+        worker.update_actor(DataProtoLike(1))
+    assert not caplog.records
+
+
+def test_role_defaults_to_the_role_verl_runs_the_stage_in() -> None:
+    with capture_events() as events:
+        Worker().custom()
+        with stage("ref_compute_log_prob"):
+            pass
+        with stage("unknown_custom"):
+            pass
+    assert [e.role for e in begins(events)] == ["critic", "ref", None]
+
+
+def test_the_body_exception_propagates_unchanged_and_the_body_runs_once() -> None:
+    worker = Worker()
+    with capture_events() as events:
+        with pytest.raises(RuntimeError, match="stage body failed"):
+            worker.fails()
+    assert worker.calls == 1
+    assert isinstance(events[1], StageEnd) and isinstance(events[1].error, RuntimeError)
+
+
+def test_bad_stage_names_fail_at_decoration_time() -> None:
+    with pytest.raises(ConfigError, match="'a/b' is not a valid stage name"):
+        emits_stage("a/b")
+
+
+def test_bad_stage_names_fail_in_stage_when_someone_listens() -> None:
+    with capture_events():
+        with pytest.raises(ConfigError, match="'../x' is not a valid stage name"):
+            with stage("../x"):
+                pass
+
+
+def test_nested_stages_carry_depth_and_parent_and_close_inner_first() -> None:
+    with capture_events() as events:
+        with stage("actor_update", step=1):
+            with stage("forward_backward", step=1):
+                pass
+    assert [(e.stage, type(e).__name__, e.depth, e.parent) for e in events] == [
+        ("actor_update", "StageEvent", 0, None),
+        ("forward_backward", "StageEvent", 1, "actor_update"),
+        ("forward_backward", "StageEnd", 1, "actor_update"),
+        ("actor_update", "StageEnd", 0, None),
+    ]
+
+
+def test_threads_keep_separate_stacks_and_every_begin_is_paired() -> None:
+    rec = RecordingObserver()
+    barrier = threading.Barrier(4)
+
+    def work(index: int) -> None:
+        barrier.wait()
+        for step in range(20):
+            with stage("compute_values", step=step, thread=index):
+                with stage("critic_update", step=step, thread=index):
+                    pass
+
+    with verl_events.install(observers=[rec]):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    by_seq: dict[int, list[str]] = {}
+    for event in rec.events:
+        by_seq.setdefault(event.seq, []).append(type(event).__name__)
+        if event.stage == "compute_values":
+            assert (event.depth, event.parent) == (0, None)
+        else:
+            assert (event.depth, event.parent) == (1, "compute_values")
+    assert len(by_seq) == 4 * 20 * 2
+    assert all(kinds == ["StageEvent", "StageEnd"] for kinds in by_seq.values())

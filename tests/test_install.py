@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import verl_events
+from verl_events import Observer, ObserverError, ObserverSetupError, install, stage
+from verl_events.testing import RecordingObserver
+
+
+def test_install_returns_a_handle_that_closes_observers_and_disconnects() -> None:
+    rec = RecordingObserver()
+    inst = install(observers=[rec])
+    assert verl_events.current_installation() is inst
+    inst.close()
+    assert rec.closed and inst.closed
+    assert verl_events.current_installation() is None
+    assert not verl_events.stage_begin.receivers
+    with stage("actor_update", step=1) as event:
+        assert event is None
+
+
+def test_close_twice_is_harmless() -> None:
+    rec = RecordingObserver()
+    inst = install(observers=[rec])
+    inst.close()
+    inst.close()
+    assert rec.closed
+
+
+def test_install_twice_is_an_error_naming_the_open_installation() -> None:
+    with install(observers=[RecordingObserver()]):
+        with pytest.raises(RuntimeError, match=r"already installed in this process \(<Installation \[RecordingObserver\]>\); close that handle first"):
+            install()
+
+
+def test_install_again_after_close_works() -> None:
+    with install(observers=[RecordingObserver()]):
+        pass
+    with install(observers=[RecordingObserver()]) as inst:
+        assert not inst.closed
+
+
+def test_disabled_entries_are_not_built() -> None:
+    with install({"observers": [{"name": "recording", "enabled": False}, {"name": "recording"}]}) as inst:
+        assert [o.name for o in inst.observers] == ["recording"]
+
+
+def test_duplicate_names_get_a_suffix() -> None:
+    with install({"observers": [{"name": "recording"}, {"name": "recording"}]}) as inst:
+        assert [o.name for o in inst.observers] == ["recording", "recording#2"]
+
+
+class FailsToClose(Observer):
+    def close(self) -> None:
+        raise RuntimeError("cannot flush")
+
+
+def test_a_failing_close_is_logged_and_the_others_still_close(caplog: pytest.LogCaptureFixture) -> None:
+    rec = RecordingObserver()
+    with install(observers=[rec, FailsToClose()]):
+        pass
+    assert rec.closed
+    assert "observer 'FailsToClose' failed to close: RuntimeError: cannot flush" in caplog.text
+
+
+def test_a_failing_close_raises_in_strict_mode_after_closing_the_others() -> None:
+    rec = RecordingObserver()
+    inst = install({"strict": True}, observers=[rec, FailsToClose()])
+    with pytest.raises(ObserverError, match="observer 'FailsToClose' failed to close"):
+        inst.close()
+    assert rec.closed
+
+
+CLOSED: list[str] = []
+
+
+class RecordsClose(Observer):
+    def close(self) -> None:
+        CLOSED.append(self.name)
+
+
+class SetupFails(Observer):
+    def setup(self, context: verl_events.InstallContext) -> None:
+        raise RuntimeError("no disk")
+
+
+def test_a_failed_install_closes_what_it_had_built() -> None:
+    CLOSED.clear()
+    with pytest.raises(ObserverSetupError, match=r"observer 'SetupFails' failed to set up: RuntimeError: no disk"):
+        install({"observers": [{"_target_": "tests.test_install:RecordsClose"}]}, observers=[SetupFails()])
+    assert CLOSED == ["tests.test_install:RecordsClose"]
+    assert verl_events.current_installation() is None
+    assert not verl_events.stage_begin.receivers
+
+
+def test_close_happens_at_interpreter_exit(tmp_path: Path) -> None:
+    marker = tmp_path / "closed"
+    script = f"""
+import pathlib, verl_events
+class Marks(verl_events.Observer):
+    def close(self):
+        pathlib.Path({str(marker)!r}).write_text("yes")
+verl_events.install(observers=[Marks()])
+"""
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert marker.read_text() == "yes"

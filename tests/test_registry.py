@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import verl_events
+from verl_events import ConfigError, ObserverSetupError, install
+from verl_events.testing import RecordingObserver
+
+
+def add_distribution(root: Path, dist: str, entry_points: str, modules: dict[str, str]) -> None:
+    """A real installed distribution on sys.path: dist-info with entry points, plus modules."""
+    info = root / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[verl_events.observers]\n" + textwrap.dedent(entry_points))
+    for name, source in modules.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+
+
+def test_builtin_entry_points_resolve_by_name() -> None:
+    assert "recording" in verl_events.available_observers()
+    with install({"observers": [{"name": "recording", "stages": ["actor_update"], "priority": 5}]}) as inst:
+        [observer] = inst.observers
+    assert isinstance(observer, RecordingObserver)
+    assert (observer.name, observer.priority) == ("recording", 5)
+    assert observer.selection.stages == {"actor_update"}
+    assert observer.closed
+
+
+def test_target_resolves_an_import_path_in_both_spellings() -> None:
+    for target in ("verl_events.testing:RecordingObserver", "verl_events.testing.RecordingObserver"):
+        with install({"observers": [{"_target_": target, "timings": True}]}) as inst:
+            [observer] = inst.observers
+        assert isinstance(observer, RecordingObserver) and observer.wants_timings
+
+
+def test_unknown_name_lists_the_available_ones() -> None:
+    with pytest.raises(ConfigError, match=r"observers\[0\]\.name: 'nsys2' is not an installed observer; available: .*recording"):
+        install({"observers": [{"name": "nsys2"}]})
+
+
+@pytest.mark.parametrize(
+    ("target", "pattern"),
+    [
+        ("no_such_module_xyz:Thing", r"module 'no_such_module_xyz' .* failed to import: ModuleNotFoundError"),
+        ("verl_events.testing:Nope", r"'verl_events.testing' has no attribute 'Nope'"),
+        ("Justaname", r"'Justaname' is not an import path"),
+        ("verl_events.testing:capture_events", r"is <function capture_events.*>, not a subclass of verl_events.Observer"),
+    ],
+)
+def test_bad_targets_are_clear_errors(target: str, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        install({"observers": [{"_target_": target}]})
+
+
+def test_an_entry_point_that_fails_to_import_names_distribution_and_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    add_distribution(tmp_path, "broken_obs", "broken = broken_obs_mod:Broken\n", {"broken_obs_mod": "raise ImportError('needs libfoo')\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"entry point 'broken' \(broken_obs_mod:Broken\) of distribution 'broken_obs' failed to import: ImportError: needs libfoo"):
+        install({"observers": [{"name": "broken"}]})
+
+
+def test_a_third_party_entry_point_is_a_first_class_observer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    add_distribution(
+        tmp_path,
+        "counter_obs",
+        "counter = counter_obs_mod:Counter\n",
+        {
+            "counter_obs_mod": """
+            from verl_events import Observer
+
+            class Counter(Observer):
+                def __init__(self, start=0):
+                    self.count = start
+
+                def on_stage_end(self, event):
+                    self.count += 1
+            """
+        },
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with install({"observers": [{"name": "counter", "start": 10}]}) as inst:
+        with verl_events.stage("actor_update", step=1):
+            pass
+        assert inst.observers[0].count == 11  # type: ignore[attr-defined]
+
+
+def test_unknown_observer_options_list_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError, match=r"observers\[0\] \(recording\): unknown option 'timing'; RecordingObserver takes timings, fail_on, and every observer takes name, steps, stages, roles, ranks, priority, enabled"):
+        install({"observers": [{"name": "recording", "timing": True}]})
+
+
+class ExplodingInit(verl_events.Observer):
+    def __init__(self) -> None:
+        raise OSError("device busy")
+
+
+class BadOption(verl_events.Observer):
+    def __init__(self, level: str = "L1") -> None:
+        if level not in ("L0", "L1"):
+            raise ConfigError(f"level: {level!r} is not allowed; use L0 or L1")
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_observer_whose_init_raises_is_named_at_install(strict: bool) -> None:
+    with pytest.raises(ObserverSetupError, match=r"observers\[0\] \(tests.test_registry:ExplodingInit\) could not be created: OSError: device busy"):
+        install({"strict": strict, "observers": [{"_target_": "tests.test_registry:ExplodingInit"}]})
+    assert verl_events.current_installation() is None
+
+
+def test_a_config_error_from_an_observer_keeps_its_type_and_gains_its_location() -> None:
+    with pytest.raises(ConfigError, match=r"observers\[0\] \(tests.test_registry:BadOption\): level: 'L9' is not allowed"):
+        install({"observers": [{"_target_": "tests.test_registry:BadOption", "level": "L9"}]})

@@ -1,0 +1,42 @@
+"""verl_events: stage events for verl workers, delivered to any number of observers."""
+
+from ._bus import stage_begin, stage_end
+from ._config import Config, ObserverSpec, load_config
+from ._emit import emits_stage, stage
+from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
+from ._events import KNOWN_STAGES, STAGE_ROLES, StageEnd, StageEvent, StageReport
+from ._install import Installation, current_installation, install
+from ._observer import InstallContext, Observer
+from ._registry import available_observers
+from ._resolve import add_model_paths, current_step, reset_model_paths, set_step
+from ._selection import Selection
+
+__all__ = [
+    "KNOWN_STAGES",
+    "STAGE_ROLES",
+    "Config",
+    "ConfigError",
+    "InstallContext",
+    "Installation",
+    "Observer",
+    "ObserverError",
+    "ObserverSetupError",
+    "ObserverSpec",
+    "Selection",
+    "StageEnd",
+    "StageEvent",
+    "StageReport",
+    "VerlEventsWarning",
+    "add_model_paths",
+    "available_observers",
+    "current_installation",
+    "current_step",
+    "emits_stage",
+    "install",
+    "load_config",
+    "reset_model_paths",
+    "set_step",
+    "stage",
+    "stage_begin",
+    "stage_end",
+]

@@ -1,0 +1,216 @@
+"""The signals and the dispatcher that gives them their guarantees.
+
+Every stage is announced on two blinker signals of the ``verl_events``
+namespace, with the stage name as blinker's *sender* and the event as the
+``event`` keyword::
+
+    stage_begin.send("actor_update", event=StageEvent(...))
+    stage_end.send("actor_update", event=StageEnd(...))
+
+Any blinker receiver may subscribe (``stage_begin.connect(fn)``); it gets
+blinker's own semantics: unordered, and an exception propagates into the
+training loop.  Observers get more: :func:`verl_events.install` connects one
+:class:`Dispatcher` (strongly referenced; blinker's default weak reference
+would silently drop an observer built from config), and the dispatcher
+delivers to its observers in a fixed order, isolates their failures and
+pairs every begin with one end.  It subscribes with the selected stage names
+as senders, so blinker itself skips stages no observer selected.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+from types import MappingProxyType
+from typing import Any
+
+from blinker import ANY, Namespace
+
+from ._errors import ObserverError
+from ._events import StageEnd, StageEvent, StageReport
+from ._observer import Observer
+
+logger = logging.getLogger("verl_events")
+
+signals = Namespace()
+stage_begin = signals.signal(
+    "stage_begin", doc="Sent with the stage name as sender and event=StageEvent."
+)
+stage_end = signals.signal("stage_end", doc="Sent with the stage name as sender and event=StageEnd.")
+
+
+@dataclass(slots=True)
+class _Frame:
+    """One open stage: who got its begin, and their hook times so far."""
+
+    delivered: list[Observer] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """Delivers stage events to a fixed, ordered set of observers.
+
+    * Begin hooks run by descending priority, then in the given order; end
+      hooks run in the reverse order of the begins actually delivered.
+    * An observer whose begin hook was called gets exactly one end hook,
+      even if its own begin raised.
+    * A hook raising ``Exception`` is logged (observer, hook, stage, step,
+      rank, error) and the others still run.  In strict mode the first
+      failure raises :class:`ObserverError` once every owed end hook ran.
+      ``KeyboardInterrupt`` and ``SystemExit`` always propagate.
+    * Hook times are measured only when some observer ``wants_timings``.
+
+    Thread safety: the observer tuple never changes after construction and
+    open stages are keyed by the event's unique ``seq``, so stages on
+    several threads do not interfere.
+    """
+
+    def __init__(self, observers: Sequence[Observer], *, strict: bool) -> None:
+        # sorted() is stable, so equal priorities keep install order.
+        self.observers: tuple[Observer, ...] = tuple(sorted(observers, key=lambda o: -o.priority))
+        self.strict = strict
+        self._timed = any(o.wants_timings for o in self.observers)
+        self._by_stage: dict[str, tuple[Observer, ...]] = {}
+        self._open: dict[int, _Frame] = {}
+        self._failures: dict[str, int] = {}
+        self._model_warned: set[tuple[str, str | None]] = set()
+
+    # -- subscription -------------------------------------------------------
+
+    def connect(self) -> None:
+        """Subscribe to both signals, only for stages some observer selects."""
+        senders: set[Any] = set()
+        for observer in self.observers:
+            if observer.selection.stages is None:
+                senders = {ANY}
+                break
+            senders |= observer.selection.stages
+        for sender in senders:
+            stage_begin.connect(self.on_begin, sender=sender, weak=False)
+            stage_end.connect(self.on_end, sender=sender, weak=False)
+
+    def disconnect(self) -> None:
+        stage_begin.disconnect(self.on_begin)
+        stage_end.disconnect(self.on_end)
+
+    # -- dispatch -----------------------------------------------------------
+
+    def on_begin(self, sender: str, *, event: StageEvent) -> None:
+        selected = [o for o in self._candidates(event.stage) if o.selection.accepts(event)]
+        if not selected:
+            return
+        if event.model is None and any(o.needs_model for o in selected):
+            self._warn_model_missing(event, selected)
+        frame = _Frame()
+        self._open[event.seq] = frame
+        for observer in selected:
+            frame.delivered.append(observer)
+            error = self._call(observer, "on_stage_begin", observer.on_stage_begin, event, frame)
+            if error is not None and self.strict:
+                # The emitter answers with stage_end, which closes this frame.
+                raise _strict_error(observer, "on_stage_begin", event) from error
+
+    def on_end(self, sender: str, *, event: StageEnd) -> None:
+        frame = self._open.pop(event.seq, None)
+        if frame is None:  # nobody selected this stage, or installed mid-stage
+            return
+        first: tuple[Observer, BaseException] | None = None
+        for observer in reversed(frame.delivered):
+            error = self._call(observer, "on_stage_end", observer.on_stage_end, event, frame)
+            if error is not None and first is None:
+                first = (observer, error)
+        if self._timed:
+            self._report(event, frame)
+        if first is not None and self.strict:
+            raise _strict_error(first[0], "on_stage_end", event) from first[1]
+
+    def _report(self, event: StageEnd, frame: _Frame) -> None:
+        report = StageReport(
+            event=event,
+            observers=tuple(o.name for o in frame.delivered),
+            hook_seconds=MappingProxyType(frame.seconds),
+        )
+        for observer in frame.delivered:
+            if observer.wants_timings:
+                self._call(observer, "on_stage_report", observer.on_stage_report, report, None)
+
+    def _call(
+        self,
+        observer: Observer,
+        hook_name: str,
+        hook: Callable[[Any], None],
+        payload: Any,
+        frame: _Frame | None,
+    ) -> Exception | None:
+        timed = self._timed and frame is not None
+        started = perf_counter() if timed else 0.0
+        try:
+            hook(payload)
+        except Exception as exc:  # BaseException (Ctrl-C, exit) must propagate
+            self._log_failure(observer, hook_name, payload, exc)
+            return exc
+        finally:
+            if timed:
+                assert frame is not None
+                spent = perf_counter() - started
+                frame.seconds[observer.name] = frame.seconds.get(observer.name, 0.0) + spent
+        return None
+
+    def _candidates(self, stage: str) -> tuple[Observer, ...]:
+        found = self._by_stage.get(stage)
+        if found is None:
+            found = tuple(
+                o for o in self.observers if o.selection.stages is None or stage in o.selection.stages
+            )
+            self._by_stage[stage] = found
+        return found
+
+    def _log_failure(self, observer: Observer, hook_name: str, payload: Any, exc: Exception) -> None:
+        event = payload.event if isinstance(payload, StageReport) else payload
+        count = self._failures.get(observer.name, 0) + 1
+        self._failures[observer.name] = count
+        # The first failure carries the traceback; repeats stay one line.
+        logger.error(
+            "observer %r failed in %s for stage %r (step %s, rank %s): %s: %s%s",
+            observer.name,
+            hook_name,
+            event.stage,
+            event.step,
+            event.rank,
+            type(exc).__name__,
+            exc,
+            "" if count == 1 else f" (failure {count})",
+            exc_info=exc if count == 1 else None,
+        )
+
+    def _warn_model_missing(self, event: StageEvent, selected: list[Observer]) -> None:
+        key = (event.stage, event.role)
+        if key in self._model_warned:
+            return
+        self._model_warned.add(key)
+        needing = ", ".join(repr(o.name) for o in selected if o.needs_model)
+        tried = (
+            "tried worker attributes " + ", ".join(event.model_paths)
+            if event.model_paths
+            else "no model= was passed to stage()"
+        )
+        logger.warning(
+            "model not resolved for stage %r (role %r, step %s): observer %s needs one; %s. "
+            "Pass model=..., or add a path with verl_events.add_model_paths(%r, 'attr.path').",
+            event.stage,
+            event.role,
+            event.step,
+            needing,
+            tried,
+            event.role or "<role>",
+        )
+
+
+def _strict_error(observer: Observer, hook_name: str, event: StageEvent) -> ObserverError:
+    return ObserverError(
+        f"observer {observer.name!r} failed in {hook_name} for stage {event.stage!r} "
+        f"(step {event.step}, rank {event.rank}); strict mode stops the stage. "
+        "Set strict: false to log observer failures and keep training."
+    )

@@ -1,0 +1,194 @@
+"""Loading and validating the ``observers:`` configuration.
+
+Schema::
+
+    save_path: outputs/profile   # root of every observer's output
+    strict: false                # raise instead of logging observer problems
+    observers:
+      - name: msprobe            # an entry point of group verl_events.observers
+        # or _target_: my_pkg.observers:MyObserver
+        steps: [1, "4-6"]        # steps / stages / roles / ranks: null = all
+        stages: [actor_update]
+        priority: 0              # higher begins first and ends last
+        enabled: true
+        config_path: dump.json   # anything else is an option of the observer
+
+Sources: a YAML file path, a mapping, or an OmegaConf config; overrides are
+``key=value`` dotlist strings (``observers.0.steps=[1,2]``), values parsed
+as YAML.  Every error names the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from ._errors import ConfigError
+from ._selection import Selection
+
+DEFAULT_SAVE_PATH = "outputs/profile"
+TOP_LEVEL_KEYS = ("save_path", "strict", "observers")
+SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
+FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled")
+
+
+@dataclass(frozen=True, slots=True)
+class ObserverSpec:
+    """One validated ``observers:`` entry.  ``options`` go to the observer's
+    constructor; ``where`` locates the entry in error messages."""
+
+    where: str
+    name: str | None
+    target: str | None
+    selection: Selection
+    priority: int | None
+    enabled: bool
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.target or "?"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    save_path: Path
+    strict: bool
+    observers: tuple[ObserverSpec, ...]
+
+
+def load_config(source: Any = None, overrides: Iterable[str] = ()) -> Config:
+    """Build a :class:`Config` from a YAML path, a mapping or an OmegaConf
+    object (None means an empty config), then apply dotlist overrides."""
+    raw = _to_dict(source)
+    overrides = list(overrides)
+    if overrides:
+        raw = _apply_overrides(raw, overrides)
+    return parse_config(raw)
+
+
+def _to_dict(source: Any) -> dict[str, Any]:
+    if source is None:
+        return {}
+    if isinstance(source, (str, os.PathLike)):
+        return _read_yaml(Path(source))
+    if _is_omegaconf(source):
+        from omegaconf import OmegaConf
+
+        source = OmegaConf.to_container(source, resolve=True)
+    if isinstance(source, Mapping):
+        return dict(source)
+    raise ConfigError(
+        f"config: {type(source).__name__} is not a config; pass a YAML file path, "
+        "a dict or an OmegaConf DictConfig"
+    )
+
+
+def _is_omegaconf(value: Any) -> bool:
+    return type(value).__module__.startswith("omegaconf")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {problem}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping with keys "
+            f"{', '.join(TOP_LEVEL_KEYS)}; found a {type(data).__name__}"
+        )
+    return data
+
+
+def _apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = OmegaConf.create(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not key=value, e.g. observers.0.steps=[1,2]")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value {text!r} is not valid YAML") from exc
+        try:
+            OmegaConf.update(cfg, key.strip(), value, merge=True, force_add=True)
+        except (OmegaConfBaseException, IndexError, KeyError, ValueError) as exc:
+            raise ConfigError(f"override {item!r} cannot be applied: {exc}") from exc
+    result = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(result, dict)
+    return {str(k): v for k, v in result.items()}
+
+
+def parse_config(raw: Mapping[str, Any]) -> Config:
+    """Validate a plain mapping (see the module docstring for the schema)."""
+    unknown = sorted(set(map(str, raw)) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"config: unknown key {', '.join(map(repr, unknown))}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
+        )
+    strict = raw.get("strict", False)
+    if not isinstance(strict, bool):
+        raise ConfigError(f"strict: {strict!r} is not allowed; use true or false")
+    save_path = raw.get("save_path", DEFAULT_SAVE_PATH)
+    if not isinstance(save_path, (str, os.PathLike)) or not str(save_path):
+        raise ConfigError(f"save_path: {save_path!r} is not allowed; use a directory path")
+    entries = raw.get("observers") or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"observers: {entries!r} is not allowed; use a list of observer entries")
+    specs = tuple(_parse_observer(entry, f"observers[{i}]", strict) for i, entry in enumerate(entries))
+    return Config(save_path=Path(save_path), strict=strict, observers=specs)
+
+
+def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(
+            f"{where}: {entry!r} is not allowed; each observer is a mapping with "
+            "'name' (an entry point) or '_target_' (an import path)"
+        )
+    name, target = entry.get("name"), entry.get("_target_")
+    if (name is None) == (target is None):
+        raise ConfigError(
+            f"{where}: give exactly one of 'name' (an entry point such as msprobe) "
+            f"or '_target_' (an import path such as my_pkg.observers:MyObserver); got {dict(entry)!r}"
+        )
+    for key, value in (("name", name), ("_target_", target)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"{where}.{key}: {value!r} is not allowed; use a non-empty string")
+    priority = entry.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ConfigError(f"{where}.priority: {priority!r} is not allowed; use an integer")
+    enabled = entry.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}.enabled: {enabled!r} is not allowed; use true or false")
+    selection = Selection.parse(
+        **{key: entry.get(key) for key in SELECTION_KEYS}, where=where, strict=strict
+    )
+    options = {str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS}
+    return ObserverSpec(
+        where=where,
+        name=name,
+        target=target,
+        selection=selection,
+        priority=priority,
+        enabled=enabled,
+        options=MappingProxyType(options),
+    )

@@ -1,0 +1,198 @@
+"""Emitting stages: the ``stage`` context manager and the ``emits_stage`` decorator.
+
+When no receiver listens for a stage, both cost one or two dictionary
+checks and call the body directly; nothing is resolved or allocated.
+
+Nesting and threads: each thread keeps its own stack of open stages, so a
+stage inside another gets ``depth`` 1 and ``parent`` set, and stages on two
+threads never see each other's stack.  Begin and end events share a
+process-unique ``seq``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from time import perf_counter
+from types import MappingProxyType, TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from ._bus import stage_begin, stage_end
+from ._events import EMPTY_META, STAGE_ROLES, StageEvent, check_stage_name
+from ._resolve import current_step, find_model, find_rank, find_step
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+logger = logging.getLogger("verl_events")
+
+_local = threading.local()
+_seq = itertools.count(1)  # next() on a count is atomic under the GIL
+
+# Bound once: the disabled path reads these without attribute lookups on the signal.
+_begin_receivers = stage_begin.receivers
+_has_receivers_for = stage_begin.has_receivers_for
+
+
+def _listening(name: str) -> bool:
+    return bool(_begin_receivers) and _has_receivers_for(name)
+
+
+def _stack() -> list[str]:
+    stack: list[str] | None = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _new_event(
+    name: str,
+    role: str | None,
+    step: int | None,
+    model: Any,
+    meta: dict[str, Any],
+    model_paths: tuple[str, ...],
+) -> StageEvent:
+    stack = _stack()
+    rank, world_size = find_rank()
+    return StageEvent(
+        stage=name,
+        role=role,
+        step=step,
+        rank=rank,
+        world_size=world_size,
+        model=model,
+        meta=MappingProxyType(meta) if meta else EMPTY_META,
+        depth=len(stack),
+        parent=stack[-1] if stack else None,
+        seq=next(_seq),
+        model_paths=model_paths,
+    )
+
+
+def _open(event: StageEvent) -> float:
+    """Send stage_begin; return the body's start time.  If a begin receiver
+    raises (strict mode, Ctrl-C), stage_end still goes out before the error
+    propagates, so every observer that began also ends."""
+    stack = _stack()
+    stack.append(event.stage)
+    try:
+        stage_begin.send(event.stage, event=event)
+    except BaseException as exc:
+        stack.pop()
+        _send_end(event.ended(0.0, exc), body_failed=True)
+        raise
+    return perf_counter()
+
+
+def _close(event: StageEvent, started: float, error: BaseException | None) -> None:
+    elapsed = perf_counter() - started
+    _stack().pop()
+    _send_end(event.ended(elapsed, error), body_failed=error is not None)
+
+
+def _send_end(end: Any, *, body_failed: bool) -> None:
+    if not body_failed:
+        stage_end.send(end.stage, event=end)
+        return
+    # The body's own exception must propagate unchanged: a failing end
+    # receiver is logged instead of replacing it.
+    try:
+        stage_end.send(end.stage, event=end)
+    except Exception:
+        logger.exception("stage_end receiver failed while stage %r was already failing", end.stage)
+
+
+class stage:
+    """Context manager that emits ``stage_begin`` / ``stage_end`` around a block.
+
+    ``with stage("actor_update", role="actor", step=3, model=m) as event: ...``
+
+    ``role`` defaults to the role verl runs the stage in; ``step`` to the
+    step announced with :func:`set_step`.  Extra keywords become
+    ``event.meta``.  ``event`` is the :class:`StageEvent`, or None when no
+    receiver listens for this stage.  The block runs exactly once and its
+    exception propagates unchanged.  Use a fresh object for each ``with``.
+    """
+
+    __slots__ = ("_name", "_role", "_step", "_model", "_meta", "_event", "_started")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        role: str | None = None,
+        step: int | None = None,
+        model: Any = None,
+        **meta: Any,
+    ) -> None:
+        self._name = name
+        self._role = role
+        self._step = step
+        self._model = model
+        self._meta = meta
+        self._event: StageEvent | None = None
+        self._started = 0.0
+
+    def __enter__(self) -> StageEvent | None:
+        if not _listening(self._name):
+            return None
+        name = check_stage_name(self._name)
+        role = self._role if self._role is not None else STAGE_ROLES.get(name)
+        step = self._step if self._step is not None else current_step()
+        event = _new_event(name, role, step, self._model, self._meta, ())
+        self._started = _open(event)
+        self._event = event
+        return event
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        event, self._event = self._event, None
+        if event is not None:
+            _close(event, self._started, exc)
+
+
+def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a worker method so that each call is a stage.
+
+    Like verl's ``DistProfiler.annotate(role=...)``.  On each call where
+    something listens, it resolves the step (argument ``meta_info`` or dict
+    ``"global_steps"``, worker ``global_step`` / ``_global_step``, then
+    :func:`set_step`), the rank (torch.distributed, env ``RANK``, 0) and the
+    model (per-role attribute paths on the worker, see
+    :func:`add_model_paths`).  The method runs exactly once per call and its
+    exception propagates unchanged.
+    """
+    check_stage_name(name, where="emits_stage")
+    stage_role = role if role is not None else STAGE_ROLES.get(name)
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        method_meta = {"method": fn.__qualname__}
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            if not _begin_receivers or not _has_receivers_for(name):
+                return fn(*args, **kwargs)
+            worker = args[0] if args else None
+            step = find_step(worker, args[1:], kwargs)
+            model, paths = find_model(worker, stage_role)
+            event = _new_event(name, stage_role, step, model, dict(method_meta), paths)
+            started = _open(event)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                _close(event, started, exc)
+                raise
+            _close(event, started, None)
+            return result
+
+        return wrapper
+
+    return decorate

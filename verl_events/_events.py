@@ -1,0 +1,117 @@
+"""The typed records that travel on the bus, and the stage vocabulary."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ._errors import ConfigError
+
+#: Stages verl's workers run, mapped to the role that runs them.  verl 0.9's
+#: engine workers add ``train_batch`` (the critic's and trainer's update) and
+#: ``forward_backward``; they have no fixed role.
+STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
+    {
+        "rollout_generate": "rollout",
+        "ref_compute_log_prob": "ref",
+        "actor_compute_log_prob": "actor",
+        "compute_values": "critic",
+        "critic_update": "critic",
+        "actor_update": "actor",
+        "compute_rm_score": "reward_model",
+        "train_batch": None,
+        "forward_backward": None,
+    }
+)
+KNOWN_STAGES: frozenset[str] = frozenset(STAGE_ROLES)
+
+EMPTY_META: Mapping[str, Any] = MappingProxyType({})
+
+# A stage name becomes a directory name (``step_3/actor_update``), and msprobe
+# rejects any path outside ``[A-Za-z0-9_.:/-]``.  No separators, no ``..``.
+_STAGE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def check_stage_name(name: object, *, where: str = "stage") -> str:
+    """Return ``name`` if it is usable as a stage name, else raise ConfigError."""
+    if not isinstance(name, str) or not _STAGE_NAME.match(name) or set(name) == {"."}:
+        raise ConfigError(
+            f"{where}: {name!r} is not a valid stage name; a stage name becomes a "
+            "directory name, so it must be a non-empty string of letters, digits, "
+            "'_', '-' or '.', without '/' and not '.' or '..'"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class StageEvent:
+    """A stage is starting: what runs, where, and on which model.
+
+    ``step`` is verl's 1-based global step, or None when it could not be
+    resolved.  ``model`` is an ``nn.Module``, a list of model chunks, or None.
+    ``depth`` is 0 for a top-level stage and grows by one for each stage
+    nested inside another on the same thread; ``parent`` names the enclosing
+    stage.  ``seq`` is unique within the process and shared by a stage's
+    begin and end events.  ``model_paths`` lists the worker attribute paths
+    that were tried when the model was looked up on a worker.
+    """
+
+    stage: str
+    role: str | None
+    step: int | None
+    rank: int
+    world_size: int
+    model: Any = None
+    meta: Mapping[str, Any] = field(default_factory=lambda: EMPTY_META)
+    depth: int = 0
+    parent: str | None = None
+    seq: int = 0
+    model_paths: tuple[str, ...] = ()
+
+    def ended(self, elapsed_s: float, error: BaseException | None) -> StageEnd:
+        """The matching end event."""
+        return StageEnd(
+            self.stage,
+            self.role,
+            self.step,
+            self.rank,
+            self.world_size,
+            self.model,
+            self.meta,
+            self.depth,
+            self.parent,
+            self.seq,
+            self.model_paths,
+            elapsed_s,
+            error,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StageEnd(StageEvent):
+    """A stage has finished.
+
+    ``elapsed_s`` is the wall time of the stage body alone (observer hooks
+    excluded).  ``error`` is the exception the body raised, or None; the bus
+    re-raises it unchanged after the end hooks ran.
+    """
+
+    elapsed_s: float = 0.0
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StageReport:
+    """What the bus measured around one stage, for timing-capable observers.
+
+    ``observers`` names the observers that received this stage, in begin
+    order; ``hook_seconds`` maps each of them to the time spent in its own
+    begin and end hooks together.
+    """
+
+    event: StageEnd
+    observers: tuple[str, ...]
+    hook_seconds: Mapping[str, float] = field(default_factory=dict)

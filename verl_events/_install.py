@@ -1,0 +1,141 @@
+"""``install()``: turn a config into connected observers, and the handle that undoes it."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from ._bus import Dispatcher
+from ._config import Config, load_config
+from ._errors import ObserverError
+from ._observer import InstallContext, Observer
+from ._registry import build_observer, setup_observer
+
+logger = logging.getLogger("verl_events")
+
+_lock = threading.Lock()
+_current: Installation | None = None
+
+
+class Installation:
+    """The observers of one :func:`install`, connected to the bus.
+
+    Closing disconnects them, then calls each observer's ``close`` in
+    reverse order (a failing ``close`` is logged and the others still run).
+    ``close`` is idempotent and also runs at interpreter exit.  Usable as a
+    context manager.
+    """
+
+    def __init__(self, config: Config, observers: Sequence[Observer]) -> None:
+        self.config = config
+        self.dispatcher = Dispatcher(observers, strict=config.strict)
+        self.closed = False
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The observers, in begin order."""
+        return self.dispatcher.observers
+
+    def close(self) -> None:
+        global _current
+        with _lock:
+            if self.closed:
+                return
+            self.closed = True
+            if _current is self:
+                _current = None
+        atexit.unregister(self.close)
+        self.dispatcher.disconnect()
+        failed = _close_all(self.dispatcher.observers)
+        if failed is not None and self.config.strict:
+            raise ObserverError(f"observer {failed[0].name!r} failed to close") from failed[1]
+
+    def __enter__(self) -> Installation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        names = ", ".join(o.name for o in self.observers)
+        return f"<Installation [{names}]{' closed' if self.closed else ''}>"
+
+
+def _close_all(observers: Iterable[Observer]) -> tuple[Observer, Exception] | None:
+    first: tuple[Observer, Exception] | None = None
+    for observer in reversed(tuple(observers)):
+        try:
+            observer.close()
+        except Exception as exc:
+            logger.error("observer %r failed to close: %s: %s", observer.name, type(exc).__name__, exc, exc_info=exc)
+            first = first or (observer, exc)
+    return first
+
+
+def install(
+    config: Any = None,
+    *,
+    overrides: Iterable[str] = (),
+    observers: Iterable[Observer] = (),
+) -> Installation:
+    """Build the configured observers, set them up and connect them.
+
+    ``config`` is a YAML path, a mapping, an OmegaConf object or a
+    :class:`Config`; ``overrides`` are dotlist strings; ``observers`` adds
+    ready-made instances (their own ``selection`` and ``priority`` apply).
+    Everything is validated here, before training starts: a bad config
+    raises ConfigError, an observer that cannot start raises
+    ObserverSetupError, and nothing stays connected.  One installation per
+    process: close the current one before installing again.
+    """
+    global _current
+    cfg = config if isinstance(config, Config) else load_config(config, overrides)
+    with _lock:
+        if _current is not None:
+            raise RuntimeError(
+                f"verl_events is already installed in this process ({_current!r}); "
+                "close that handle first, or put every observer in one config"
+            )
+        context = InstallContext(save_path=cfg.save_path, strict=cfg.strict)
+        built: list[Observer] = []
+        try:
+            for spec in cfg.observers:
+                if spec.enabled:
+                    built.append(build_observer(spec, context))
+            for observer in observers:
+                observer.name = observer.name or type(observer).__name__
+                setup_observer(observer, context, where=f"observer {observer.name!r}")
+                built.append(observer)
+        except BaseException:
+            _close_all(built)
+            raise
+        _make_names_unique(built)
+        installation = Installation(cfg, built)
+        installation.dispatcher.connect()
+        _current = installation
+    atexit.register(installation.close)
+    return installation
+
+
+def _make_names_unique(observers: list[Observer]) -> None:
+    # Names key the timing report; two "msprobe" entries become msprobe, msprobe#2.
+    seen: dict[str, int] = {}
+    for observer in observers:
+        count = seen.get(observer.name, 0) + 1
+        seen[observer.name] = count
+        if count > 1:
+            observer.name = f"{observer.name}#{count}"
+
+
+def current_installation() -> Installation | None:
+    """The open installation of this process, or None."""
+    return _current

@@ -1,0 +1,74 @@
+"""The base class every observer derives from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from ._events import StageEnd, StageEvent, StageReport
+from ._selection import ALL, Selection
+
+
+@dataclass(frozen=True, slots=True)
+class InstallContext:
+    """What an observer learns at install time.
+
+    ``save_path`` is the root under which observers write
+    (``{save_path}/step_{N}/{stage}/...``); ``strict`` asks observers to raise
+    on problems they would otherwise only warn about.
+    """
+
+    save_path: Path
+    strict: bool
+
+
+class Observer:
+    """Subclass this and override the hooks you need.
+
+    The framework sets ``name``, ``priority`` and ``selection`` from the
+    config before calling :meth:`setup`, and only delivers events the
+    selection accepts.
+
+    Contract:
+
+    * every ``on_stage_begin`` is followed by exactly one ``on_stage_end``
+      for the same stage (same ``seq``), also when the stage body, this
+      observer's begin hook or another observer raised;
+    * begin hooks run by descending ``priority``, then install order; end
+      hooks run in exactly the reverse order;
+    * an exception from a hook is logged and the stage goes on, unless the
+      installation is strict;
+    * hooks may be called from several threads at once (one per thread's
+      stage); an observer that keeps state across hooks must lock it.
+
+    Class attributes an observer may set:
+
+    * ``needs_model``: the hooks need ``event.model``; when none was found,
+      the bus logs which attribute paths it tried;
+    * ``wants_timings``: the bus measures every observer's hook time on each
+      stage this observer sees and calls :meth:`on_stage_report`.
+    """
+
+    name: str = ""
+    priority: int = 0
+    selection: Selection = ALL
+    needs_model: bool = False
+    wants_timings: bool = False
+
+    def setup(self, context: InstallContext) -> None:
+        """Called once at install; raise here (ConfigError for bad options)
+        to stop the install before training starts."""
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        """A selected stage is about to run."""
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        """A selected stage has finished (``event.error`` is set if it raised)."""
+
+    def on_stage_report(self, report: StageReport) -> None:
+        """Hook timings of a finished stage; only when ``wants_timings``."""
+
+    def close(self) -> None:
+        """Called once when the installation closes; release files and tools."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name or '(unnamed)'}>"
