@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the CPU demo (sets up .venv first).  Extra arguments go to `verl-events demo`.
+# Run the demo (sets up .venv first).  Extra arguments go to the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
-exec ./.venv/bin/verl-events demo "$@"
+exec ./.venv/bin/python examples/quickstart.py "$@"
