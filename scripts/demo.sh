@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the demo (sets up .venv first).  Extra arguments go to the demo.
+# Run the CPU demo (sets up .venv first).  Extra arguments go to `verl-events demo`,
+# e.g. --steps 8 --nproc 2 --config examples/stacked.yaml --save-path outputs/mine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
-exec ./.venv/bin/python examples/quickstart.py "$@"
+exec ./.venv/bin/verl-events demo "$@"

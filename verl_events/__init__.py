@@ -7,8 +7,9 @@ from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsW
 from ._events import KNOWN_STAGES, STAGE_ROLES, StageEnd, StageEvent, StageReport
 from ._install import Installation, current_installation, install
 from ._observer import InstallContext, Observer
+from ._paths import prepare_output_dir, stage_output_dir, step_dir_name
 from ._registry import available_observers
-from ._resolve import add_model_paths, current_step, reset_model_paths, set_step
+from ._resolve import add_model_paths, current_step, find_rank, reset_model_paths, set_step
 from ._selection import Selection
 
 __all__ = [
@@ -32,11 +33,15 @@ __all__ = [
     "current_installation",
     "current_step",
     "emits_stage",
+    "find_rank",
     "install",
     "load_config",
+    "prepare_output_dir",
     "reset_model_paths",
     "set_step",
     "stage",
+    "stage_output_dir",
     "stage_begin",
     "stage_end",
+    "step_dir_name",
 ]

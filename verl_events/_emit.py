@@ -180,7 +180,7 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             if not _begin_receivers or not _has_receivers_for(name):
                 # Calling without an empty **kwargs saves ~20 ns on the common path.
-                return fn(*args, **kwargs) if kwargs else fn(*args)
+                return fn(*args, **kwargs) if kwargs else fn(*args)  # type: ignore[call-arg]
             worker = args[0] if args else None
             step = find_step(worker, args[1:], kwargs)
             model, paths = find_model(worker, stage_role)

@@ -1,0 +1,254 @@
+"""msprobe's PrecisionDebugger as an observer: one dump session per selected stage.
+
+Each selected stage gets its own session, written to
+``{save_path}/step_{N}/{stage}/step{k}/rank{R}/dump.json`` (verl's layout;
+``k`` counts calls of that stage within the step, normally 0)::
+
+    point msprobe at the stage's directory -> start(model) -> body
+    -> stop() -> reset_status()
+
+so every dump.json holds its own stage only.  Between sessions the torch
+API wrappers msprobe installs are removed again, so unselected stages run
+the plain torch functions.
+
+msprobe's debugger is a process-wide singleton and sees every thread.  This
+observer therefore holds at most one session: a stage that begins while
+another stage's session is open (nested, or on another thread) is not
+dumped, with a warning naming both.  That is the answer to "does msprobe
+collection need a lock?": yes, and here it is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_events import (
+    InstallContext,
+    Observer,
+    StageEnd,
+    StageEvent,
+    VerlEventsWarning,
+    find_rank,
+    prepare_output_dir,
+    stage_output_dir,
+)
+
+from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
+
+logger = logging.getLogger("verl_events.msprobe")
+
+_QUIET_LEVEL = "3"  # msprobe's ERROR; its INFO lines are print()ed to stdout
+
+
+@dataclass(frozen=True, slots=True)
+class _Session:
+    seq: int
+    stage: str
+    step: int | None
+    output: Path
+
+
+class MsprobeObserver(Observer):
+    """Dump precision data with msprobe (``mindstudio-probe``) for selected stages.
+
+    Options: ``config_path`` (an msprobe config.json; default statistics at
+    level L1) and ``quiet`` (default True: silence msprobe's stdout chatter).
+    Levels L0 and mix need the stage's model; without one the stage runs
+    undumped (an error in strict mode).
+    """
+
+    def __init__(self, config_path: str | None = None, quiet: bool = True) -> None:
+        self.settings: MsprobeSettings = read_msprobe_config(config_path)
+        self.quiet = quiet
+        self.needs_model = self.settings.needs_model
+        self.available = False
+        self._root = Path()
+        self._strict = False
+        self._lock = threading.Lock()
+        self._session: _Session | None = None
+        self._calls: dict[tuple[int | None, str], int] = {}
+        self._debugger: Any = None
+
+    def setup(self, context: InstallContext) -> None:
+        self._root, self._strict = context.save_path, context.strict
+        check_msprobe_path(context.save_path, "save_path")
+        prepare_output_dir(context.save_path)
+        if importlib.util.find_spec("msprobe") is None:
+            message = (
+                "msprobe is not installed, so the msprobe observer is off; "
+                "install it with: pip install 'verl-events[msprobe]' (package mindstudio-probe)"
+            )
+            if context.strict:
+                raise ImportError(message)
+            warnings.warn(message, VerlEventsWarning, stacklevel=2)
+            return
+        _refuse_earlier_dumps(context.save_path, find_rank()[0])
+        self._debugger = _debugger_with(self.settings, context.save_path, self.quiet)
+        self.available = True
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if not self.available:
+            return
+        with self._lock:
+            if self._session is not None:
+                open_ = self._session
+                logger.warning(
+                    "msprobe: stage %r (step %s, depth %d) is not dumped: stage %r (step %s) already has "
+                    "msprobe's one-per-process session open (nested stage or another thread)",
+                    event.stage, event.step, event.depth, open_.stage, open_.step,
+                )
+                return
+            model = event.model if self.needs_model else None
+            if self.needs_model and model is None:
+                if self._strict:
+                    raise RuntimeError(
+                        f"msprobe level {self.settings.level} needs the model of stage {event.stage!r} "
+                        f"(step {event.step}) and none was resolved"
+                    )
+                return  # the bus has already warned, naming the paths it tried
+            dump_dir = stage_output_dir(self._root, event)
+            call = self._calls.get((event.step, event.stage), 0)
+            output = dump_dir / f"step{call}" / f"rank{event.rank}"
+            if output.exists():
+                raise FileExistsError(
+                    f"{output} already exists, from an earlier run; stage {event.stage!r} of step "
+                    f"{event.step} is not dumped so that two runs never mix in one dump.json. "
+                    "Remove it or choose another save_path"
+                )
+            self._calls[(event.step, event.stage)] = call + 1
+            self._start(dump_dir, call, model, event.rank)
+            self._session = _Session(event.seq, event.stage, event.step, output)
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        with self._lock:
+            session = self._session
+            if session is None or session.seq != event.seq:
+                return
+            self._session = None
+            self._stop()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                self._session = None
+                self._stop()
+
+    # -- msprobe calls ------------------------------------------------------
+
+    def _start(self, dump_dir: Path, call: int, model: Any, rank: int) -> None:
+        debugger = self._debugger
+        service = debugger.service
+        service.config.dump_path = str(dump_dir)
+        type(debugger).set_init_step(call)  # msprobe's inner step{k} directory
+        if _uses_api_hooks(service):
+            service.api_register.register_all_api()
+        try:
+            type(debugger).start(model=model, rank_id=rank)
+        except BaseException:
+            _reset(service, running=True)
+            raise
+
+    def _stop(self) -> None:
+        service = self._debugger.service
+        try:
+            type(self._debugger).stop()
+        finally:
+            # reset_status() empties msprobe's cache so the next session starts a
+            # fresh dump.json instead of rewriting this one plus the new data.
+            _reset(service, running=False)
+
+
+def _uses_api_hooks(service: Any) -> bool:
+    return bool(getattr(service, "_is_need_api_hook", True))
+
+
+def _reset(service: Any, *, running: bool) -> None:
+    """Leave msprobe idle: cache emptied, torch API wrappers removed.  After
+    a failed start msprobe still believes it is running; clear that too, or
+    the next forward pass and its exit handler would fail."""
+    if running:
+        from msprobe.core.common.runtime import Runtime
+
+        Runtime.is_running = False
+    service.reset_status()
+    if _uses_api_hooks(service):
+        service.api_register.restore_all_api()
+
+
+def _refuse_earlier_dumps(save_path: Path, rank: int) -> None:
+    earlier = sorted(save_path.glob(f"step_*/*/step*/rank{rank}"))
+    if earlier:
+        from verl_events import ConfigError
+
+        raise ConfigError(
+            f"save_path: {str(save_path)!r} already holds {len(earlier)} msprobe dump(s) of rank {rank} "
+            f"from an earlier run (e.g. {earlier[0]}); remove them or choose another save_path, "
+            "so that two runs never mix in one dump.json"
+        )
+
+
+def _quiet_msprobe() -> None:
+    os.environ.setdefault("MSPROBE_LOG_LEVEL", _QUIET_LEVEL)
+    from msprobe.core.common import log as core_log
+    from msprobe.pytorch.common import log as torch_log
+
+    for module in (core_log, torch_log):
+        module.logger.level = int(_QUIET_LEVEL)
+
+
+def _debugger_with(settings: MsprobeSettings, save_path: Path, quiet: bool) -> Any:
+    """The process's PrecisionDebugger, configured with ``settings``.
+
+    msprobe keeps one debugger per process and ignores the arguments of any
+    later construction, so a second installation applies its config to the
+    existing debugger instead.  The torch API wrappers msprobe installs at
+    construction are removed until a session starts.
+    """
+    if quiet:
+        _quiet_msprobe()
+    from msprobe.pytorch import PrecisionDebugger
+
+    # msprobe watches the file it was built from; hand it a private copy
+    # carrying a placeholder dump_path (each session sets its own).
+    config = dict(settings.config, dump_path=str(save_path))
+    fd, config_file = tempfile.mkstemp(prefix="verl_events_msprobe_", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(config, handle)
+        try:
+            if PrecisionDebugger._instance is None:
+                debugger = PrecisionDebugger(config_path=config_file)
+            else:
+                debugger = PrecisionDebugger._instance
+                _apply_config(debugger, config_file)
+        except Exception as exc:
+            from verl_events import ConfigError
+
+            raise ConfigError(
+                f"config_path {settings.source!r}: msprobe rejected it: {type(exc).__name__}: {exc}"
+            ) from exc
+    finally:
+        os.unlink(config_file)
+    PrecisionDebugger.set_init_step(0)
+    if _uses_api_hooks(debugger.service):
+        debugger.service.api_register.restore_all_api()
+    return debugger
+
+
+def _apply_config(debugger: Any, config_file: str) -> None:
+    from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
+
+    common, task_config = debugger._parse_config_path(config_file, None)
+    config = DebuggerConfig(common, task_config, None, None, None)
+    debugger.common_config, debugger.task_config = common, task_config
+    debugger.task, debugger.config = common.task, config
+    debugger.service.apply_runtime_config(config)

@@ -1,0 +1,133 @@
+"""Timing observer: one JSON line per stage with its time, every observer's
+overhead and the bytes dumped, so overhead and disk tables can be rebuilt
+from disk alone.
+
+Each rank appends to ``{save_path}/timing/rank{R}.jsonl``::
+
+    {"stage": "actor_update", "role": "actor", "step": 1, "rank": 0, "world_size": 2,
+     "depth": 0, "parent": null, "elapsed_s": 0.41, "error": null,
+     "observers": ["timing", "msprobe"], "profiled": true,
+     "hook_s": {"timing": 1.2e-05, "msprobe": 0.031}, "overhead_s": 0.031, "dump_bytes": 48213,
+     "event": "stage", "timestamp": "2026-11-29T19:41:07.113Z"}
+
+``observers`` lists every observer that received the stage; ``profiled``
+is true when any besides this one did.  ``hook_s`` is each observer's own
+time in its begin and end hooks (outside ``elapsed_s``); ``overhead_s`` sums
+them over the other observers, so ``elapsed_s + overhead_s`` is what the
+stage cost with profiling.  ``dump_bytes``
+counts this rank's files under ``{save_path}/step_{N}/{stage}``: the
+directories named ``rank{R}`` and files whose name carries ``rank{R}``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+from verl_events import InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
+from verl_events._paths import TIMING_DIR, timing_log_path
+
+
+class TimingObserver(Observer):
+    """Record each selected stage's time and every observer's overhead.
+
+    It runs outermost (priority 1000) so its line is written after every
+    other observer has finished with the stage.  ``console: true`` also
+    prints one concise line per stage to stderr.
+    """
+
+    priority = 1000
+    wants_timings = True
+
+    def __init__(self, console: bool = False) -> None:
+        self.console = console
+        self._root = Path()
+        self._lock = threading.Lock()
+        self._files: dict[int, IO[str]] = {}
+        self._loggers: dict[int, Any] = {}
+        self._console_log: Any = None
+
+    def setup(self, context: InstallContext) -> None:
+        self._root = context.save_path
+        prepare_output_dir(context.save_path / TIMING_DIR)
+        if self.console:
+            self._console_log = structlog.wrap_logger(
+                structlog.PrintLogger(sys.stderr),
+                processors=[structlog.processors.KeyValueRenderer(key_order=["event", "stage", "step", "rank"])],
+            )
+
+    def _logger_for(self, rank: int) -> Any:
+        # One file per rank, opened on first use: the rank may only be known
+        # once torch.distributed is initialised, after install.
+        log = self._loggers.get(rank)
+        if log is None:
+            handle = timing_log_path(self._root, rank).open("a", encoding="utf-8", buffering=1)
+            self._files[rank] = handle
+            log = self._loggers[rank] = structlog.wrap_logger(
+                structlog.WriteLogger(handle),
+                processors=[
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.JSONRenderer(),
+                ],
+            )
+        return log
+
+    def on_stage_report(self, report: StageReport) -> None:
+        event = report.event
+        others = [name for name in report.observers if name != self.name]
+        overhead = sum(report.hook_seconds.get(name, 0.0) for name in others)
+        fields = {
+            "stage": event.stage,
+            "role": event.role,
+            "step": event.step,
+            "rank": event.rank,
+            "world_size": event.world_size,
+            "depth": event.depth,
+            "parent": event.parent,
+            "elapsed_s": event.elapsed_s,
+            "error": None if event.error is None else type(event.error).__name__,
+            "observers": list(report.observers),
+            "profiled": bool(others),
+            "hook_s": dict(report.hook_seconds),
+            "overhead_s": overhead,
+            "dump_bytes": rank_bytes(stage_output_dir(self._root, event), event.rank) if others else 0,
+        }
+        with self._lock:
+            self._logger_for(event.rank).info("stage", **fields)
+        if self._console_log is not None:
+            self._console_log.info(
+                "stage",
+                stage=event.stage,
+                step=event.step,
+                rank=event.rank,
+                ms=round(event.elapsed_s * 1e3, 2),
+                hooks_ms=round(overhead * 1e3, 2),
+                observers=",".join(others) or "-",
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            for handle in self._files.values():
+                handle.close()
+            self._files.clear()
+            self._loggers.clear()
+
+
+def rank_bytes(stage_dir: Path, rank: int) -> int:
+    """Bytes of ``rank``'s output under one stage directory (see module docstring)."""
+    if not stage_dir.is_dir():
+        return 0
+    marker = re.compile(rf"(^|[^A-Za-z0-9])rank[_-]?{rank}([^0-9]|$)")
+    total = 0
+    for path in stage_dir.rglob("*"):
+        if not path.is_file():
+            continue
+        relative = path.relative_to(stage_dir).parts
+        if any(marker.search(part) for part in relative):
+            total += path.stat().st_size
+    return total

@@ -1,0 +1,81 @@
+"""Overhead and disk figures recomputed from the timing observer's logs.
+
+Everything here reads ``{save_path}/timing/rank*.jsonl`` and nothing else,
+so it works on a copy of a run taken from a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._paths import TIMING_DIR
+
+
+def read_timing_records(save_path: Path) -> list[dict[str, Any]]:
+    """Every stage record of every rank, in file order."""
+    records: list[dict[str, Any]] = []
+    for path in sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl")):
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number} is not a JSON line: {exc.msg}") from exc
+    return records
+
+
+def profiled_seconds(record: dict[str, Any]) -> float:
+    """Body time plus the other observers' hook time: what the stage cost."""
+    return float(record["elapsed_s"]) + float(record.get("overhead_s", 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class StageOverhead:
+    """One row of the overhead table.  Times in seconds, medians over records
+    of all ranks; ``ratio`` is profiled / unprofiled (None without both)."""
+
+    stage: str
+    unprofiled_s: float | None
+    unprofiled_n: int
+    profiled_s: float | None
+    profiled_n: int
+    ratio: float | None
+    dump_bytes: int
+    dump_bytes_per_step: float
+
+
+def overhead_table(records: Iterable[dict[str, Any]], stage_order: Iterable[str] = ()) -> list[StageOverhead]:
+    """Per stage: median unprofiled time, median profiled time, their ratio,
+    and dump bytes (total, and per profiled step summed over ranks)."""
+    by_stage: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_stage.setdefault(record["stage"], []).append(record)
+    order = [s for s in stage_order if s in by_stage] + sorted(set(by_stage) - set(stage_order))
+    rows = []
+    for stage in order:
+        plain = [float(r["elapsed_s"]) for r in by_stage[stage] if not r["profiled"]]
+        profiled = [r for r in by_stage[stage] if r["profiled"]]
+        base = statistics.median(plain) if plain else None
+        cost = statistics.median(profiled_seconds(r) for r in profiled) if profiled else None
+        dumped = sum(int(r.get("dump_bytes", 0)) for r in profiled)
+        steps = {r["step"] for r in profiled}
+        rows.append(
+            StageOverhead(
+                stage=stage,
+                unprofiled_s=base,
+                unprofiled_n=len(plain),
+                profiled_s=cost,
+                profiled_n=len(profiled),
+                ratio=cost / base if cost is not None and base else None,
+                dump_bytes=dumped,
+                dump_bytes_per_step=dumped / len(steps) if steps else 0.0,
+            )
+        )
+    return rows
