@@ -1,0 +1,299 @@
+"""MsprobeObserver on real msprobe 26.2 dumps (CPU torch)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import verl_events
+from verl_events import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning, stage
+from verl_events.testing import RecordingObserver
+
+from .conftest import Small, dump_entries, run_model, write_msprobe_config
+
+ACTOR_STAGES = ["actor_compute_log_prob", "actor_update"]
+# L0 hooks make torch warn about full backward hooks when an input has no grad.
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
+
+
+def msprobe_config(tmp_path: Path, **observer: object) -> dict[str, object]:
+    return {"save_path": str(tmp_path / "out"), "observers": [{"name": "msprobe", **observer}]}
+
+
+def run_steps(model: Small, steps: range, stages: list[str] = ACTOR_STAGES) -> None:
+    for step in steps:
+        for name in stages:
+            with stage(name, step=step, model=model):
+                run_model(model, backward=name.endswith("update"))
+
+
+def test_each_selected_stage_gets_its_own_dump_at_verls_path(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path, steps=[1, 2])):
+        run_steps(model, range(1, 4))
+    out = tmp_path / "out"
+    dumps = sorted(str(p.relative_to(out)) for p in out.rglob("dump.json"))
+    assert dumps == [
+        f"step_{s}/{name}/step0/rank0/dump.json" for s in (1, 2) for name in sorted(ACTOR_STAGES)
+    ]
+
+
+def test_dump_json_holds_one_stage_only_and_does_not_grow(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        run_steps(model, range(1, 4))
+    out = tmp_path / "out"
+    forward_only = [dump_entries(out / f"step_{s}/actor_compute_log_prob/step0/rank0/dump.json") for s in (1, 2, 3)]
+    with_backward = [dump_entries(out / f"step_{s}/actor_update/step0/rank0/dump.json") for s in (1, 2, 3)]
+    # Same keys every step: counters restart, nothing carried over from earlier stages.
+    assert all(entries.keys() == forward_only[0].keys() for entries in forward_only)
+    assert all(entries.keys() == with_backward[0].keys() for entries in with_backward)
+    assert "Functional.linear.0.forward" in forward_only[2]
+    assert not any(key.endswith("backward") for key in forward_only[0])
+    assert any(key.endswith("backward") for key in with_backward[0])
+    assert len(with_backward[0]) > len(forward_only[0])
+
+
+def test_torch_functions_are_unwrapped_outside_sessions(tmp_path: Path, model: Small) -> None:
+    original = F.linear
+    seen_inside = []
+
+    with verl_events.install(msprobe_config(tmp_path)):
+        assert F.linear is original
+        with stage("actor_update", step=1, model=model):
+            seen_inside.append(F.linear)
+        assert F.linear is original
+    assert seen_inside[0] is not original
+
+
+def test_a_stage_called_twice_in_one_step_gets_a_second_inner_step(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        run_steps(model, range(1, 2), ["actor_update", "actor_update"])
+    stage_dir = tmp_path / "out/step_1/actor_update"
+    assert sorted(p.parent.parent.name for p in stage_dir.rglob("dump.json")) == ["step0", "step1"]
+
+
+def test_unknown_step_goes_to_step_unknown(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        with stage("actor_update", model=model):
+            run_model(model)
+    assert (tmp_path / "out/step_unknown/actor_update/step0/rank0/dump.json").is_file()
+
+
+def test_dump_path_in_config_json_is_overridden_with_a_warning(tmp_path: Path, model: Small) -> None:
+    config = write_msprobe_config(tmp_path / "cfg.json", dump_path=str(tmp_path / "elsewhere"))
+    with pytest.warns(VerlEventsWarning, match="field 'dump_path' is ignored"):
+        installation = verl_events.install(msprobe_config(tmp_path, config_path=str(config)))
+    with installation:
+        run_steps(model, range(1, 2), ["actor_update"])
+    assert (tmp_path / "out/step_1/actor_update/step0/rank0/dump.json").is_file()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_step_list_in_config_json_is_ignored_with_a_warning(tmp_path: Path, model: Small) -> None:
+    config = write_msprobe_config(tmp_path / "cfg.json", step=[0])
+    with pytest.warns(VerlEventsWarning, match=r"field 'step' \[0\] is ignored"):
+        installation = verl_events.install(msprobe_config(tmp_path, config_path=str(config)))
+    with installation:
+        run_steps(model, range(1, 4), ["actor_update"])
+    # An msprobe step list of [0] would have stopped msprobe after the first session.
+    assert len(list((tmp_path / "out").rglob("dump.json"))) == 3
+
+
+@pytest.mark.parametrize(
+    ("contents", "pattern"),
+    [
+        (None, r"config_path '.*missing.json' cannot be read"),
+        ("{not json", r"config_path '.*cfg.json' is not valid JSON at line 1, column 2"),
+        ('{"task": "overflow_check"}', r"field 'task' is 'overflow_check' \(that is an msprobe command-line tool.*allowed: statistics, tensor"),
+        ('{"task": "statistics", "level": "L3"}', r"field 'level' is 'L3'; allowed: L0, L1, L2, mix, debug"),
+        ("[1, 2]", r"must hold a JSON object"),
+    ],
+)
+def test_bad_config_json_fails_at_install_naming_file_and_field(tmp_path: Path, contents: str | None, pattern: str) -> None:
+    name = "missing.json" if contents is None else "cfg.json"
+    if contents is not None:
+        (tmp_path / name).write_text(contents)
+    with pytest.raises(ConfigError, match=pattern):
+        verl_events.install(msprobe_config(tmp_path, config_path=str(tmp_path / name)))
+    assert verl_events.current_installation() is None
+
+
+def test_msprobe_rejections_we_do_not_check_ourselves_still_fail_at_install(tmp_path: Path) -> None:
+    config = write_msprobe_config(tmp_path / "cfg.json", statistics={"summary_mode": "sha1"})
+    with pytest.raises(ConfigError, match=r"config_path '.*cfg.json': msprobe rejected it"):
+        verl_events.install(msprobe_config(tmp_path, config_path=str(config)))
+
+
+@pytest.mark.parametrize("bad_dir", ["with space", "a+b"])
+def test_paths_msprobe_would_reject_fail_at_install(tmp_path: Path, bad_dir: str) -> None:
+    config = write_msprobe_config(tmp_path / "cfg.json")
+    with pytest.raises(ConfigError, match=r"save_path: .* contains characters msprobe rejects"):
+        verl_events.install({"save_path": str(tmp_path / bad_dir), "observers": [{"name": "msprobe", "config_path": str(config)}]})
+    bad_config = tmp_path / bad_dir / "cfg.json"
+    bad_config.parent.mkdir(exist_ok=True)
+    write_msprobe_config(bad_config)
+    with pytest.raises(ConfigError, match=r"config_path: .* contains characters msprobe rejects"):
+        verl_events.install(msprobe_config(tmp_path, config_path=str(bad_config)))
+
+
+def test_a_save_path_that_cannot_be_created_fails_at_install(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match=r"save_path: '.*a_file/out' cannot be created"):
+        verl_events.install({"save_path": str(blocker / "out"), "observers": [{"name": "msprobe"}]})
+
+
+def test_dumps_from_an_earlier_run_are_refused_at_install(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        run_steps(model, range(1, 2), ["actor_update"])
+    with pytest.raises(ConfigError, match=r"already holds 1 msprobe dump\(s\) of rank 0 from an earlier run .*step_1/actor_update/step0/rank0"):
+        verl_events.install(msprobe_config(tmp_path))
+
+
+def test_a_dump_directory_appearing_after_install_is_never_overwritten(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        stale = tmp_path / "out/step_1/actor_update/step0/rank0"
+        stale.mkdir(parents=True)
+        (stale / "dump.json").write_text('{"data": {"from": "another run"}}')
+        run_steps(model, range(1, 3), ["actor_update"])
+    assert json.loads((stale / "dump.json").read_text()) == {"data": {"from": "another run"}}
+    assert "so that two runs never mix in one dump.json" in caplog.text
+    assert (tmp_path / "out/step_2/actor_update/step0/rank0/dump.json").is_file()
+
+
+def test_level_l0_dumps_modules_of_the_stage_model(tmp_path: Path, model: Small) -> None:
+    config = write_msprobe_config(tmp_path / "cfg.json", level="L0")
+    with verl_events.install(msprobe_config(tmp_path, config_path=str(config))):
+        run_steps(model, range(1, 2), ["actor_update"])
+    entries = dump_entries(tmp_path / "out/step_1/actor_update/step0/rank0/dump.json")
+    assert "Module.fc1.Linear.forward.0" in entries
+    assert not any(key.startswith("Functional.") for key in entries)
+
+
+def test_l0_without_a_model_warns_once_with_the_paths_tried_and_dumps_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class Worker:
+        @verl_events.emits_stage("actor_update")
+        def update_actor(self) -> int:
+            return 1
+
+    config = write_msprobe_config(tmp_path / "cfg.json", level="L0")
+    with verl_events.install(msprobe_config(tmp_path, config_path=str(config))):
+        assert [Worker().update_actor() for _ in range(2)] == [1, 1]
+    warnings = [r.getMessage() for r in caplog.records if "model not resolved" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "observer 'msprobe' needs one; tried worker attributes actor.engine.module" in warnings[0]
+    assert not list((tmp_path / "out").rglob("dump.json"))
+
+
+def test_l0_without_a_model_is_an_error_in_strict_mode(tmp_path: Path) -> None:
+    config = write_msprobe_config(tmp_path / "cfg.json", level="mix")
+    ran = []
+    with verl_events.install({**msprobe_config(tmp_path, config_path=str(config)), "strict": True}):
+        with pytest.raises(ObserverError, match="failed in on_stage_begin for stage 'actor_update'") as raised:
+            with stage("actor_update", step=1):
+                ran.append(True)
+    assert not ran
+    assert "level mix needs the model of stage 'actor_update'" in str(raised.value.__cause__)
+
+
+def test_missing_msprobe_warns_and_turns_the_observer_off(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "msprobe", None)  # how Python spells "not importable"
+    with pytest.warns(VerlEventsWarning, match=r"msprobe is not installed, so the msprobe observer is off; install it with: pip install 'verl-events\[msprobe\]'"):
+        installation = verl_events.install(msprobe_config(tmp_path))
+    with installation:
+        run_steps(model, range(1, 2), ["actor_update"])
+    assert not list((tmp_path / "out").rglob("dump.json"))
+
+
+def test_missing_msprobe_is_an_error_in_strict_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "msprobe", None)
+    with pytest.raises(ObserverSetupError, match=r"observers\[0\] \(msprobe\) failed to set up: ImportError: msprobe is not installed"):
+        verl_events.install({**msprobe_config(tmp_path), "strict": True})
+
+
+def test_a_nested_stage_is_not_dumped_and_the_warning_names_both(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        with stage("actor_update", step=1, model=model):
+            with stage("actor_compute_log_prob", step=1, model=model):
+                run_model(model)
+    assert "stage 'actor_compute_log_prob' (step 1, depth 1) is not dumped: stage 'actor_update' (step 1) already has msprobe's one-per-process session open" in caplog.text
+    assert [p.parts[-4] for p in (tmp_path / "out").rglob("dump.json")] == ["actor_update"]
+
+
+def test_a_stage_on_another_thread_never_opens_a_second_session(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+    session_open, other_done = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        session_open.wait()
+        with stage("ref_compute_log_prob", step=1, model=model):
+            pass
+        other_done.set()
+
+    with verl_events.install(msprobe_config(tmp_path)):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        with stage("actor_update", step=1, model=model):
+            session_open.set()
+            other_done.wait()
+            run_model(model)
+        thread.join()
+    assert "stage 'ref_compute_log_prob' (step 1, depth 0) is not dumped: stage 'actor_update' (step 1)" in caplog.text
+    assert not (tmp_path / "out/step_1/ref_compute_log_prob").exists()
+
+
+def test_a_failed_msprobe_start_leaves_msprobe_clean(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+    runs = []
+    with verl_events.install(msprobe_config(tmp_path)):
+        blocker = tmp_path / "out/step_1/actor_update"
+        blocker.parent.mkdir(parents=True)
+        blocker.write_text("a file where msprobe wants a directory")
+        with stage("actor_update", step=1, model=model):
+            runs.append(1)
+            run_model(model)  # msprobe must not try to record into the failed session
+        run_steps(model, range(2, 3), ["actor_update"])
+    assert runs == [1]
+    assert "observer 'msprobe' failed in on_stage_begin for stage 'actor_update' (step 1" in caplog.text
+    assert len(dump_entries(tmp_path / "out/step_2/actor_update/step0/rank0/dump.json")) > 0
+
+
+def test_another_observer_failing_inside_a_dumped_stage_still_closes_the_session(tmp_path: Path, model: Small) -> None:
+    broken = RecordingObserver(fail_on="begin")
+    broken.name = "broken"
+    with verl_events.install(msprobe_config(tmp_path), observers=[broken]):
+        run_steps(model, range(1, 3), ["actor_update"])
+    for step in (1, 2):
+        assert dump_entries(tmp_path / f"out/step_{step}/actor_update/step0/rank0/dump.json")
+
+
+def test_a_raising_stage_body_closes_the_session_and_the_next_stage_dumps(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        with pytest.raises(ZeroDivisionError):
+            with stage("actor_update", step=1, model=model):
+                run_model(model)
+                1 / 0
+        run_steps(model, range(2, 3), ["actor_update"])
+    first = dump_entries(tmp_path / "out/step_1/actor_update/step0/rank0/dump.json")
+    second = dump_entries(tmp_path / "out/step_2/actor_update/step0/rank0/dump.json")
+    assert first.keys() == second.keys()
+
+
+def test_a_second_installation_applies_its_own_config_to_msprobes_singleton(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path / "a")):
+        run_steps(model, range(1, 2), ["actor_update"])
+    l0 = write_msprobe_config(tmp_path / "l0.json", level="L0")
+    with verl_events.install(msprobe_config(tmp_path / "b", config_path=str(l0))):
+        run_steps(model, range(1, 2), ["actor_update"])
+    first = json.loads((tmp_path / "a/out/step_1/actor_update/step0/rank0/dump.json").read_text())
+    second = json.loads((tmp_path / "b/out/step_1/actor_update/step0/rank0/dump.json").read_text())
+    assert (first["level"], second["level"]) == ("L1", "L0")
+
+
+def test_precision_debugger_is_an_alias(tmp_path: Path) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "precision_debugger"}]}) as inst:
+        assert type(inst.observers[0]).__name__ == "MsprobeObserver"

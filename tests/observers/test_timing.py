@@ -1,0 +1,99 @@
+"""TimingObserver: per-rank JSON lines with times, hook overheads and dump bytes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import verl_events
+from observers.timing import rank_bytes
+from verl_events import Observer, StageEvent, stage
+
+from .conftest import Small, run_model
+
+
+class SlowBegin(Observer):
+    def on_stage_begin(self, event: StageEvent) -> None:
+        time.sleep(0.01)
+
+
+def read_lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_one_line_per_stage_with_times_hooks_and_active_observers(tmp_path: Path) -> None:
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [
+            {"name": "timing"},
+            {"_target_": "tests.observers.test_timing:SlowBegin", "steps": [2]},
+        ],
+    }
+    with verl_events.install(config):
+        for step in (1, 2):
+            with stage("critic_update", step=step, batch=4):
+                time.sleep(0.005)
+    first, second = read_lines(tmp_path / "timing/rank0.jsonl")
+    assert (first["stage"], first["role"], first["step"], first["rank"], first["world_size"]) == ("critic_update", "critic", 1, 0, 1)
+    assert first["observers"] == ["timing"] and first["profiled"] is False and first["overhead_s"] == 0
+    assert second["observers"] == ["timing", "tests.observers.test_timing:SlowBegin"] and second["profiled"] is True
+    hook_s = second["hook_s"]
+    assert isinstance(hook_s, dict) and hook_s["tests.observers.test_timing:SlowBegin"] >= 0.01
+    assert second["overhead_s"] == hook_s["tests.observers.test_timing:SlowBegin"]
+    assert 0.005 <= float(second["elapsed_s"]) < 0.01  # type: ignore[arg-type]
+    assert second["error"] is None and "timestamp" in second
+
+
+def test_errors_are_recorded_by_type(tmp_path: Path) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}):
+        with pytest.raises(KeyError):
+            with stage("actor_update", step=1):
+                raise KeyError("x")
+    [line] = read_lines(tmp_path / "timing/rank0.jsonl")
+    assert line["error"] == "KeyError"
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
+def test_dump_bytes_match_the_msprobe_files_of_the_stage(tmp_path: Path, model: Small) -> None:
+    config = {"save_path": str(tmp_path / "out"), "observers": [{"name": "timing"}, {"name": "msprobe", "steps": [1]}]}
+    with verl_events.install(config):
+        for step in (1, 2):
+            with stage("actor_update", step=step, model=model):
+                run_model(model)
+    dumped, plain = read_lines(tmp_path / "out/timing/rank0.jsonl")
+    files = (tmp_path / "out/step_1/actor_update/step0/rank0").iterdir()
+    assert dumped["dump_bytes"] == sum(f.stat().st_size for f in files) > 0
+    assert dumped["observers"] == ["timing", "msprobe"] and float(dumped["hook_s"]["msprobe"]) > 0  # type: ignore[index]
+    assert plain["dump_bytes"] == 0 and plain["profiled"] is False
+
+
+def test_rank_bytes_counts_only_that_ranks_files(tmp_path: Path) -> None:
+    for name, size in [("step0/rank0/dump.json", 10), ("step0/rank1/dump.json", 100), ("step0/rank10/dump.json", 1000),
+                       ("trace_rank0.json", 7), ("trace_rank01.json", 10000), ("prank0.txt", 5)]:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+    assert rank_bytes(tmp_path, 0) == 17
+    assert rank_bytes(tmp_path, 1) == 100
+    assert rank_bytes(tmp_path / "missing", 0) == 0
+
+
+def test_console_lines_are_optional(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing", "console": True}]}):
+        with stage("compute_values", step=3):
+            pass
+    err = capsys.readouterr().err
+    assert "event='stage' stage='compute_values' step=3 rank=0" in err and "observers='-'" in err
+
+
+def test_each_rank_writes_its_own_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}):
+        for rank in ("0", "3"):
+            monkeypatch.setenv("RANK", rank)
+            with stage("compute_values", step=1):
+                pass
+    assert sorted(p.name for p in (tmp_path / "timing").iterdir()) == ["rank0.jsonl", "rank3.jsonl"]
+    assert read_lines(tmp_path / "timing/rank3.jsonl")[0]["rank"] == 3

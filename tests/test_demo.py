@@ -1,0 +1,82 @@
+"""The demo, run the way the README runs it: as the verl-events command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_events.overhead import read_timing_records
+
+ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
+ALL_STAGES = {"rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update"}
+
+
+def verl_events_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("verl-events", path=str(Path(sys.executable).parent))
+    assert exe is not None, "verl-events is not installed in this venv"
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+
+
+def dumps(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("dump.json"))
+
+
+def test_default_demo_dumps_actor_and_ref_stages_of_steps_1_and_2(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = verl_events_cli("demo", "--steps", "3", "--save-path", str(out))
+    assert result.returncode == 0, result.stderr
+    assert dumps(out) == [f"step_{s}/{stage}/step0/rank0/dump.json" for s in (1, 2) for stage in ACTOR_REF]
+    for path in out.rglob("dump.json"):
+        header = json.loads(path.read_text())
+        assert (header["task"], header["level"]) == ("statistics", "L1") and header["data"]
+    records = read_timing_records(out)
+    assert len(records) == 3 * 6 and {r["stage"] for r in records} == ALL_STAGES
+    assert {(r["step"], r["stage"]) for r in records if r["profiled"]} == {(s, st) for s in (1, 2) for st in ACTOR_REF}
+    assert "Stage overhead" in result.stderr and "ratio" in result.stderr and "demo finished in" in result.stderr
+
+
+def test_two_processes_dump_each_rank_under_the_same_step_and_stage(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = verl_events_cli("demo", "--steps", "2", "--nproc", "2", "--save-path", str(out))
+    assert result.returncode == 0, result.stderr
+    assert dumps(out) == sorted(f"step_{s}/{stage}/step0/rank{r}/dump.json" for s in (1, 2) for stage in ACTOR_REF for r in (0, 1))
+    # Gradients are all-reduced across the two ranks inside actor_update.
+    entries = json.loads((out / "step_1/actor_update/step0/rank1/dump.json").read_text())["data"]
+    assert any(key.startswith("Distributed.all_reduce") for key in entries)
+    assert sorted(p.name for p in (out / "timing").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+
+
+def test_a_config_file_replaces_the_default_observers(tmp_path: Path) -> None:
+    config = tmp_path / "observers.yaml"
+    config.write_text("observers:\n  - name: msprobe\n    steps: [2]\n    stages: [critic_update]\n")
+    out = tmp_path / "run"
+    result = verl_events_cli("demo", "--steps", "2", "--config", str(config), "--save-path", str(out))
+    assert result.returncode == 0, result.stderr
+    assert dumps(out) == ["step_2/critic_update/step0/rank0/dump.json"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "0"], "--steps 0 is not allowed; use 1 or more"),
+        (["--nproc", "0"], "--nproc 0 is not allowed"),
+        (["--config", "/nonexistent/observers.yaml"], "cannot be read"),
+    ],
+)
+def test_bad_demo_arguments_exit_2_with_a_message(args: list[str], message: str) -> None:
+    result = verl_events_cli("demo", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_reusing_a_save_path_with_dumps_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert verl_events_cli("demo", "--steps", "1", "--save-path", str(out)).returncode == 0
+    again = verl_events_cli("demo", "--steps", "1", "--save-path", str(out))
+    assert again.returncode == 2
+    assert "already holds 3 msprobe dump(s) of rank 0 from an earlier run" in again.stderr

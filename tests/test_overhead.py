@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_events.overhead import overhead_table, read_timing_records
+
+
+def record(stage: str, step: int, elapsed: float, overhead: float = 0.0, dump: int = 0, rank: int = 0) -> dict[str, object]:
+    return {"stage": stage, "step": step, "rank": rank, "elapsed_s": elapsed, "overhead_s": overhead,
+            "profiled": overhead > 0 or dump > 0, "dump_bytes": dump}
+
+
+def test_overhead_is_profiled_cost_over_the_unprofiled_median() -> None:
+    records = [
+        record("actor_update", 1, 2.0, overhead=1.0, dump=300),
+        record("actor_update", 1, 2.0, overhead=1.0, dump=300, rank=1),
+        record("actor_update", 2, 1.0),
+        record("actor_update", 3, 1.0),
+        record("actor_update", 4, 5.0),
+        record("rollout_generate", 1, 4.0),
+    ]
+    rollout, actor = overhead_table(records, ["rollout_generate", "actor_update"])
+    assert (actor.unprofiled_s, actor.unprofiled_n) == (1.0, 3)
+    assert (actor.profiled_s, actor.profiled_n) == (3.0, 2)
+    assert actor.ratio == 3.0
+    assert (actor.dump_bytes, actor.dump_bytes_per_step) == (600, 600.0)
+    assert rollout.profiled_s is None and rollout.ratio is None
+
+
+def test_records_are_read_from_every_rank_file(tmp_path: Path) -> None:
+    (tmp_path / "timing").mkdir()
+    for rank in (0, 1):
+        (tmp_path / f"timing/rank{rank}.jsonl").write_text(json.dumps(record("actor_update", 1, 1.0, rank=rank)) + "\n\n")
+    assert [r["rank"] for r in read_timing_records(tmp_path)] == [0, 1]
+
+
+def test_a_corrupt_line_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "timing").mkdir()
+    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "a"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"rank0.jsonl:2 is not a JSON line"):
+        read_timing_records(tmp_path)
