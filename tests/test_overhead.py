@@ -24,7 +24,7 @@ def test_overhead_is_profiled_cost_over_the_unprofiled_median() -> None:
     ]
     rollout, actor = overhead_table(records, ["rollout_generate", "actor_update"])
     assert (actor.unprofiled_s, actor.unprofiled_n) == (1.0, 3)
-    assert (actor.profiled_s, actor.profiled_n) == (3.0, 2)
+    assert (actor.profiled_s, actor.profiled_n, actor.hooks_s) == (3.0, 2, 1.0)
     assert actor.ratio == 3.0
     assert (actor.dump_bytes, actor.dump_bytes_per_step) == (600, 600.0)
     assert rollout.profiled_s is None and rollout.ratio is None

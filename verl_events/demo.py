@@ -270,7 +270,10 @@ def run_demo(options: DemoOptions) -> Path:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    import sys
+
+    # A pipe gets 80 columns by default, too narrow for the overhead table.
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
     save_path = Path(options.config.get("save_path", "outputs/profile"))
     started = time.perf_counter()
     if options.nproc > 1:
@@ -298,13 +301,14 @@ def print_summary(save_path: Path, seconds: float, console: Any) -> None:
 
     records = read_timing_records(save_path)
     table = Table(title=f"Stage overhead, from {save_path}/timing (medians over all ranks)")
-    for column in ("stage", "unprofiled ms", "profiled ms", "ratio", "MB/step", "MB total"):
+    for column in ("stage", "unprofiled ms", "profiled ms", "of which hooks", "ratio", "MB/step", "MB total"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for row in overhead_table(records, STAGE_ORDER):
         table.add_row(
             row.stage,
             _ms(row.unprofiled_s, row.unprofiled_n),
             _ms(row.profiled_s, row.profiled_n),
+            "-" if row.hooks_s is None else f"{row.hooks_s * 1e3:.1f}",
             f"{row.ratio:.2f}x" if row.ratio is not None else "-",
             f"{row.dump_bytes_per_step / 1e6:.3f}" if row.profiled_n else "-",
             f"{row.dump_bytes / 1e6:.3f}" if row.profiled_n else "-",

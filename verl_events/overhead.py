@@ -39,13 +39,16 @@ def profiled_seconds(record: dict[str, Any]) -> float:
 @dataclass(frozen=True, slots=True)
 class StageOverhead:
     """One row of the overhead table.  Times in seconds, medians over records
-    of all ranks; ``ratio`` is profiled / unprofiled (None without both)."""
+    of all ranks.  ``profiled_s`` is body plus observer hooks, ``hooks_s``
+    the hooks alone (session start/stop; the rest of the cost is inside the
+    body); ``ratio`` is profiled / unprofiled (None without both)."""
 
     stage: str
     unprofiled_s: float | None
     unprofiled_n: int
     profiled_s: float | None
     profiled_n: int
+    hooks_s: float | None
     ratio: float | None
     dump_bytes: int
     dump_bytes_per_step: float
@@ -73,6 +76,7 @@ def overhead_table(records: Iterable[dict[str, Any]], stage_order: Iterable[str]
                 unprofiled_n=len(plain),
                 profiled_s=cost,
                 profiled_n=len(profiled),
+                hooks_s=statistics.median(float(r.get("overhead_s", 0.0)) for r in profiled) if profiled else None,
                 ratio=cost / base if cost is not None and base else None,
                 dump_bytes=dumped,
                 dump_bytes_per_step=dumped / len(steps) if steps else 0.0,
