@@ -66,6 +66,8 @@ class MsprobeObserver(Observer):
     undumped (an error in strict mode).
     """
 
+    exclusive_resources = frozenset({"msprobe"})
+
     def __init__(self, config_path: str | None = None, quiet: bool = True) -> None:
         self.settings: MsprobeSettings = read_msprobe_config(config_path)
         self.quiet = quiet

@@ -223,3 +223,27 @@ def test_an_end_without_its_begin_is_ignored() -> None:
     dispatcher = Dispatcher([rec], strict=False)
     dispatcher.on_end("actor_update", event=make_event(seq=99).ended(0.0, None))
     assert rec.calls == []
+
+
+def test_an_observer_failing_every_stage_is_switched_off_with_one_message(caplog: pytest.LogCaptureFixture) -> None:
+    broken, healthy = RecordingObserver(fail_on="begin"), RecordingObserver()
+    broken.name, healthy.name = "broken", "healthy"
+    with verl_events.install({"max_failures": 3}, observers=[broken, healthy]):
+        for step in range(1, 11):
+            with stage("actor_update", step=step):
+                pass
+    assert len([c for c in broken.calls if c[0] == "begin"]) == 3
+    assert broken.calls[-1] == ("end", "actor_update", 3)  # the ends it was owed
+    assert len(healthy.calls) == 20
+    messages = [r.getMessage() for r in caplog.records if r.name == "verl_events"]
+    assert len(messages) == 4
+    assert messages[-1].startswith("observer 'broken' failed 3 times; it is switched off for the rest of this run")
+
+
+def test_max_failures_null_never_switches_off() -> None:
+    broken = RecordingObserver(fail_on="end")
+    with verl_events.install({"max_failures": None}, observers=[broken]):
+        for step in range(1, 8):
+            with stage("actor_update", step=step):
+                pass
+    assert len(broken.calls) == 14

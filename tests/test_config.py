@@ -73,12 +73,12 @@ def test_missing_file_is_an_error(tmp_path: Path) -> None:
 def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="must hold a mapping with keys save_path, strict, observers; found a list"):
+    with pytest.raises(ConfigError, match="must hold a mapping with keys save_path, strict, max_failures, observers; found a list"):
         load_config(path)
 
 
 def test_unknown_top_level_keys_are_errors() -> None:
-    with pytest.raises(ConfigError, match=r"config: unknown key 'observer'; allowed: save_path, strict, observers"):
+    with pytest.raises(ConfigError, match=r"config: unknown key 'observer'; allowed: save_path, strict, max_failures, observers"):
         load_config({"observer": []})
 
 
@@ -87,6 +87,7 @@ def test_unknown_top_level_keys_are_errors() -> None:
     [
         ({"strict": "yes"}, r"strict: 'yes' is not allowed; use true or false"),
         ({"save_path": 3}, r"save_path: 3 is not allowed"),
+        ({"max_failures": 0}, r"max_failures: 0 is not allowed; use an integer >= 1, or null for never"),
         ({"observers": {"name": "x"}}, r"observers: .* use a list"),
         ({"observers": ["recording"]}, r"observers\[0\]: 'recording' is not allowed; each observer is a mapping"),
         ({"observers": [{"steps": [1]}]}, r"observers\[0\]: give exactly one of 'name'"),

@@ -108,3 +108,35 @@ verl_events.install(observers=[Marks()])
 """
     subprocess.run([sys.executable, "-c", script], check=True)
     assert marker.read_text() == "yes"
+
+
+class Kineto(Observer):
+    exclusive_resources = frozenset({"kineto"})
+
+
+def claim(name: str, **selection: object) -> Observer:
+    observer = Kineto()
+    observer.name = name
+    observer.selection = verl_events.Selection.parse(**selection)  # type: ignore[arg-type]
+    return observer
+
+
+def test_two_observers_on_one_exclusive_resource_and_overlapping_stages_are_rejected() -> None:
+    with pytest.raises(verl_events.ConfigError, match=r"observers 'torch_profiler' and 'npu' both need 'kineto' \(the torch profiler's one Kineto session per process\) on overlapping stages"):
+        install(observers=[claim("torch_profiler", steps=[1, 2]), claim("npu", steps=["2-3"])])
+    assert verl_events.current_installation() is None
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [({"steps": [1]}, {"steps": [2]}), ({"stages": ["actor_update"]}, {"stages": ["critic_update"]}), ({"ranks": [0]}, {"ranks": [1]})],
+)
+def test_disjoint_selections_may_share_a_resource(first: dict, second: dict) -> None:  # type: ignore[type-arg]
+    with install(observers=[claim("a", **first), claim("b", **second)]) as inst:
+        assert len(inst.observers) == 2
+
+
+def test_two_msprobe_observers_on_the_same_steps_are_rejected(tmp_path: Path) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "msprobe", "steps": [1]}, {"name": "msprobe", "steps": [1, 2]}]}
+    with pytest.raises(verl_events.ConfigError, match=r"observers 'msprobe' and 'msprobe#2' both need 'msprobe'"):
+        install(config)

@@ -60,6 +60,8 @@ class Dispatcher:
       rank, error) and the others still run.  In strict mode the first
       failure raises :class:`ObserverError` once every owed end hook ran.
       ``KeyboardInterrupt`` and ``SystemExit`` always propagate.
+    * After ``max_failures`` failures an observer is switched off for the
+      rest of the run, with one message; it still gets the ends it is owed.
     * Hook times are measured only when some observer ``wants_timings``.
 
     Thread safety: the observer tuple never changes after construction and
@@ -67,14 +69,16 @@ class Dispatcher:
     several threads do not interfere.
     """
 
-    def __init__(self, observers: Sequence[Observer], *, strict: bool) -> None:
+    def __init__(self, observers: Sequence[Observer], *, strict: bool, max_failures: int | None = None) -> None:
         # sorted() is stable, so equal priorities keep install order.
         self.observers: tuple[Observer, ...] = tuple(sorted(observers, key=lambda o: -o.priority))
         self.strict = strict
         self._timed = any(o.wants_timings for o in self.observers)
         self._by_stage: dict[str, tuple[Observer, ...]] = {}
         self._open: dict[int, _Frame] = {}
+        self.max_failures = max_failures
         self._failures: dict[str, int] = {}
+        self._switched_off: set[str] = set()
         self._model_warned: set[tuple[str, str | None]] = set()
 
     # -- subscription -------------------------------------------------------
@@ -98,7 +102,9 @@ class Dispatcher:
     # -- dispatch -----------------------------------------------------------
 
     def on_begin(self, sender: str, *, event: StageEvent) -> None:
-        selected = [o for o in self._candidates(event.stage) if o.selection.accepts(event)]
+        selected = [
+            o for o in self._candidates(event.stage) if o.selection.accepts(event) and o.name not in self._switched_off
+        ]
         if not selected:
             return
         if event.model is None and any(o.needs_model for o in selected):
@@ -184,6 +190,14 @@ class Dispatcher:
             "" if count == 1 else f" (failure {count})",
             exc_info=exc if count == 1 else None,
         )
+        if count == self.max_failures:
+            self._switched_off.add(observer.name)
+            logger.error(
+                "observer %r failed %d times; it is switched off for the rest of this run "
+                "(raise max_failures, or set it to null, to keep it on)",
+                observer.name,
+                count,
+            )
 
     def _warn_model_missing(self, event: StageEvent, selected: list[Observer]) -> None:
         key = (event.stage, event.role)

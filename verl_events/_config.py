@@ -4,6 +4,7 @@ Schema::
 
     save_path: outputs/profile   # root of every observer's output
     strict: false                # raise instead of logging observer problems
+    max_failures: 5              # switch an observer off after this many failures (null: never)
     observers:
       - name: msprobe            # an entry point of group verl_events.observers
         # or _target_: my_pkg.observers:MyObserver
@@ -33,7 +34,8 @@ from ._errors import ConfigError
 from ._selection import Selection
 
 DEFAULT_SAVE_PATH = "outputs/profile"
-TOP_LEVEL_KEYS = ("save_path", "strict", "observers")
+DEFAULT_MAX_FAILURES = 5
+TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "observers")
 SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
 FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled")
 
@@ -61,6 +63,7 @@ class Config:
     save_path: Path
     strict: bool
     observers: tuple[ObserverSpec, ...]
+    max_failures: int | None = DEFAULT_MAX_FAILURES
 
 
 def load_config(source: Any = None, overrides: Iterable[str] = ()) -> Config:
@@ -151,11 +154,14 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     save_path = raw.get("save_path", DEFAULT_SAVE_PATH)
     if not isinstance(save_path, (str, os.PathLike)) or not str(save_path):
         raise ConfigError(f"save_path: {save_path!r} is not allowed; use a directory path")
+    max_failures = raw.get("max_failures", DEFAULT_MAX_FAILURES)
+    if max_failures is not None and (isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1):
+        raise ConfigError(f"max_failures: {max_failures!r} is not allowed; use an integer >= 1, or null for never")
     entries = raw.get("observers") or []
     if not isinstance(entries, list):
         raise ConfigError(f"observers: {entries!r} is not allowed; use a list of observer entries")
     specs = tuple(_parse_observer(entry, f"observers[{i}]", strict) for i, entry in enumerate(entries))
-    return Config(save_path=Path(save_path), strict=strict, observers=specs)
+    return Config(save_path=Path(save_path), strict=strict, observers=specs, max_failures=max_failures)
 
 
 def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:

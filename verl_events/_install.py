@@ -11,7 +11,7 @@ from typing import Any
 
 from ._bus import Dispatcher
 from ._config import Config, load_config
-from ._errors import ObserverError
+from ._errors import ConfigError, ObserverError
 from ._observer import InstallContext, Observer
 from ._registry import build_observer, setup_observer
 
@@ -32,7 +32,7 @@ class Installation:
 
     def __init__(self, config: Config, observers: Sequence[Observer]) -> None:
         self.config = config
-        self.dispatcher = Dispatcher(observers, strict=config.strict)
+        self.dispatcher = Dispatcher(observers, strict=config.strict, max_failures=config.max_failures)
         self.closed = False
 
     @property
@@ -115,10 +115,11 @@ def install(
                 observer.name = observer.name or type(observer).__name__
                 setup_observer(observer, context, where=f"observer {observer.name!r}")
                 built.append(observer)
+            _make_names_unique(built)
+            check_exclusive_resources(built)
         except BaseException:
             _close_all(built)
             raise
-        _make_names_unique(built)
         installation = Installation(cfg, built)
         installation.dispatcher.connect()
         _current = installation
@@ -134,6 +135,27 @@ def _make_names_unique(observers: list[Observer]) -> None:
         seen[observer.name] = count
         if count > 1:
             observer.name = f"{observer.name}#{count}"
+
+
+RESOURCES = {
+    "kineto": "the torch profiler's one Kineto session per process",
+    "cuda_profiler_api": "the CUDA profiler API that nsys captures with",
+    "msprobe": "msprobe's one PrecisionDebugger per process",
+}
+
+
+def check_exclusive_resources(observers: Sequence[Observer]) -> None:
+    """ConfigError when two observers would hold one exclusive resource on
+    the same stage."""
+    for index, first in enumerate(observers):
+        for second in observers[index + 1 :]:
+            for resource in sorted(first.exclusive_resources & second.exclusive_resources):
+                if first.resource_selection().overlaps(second.resource_selection()):
+                    what = RESOURCES.get(resource, "an exclusive resource")
+                    raise ConfigError(
+                        f"observers {first.name!r} and {second.name!r} both need {resource!r} ({what}) "
+                        "on overlapping stages; give them disjoint steps, stages, roles or ranks, or keep one"
+                    )
 
 
 def current_installation() -> Installation | None:

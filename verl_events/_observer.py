@@ -45,7 +45,11 @@ class Observer:
     * ``needs_model``: the hooks need ``event.model``; when none was found,
       the bus logs which attribute paths it tried;
     * ``wants_timings``: the bus measures every observer's hook time on each
-      stage this observer sees and calls :meth:`on_stage_report`.
+      stage this observer sees and calls :meth:`on_stage_report`;
+    * ``exclusive_resources``: names of things only one observer may use at
+      a time (``"kineto"``, ``"cuda_profiler_api"``, ``"msprobe"``).  Install
+      rejects two observers claiming one resource on overlapping
+      selections.
     """
 
     name: str = ""
@@ -53,10 +57,16 @@ class Observer:
     selection: Selection = ALL
     needs_model: bool = False
     wants_timings: bool = False
+    exclusive_resources: frozenset[str] = frozenset()
 
     def setup(self, context: InstallContext) -> None:
         """Called once at install; raise here (ConfigError for bad options)
         to stop the install before training starts."""
+
+    def resource_selection(self) -> Selection:
+        """The stages during which this observer holds its exclusive
+        resources; an observer that captures whole steps widens it."""
+        return self.selection
 
     def on_stage_begin(self, event: StageEvent) -> None:
         """A selected stage is about to run."""

@@ -114,6 +114,18 @@ class Selection:
             and (self.ranks is None or event.rank in self.ranks)
         )
 
+    def overlaps(self, other: Selection) -> bool:
+        """True when some stage could be accepted by both selections."""
+        return all(
+            mine is None or theirs is None or bool(mine & theirs)
+            for mine, theirs in (
+                (self.steps, other.steps),
+                (self.stages, other.stages),
+                (self.roles, other.roles),
+                (self.ranks, other.ranks),
+            )
+        )
+
 
 ALL = Selection()
 
