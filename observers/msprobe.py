@@ -25,9 +25,7 @@ import json
 import logging
 import os
 import tempfile
-import threading
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +41,11 @@ from verl_events import (
 )
 
 from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
+from ._session import SessionSlot
 
 logger = logging.getLogger("verl_events.msprobe")
 
 _QUIET_LEVEL = "3"  # msprobe's ERROR; its INFO lines are print()ed to stdout
-
-
-@dataclass(frozen=True, slots=True)
-class _Session:
-    seq: int
-    stage: str
-    step: int | None
-    output: Path
 
 
 class MsprobeObserver(Observer):
@@ -75,8 +66,7 @@ class MsprobeObserver(Observer):
         self.available = False
         self._root = Path()
         self._strict = False
-        self._lock = threading.Lock()
-        self._session: _Session | None = None
+        self._slot = SessionSlot("msprobe", "dumped", logger)
         self._calls: dict[tuple[int | None, str], int] = {}
         self._debugger: Any = None
 
@@ -100,14 +90,8 @@ class MsprobeObserver(Observer):
     def on_stage_begin(self, event: StageEvent) -> None:
         if not self.available:
             return
-        with self._lock:
-            if self._session is not None:
-                open_ = self._session
-                logger.warning(
-                    "msprobe: stage %r (step %s, depth %d) is not dumped: stage %r (step %s) already has "
-                    "msprobe's one-per-process session open (nested stage or another thread)",
-                    event.stage, event.step, event.depth, open_.stage, open_.step,
-                )
+        with self._slot.lock:
+            if self._slot.refuse(event):
                 return
             model = event.model if self.needs_model else None
             if self.needs_model and model is None:
@@ -128,20 +112,17 @@ class MsprobeObserver(Observer):
                 )
             self._calls[(event.step, event.stage)] = call + 1
             self._start(dump_dir, call, model, event.rank)
-            self._session = _Session(event.seq, event.stage, event.step, output)
+            self._slot.holder = event
 
     def on_stage_end(self, event: StageEnd) -> None:
-        with self._lock:
-            session = self._session
-            if session is None or session.seq != event.seq:
-                return
-            self._session = None
-            self._stop()
+        with self._slot.lock:
+            if self._slot.release(event):
+                self._stop()
 
     def close(self) -> None:
-        with self._lock:
-            if self._session is not None:
-                self._session = None
+        with self._slot.lock:
+            if self._slot.holder is not None:
+                self._slot.holder = None
                 self._stop()
 
     # -- msprobe calls ------------------------------------------------------

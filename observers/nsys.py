@@ -1,0 +1,118 @@
+"""Nsight Systems: an NVTX range per stage, and capture ranges for ``nsys``.
+
+Every selected stage becomes an NVTX range (message = stage, domain
+``verl_events``, category = role), visible in any nsys timeline.  With
+``nsys profile --capture-range=cudaProfilerApi`` the observer also decides
+what is captured, through ``torch.cuda.profiler.start()/stop()``:
+
+* discrete (default): one capture range per selected stage;
+* continuous (``discrete: false``): one capture range from the first
+  selected stage of a selected step to the first stage of a step outside
+  the selection.
+
+nsys must be told how many capture ranges to expect, or the report is
+never finalised (verl's fixed ``6 x steps`` breaks continuous mode):
+:func:`nsys_command` computes ``repeat-shutdown:N`` from the config, and
+the observer logs that line at install.  Without CUDA the NVTX ranges are
+still emitted and capture calls are skipped with one warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import warnings
+from typing import Any
+
+from verl_events import InstallContext, StageEvent, VerlEventsWarning, find_rank
+
+from ._capture import Capture, CaptureObserver
+
+logger = logging.getLogger("verl_events.nsys")
+
+DOMAIN = "verl_events"
+
+
+def capture_ranges(steps: frozenset[int] | None, stages: frozenset[str] | None, discrete: bool) -> int | None:
+    """Capture ranges one process opens, or None when the config leaves it open.
+
+    Discrete: one per selected stage call (steps x stages, when the process
+    runs every selected stage once per step).  Continuous: one per run of
+    consecutive selected steps.
+    """
+    if steps is None:
+        return None
+    if not discrete:
+        ordered = sorted(steps)
+        return sum(1 for i, step in enumerate(ordered) if i == 0 or step != ordered[i - 1] + 1)
+    return None if stages is None else len(steps) * len(stages)
+
+
+def nsys_command(steps: frozenset[int] | None, stages: frozenset[str] | None, discrete: bool) -> str:
+    """The ``nsys profile`` options that match this selection."""
+    ranges = capture_ranges(steps, stages, discrete)
+    end = "repeat" if ranges is None else f"repeat-shutdown:{ranges}"
+    return (
+        "nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi "
+        f"--capture-range-end={end} -o verl_events_%p python your_training.py"
+    )
+
+
+class NsysObserver(CaptureObserver):
+    """NVTX ranges per stage and nsys capture ranges (``pip install 'verl-events[nsys]'``).
+
+    Option ``discrete`` (default True): a capture range per stage, or one
+    across consecutive selected steps.
+    """
+
+    tool = "nsys"
+    exclusive_resources = frozenset({"cuda_profiler_api"})
+
+    def __init__(self, discrete: bool = True) -> None:
+        super().__init__(discrete)
+        self.nvtx: Any = None
+        self.cuda_profiler: Any = None  # torch.cuda.profiler, when CUDA is available
+
+    def setup(self, context: InstallContext) -> None:
+        super().setup(context)
+        try:
+            self.nvtx = importlib.import_module("nvtx")
+        except ImportError as exc:
+            message = f"the nvtx package is not importable ({exc}); install it with: pip install 'verl-events[nsys]'"
+            if context.strict:
+                raise ImportError(message) from exc
+            warnings.warn(message + ". The nsys observer is off.", VerlEventsWarning, stacklevel=2)
+            self.active = False
+            return
+        import torch
+
+        if torch.cuda.is_available():
+            self.cuda_profiler = torch.cuda.profiler
+        else:
+            warnings.warn(
+                "nsys: CUDA is not available, so capture ranges (torch.cuda.profiler.start/stop) "
+                "are skipped; NVTX ranges are still emitted",
+                VerlEventsWarning,
+                stacklevel=2,
+            )
+        if find_rank()[0] == 0:
+            logger.info("nsys: launch with: %s", self.command())
+
+    def command(self) -> str:
+        steps = self.selection.steps if self.discrete else self.capture_steps
+        return nsys_command(steps, self.selection.stages, self.discrete)
+
+    def start_capture(self, event: StageEvent) -> Any:
+        if self.cuda_profiler is not None:
+            self.cuda_profiler.start()
+        return None
+
+    def stop_capture(self, capture: Capture) -> None:
+        if self.cuda_profiler is not None:
+            self.cuda_profiler.stop()
+
+    def begin_range(self, event: StageEvent) -> Any:
+        return self.nvtx.start_range(message=event.stage, domain=DOMAIN, category=event.role or "stage")
+
+    def end_range(self, handle: Any) -> None:
+        self.nvtx.end_range(handle)
