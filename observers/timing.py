@@ -6,12 +6,12 @@ Each rank appends to ``{save_path}/timing/rank{R}.jsonl``::
 
     {"stage": "actor_update", "role": "actor", "step": 1, "rank": 0, "world_size": 2,
      "depth": 0, "parent": null, "elapsed_s": 0.41, "error": null,
-     "observers": ["timing", "msprobe"], "profiled": true,
+     "observers": ["timing", "msprobe"], "profiled": true, "profiled_by": ["msprobe"],
      "hook_s": {"timing": 1.2e-05, "msprobe": 0.031}, "overhead_s": 0.031, "dump_bytes": 48213,
      "event": "stage", "timestamp": "2026-11-29T19:41:07.113Z"}
 
-``observers`` lists every observer that received the stage; ``profiled``
-is true when any besides this one did.  ``hook_s`` is each observer's own
+``observers`` lists every observer that received the stage, ``profiled_by``
+those besides this one, and ``profiled`` says whether there were any.  ``hook_s`` is each observer's own
 time in its begin and end hooks (outside ``elapsed_s``); ``overhead_s`` sums
 them over the other observers, so ``elapsed_s + overhead_s`` is what the
 stage cost with profiling.  ``dump_bytes``
@@ -93,6 +93,7 @@ class TimingObserver(Observer):
             "error": None if event.error is None else type(event.error).__name__,
             "observers": list(report.observers),
             "profiled": bool(others),
+            "profiled_by": others,
             "hook_s": dict(report.hook_seconds),
             "overhead_s": overhead,
             "dump_bytes": rank_bytes(stage_output_dir(self._root, event), event.rank) if others else 0,

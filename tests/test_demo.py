@@ -80,3 +80,19 @@ def test_reusing_a_save_path_with_dumps_is_refused(tmp_path: Path) -> None:
     again = verl_events_cli("demo", "--steps", "1", "--save-path", str(out))
     assert again.returncode == 2
     assert "already holds 3 msprobe dump(s) of rank 0 from an earlier run" in again.stderr
+
+
+def test_the_stacked_example_runs_three_tools_in_one_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    repo = Path(__file__).parent.parent
+    result = subprocess.run(
+        [shutil.which("verl-events", path=str(Path(sys.executable).parent)) or "verl-events",
+         "demo", "--config", "examples/stacked.yaml", "--steps", "4", "--save-path", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=repo,
+    )
+    assert result.returncode == 0, result.stderr
+    assert dumps(out) == [f"step_{s}/{stage}/step0/rank0/dump.json" for s in (1, 2) for stage in ACTOR_REF]
+    traces = sorted(p.parent.name for p in out.glob("step_3/*/torch_profiler_step_3_*_rank0.json"))
+    assert traces == sorted(ALL_STAGES)
+    profiled_by = {(r["step"], tuple(r["profiled_by"])) for r in read_timing_records(out) if r["profiled"]}
+    assert profiled_by == {(1, ("msprobe",)), (2, ("msprobe",)), (3, ("torch_profiler",))}

@@ -8,9 +8,10 @@ import pytest
 from verl_events.overhead import overhead_table, read_timing_records
 
 
-def record(stage: str, step: int, elapsed: float, overhead: float = 0.0, dump: int = 0, rank: int = 0) -> dict[str, object]:
+def record(stage: str, step: int, elapsed: float, overhead: float = 0.0, dump: int = 0, rank: int = 0, by: str = "msprobe") -> dict[str, object]:
+    profiled = overhead > 0 or dump > 0
     return {"stage": stage, "step": step, "rank": rank, "elapsed_s": elapsed, "overhead_s": overhead,
-            "profiled": overhead > 0 or dump > 0, "dump_bytes": dump}
+            "profiled": profiled, "profiled_by": [by] if profiled else [], "dump_bytes": dump}
 
 
 def test_overhead_is_profiled_cost_over_the_unprofiled_median() -> None:
@@ -27,7 +28,18 @@ def test_overhead_is_profiled_cost_over_the_unprofiled_median() -> None:
     assert (actor.profiled_s, actor.profiled_n, actor.hooks_s) == (3.0, 2, 1.0)
     assert actor.ratio == 3.0
     assert (actor.dump_bytes, actor.dump_bytes_per_step) == (600, 600.0)
-    assert rollout.profiled_s is None and rollout.ratio is None
+    assert actor.profiled_by == ("msprobe",)
+    assert rollout.profiled_s is None and rollout.ratio is None and rollout.profiled_by == ()
+
+
+def test_each_set_of_profiling_observers_gets_its_own_row() -> None:
+    records = [
+        record("actor_update", 1, 1.0, overhead=1.0, by="msprobe"),
+        record("actor_update", 2, 1.0, overhead=3.0, by="torch_profiler"),
+        record("actor_update", 3, 1.0),
+    ]
+    rows = overhead_table(records)
+    assert [(r.profiled_by, r.ratio) for r in rows] == [(("msprobe",), 2.0), (("torch_profiler",), 4.0)]
 
 
 def test_records_are_read_from_every_rank_file(tmp_path: Path) -> None:

@@ -273,7 +273,7 @@ def run_demo(options: DemoOptions) -> Path:
     import sys
 
     # A pipe gets 80 columns by default, too narrow for the overhead table.
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
     save_path = Path(options.config.get("save_path", "outputs/profile"))
     started = time.perf_counter()
     if options.nproc > 1:
@@ -301,11 +301,12 @@ def print_summary(save_path: Path, seconds: float, console: Any) -> None:
 
     records = read_timing_records(save_path)
     table = Table(title=f"Stage overhead, from {save_path}/timing (medians over all ranks)")
-    for column in ("stage", "unprofiled ms", "profiled ms", "of which hooks", "ratio", "MB/step", "MB total"):
-        table.add_column(column, justify="left" if column == "stage" else "right")
+    for column in ("stage", "profiled by", "unprofiled ms", "profiled ms", "of which hooks", "ratio", "MB/step", "MB total"):
+        table.add_column(column, justify="left" if column in ("stage", "profiled by") else "right")
     for row in overhead_table(records, STAGE_ORDER):
         table.add_row(
             row.stage,
+            ", ".join(row.profiled_by) or "-",
             _ms(row.unprofiled_s, row.unprofiled_n),
             _ms(row.profiled_s, row.profiled_n),
             "-" if row.hooks_s is None else f"{row.hooks_s * 1e3:.1f}",

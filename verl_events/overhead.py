@@ -38,12 +38,14 @@ def profiled_seconds(record: dict[str, Any]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class StageOverhead:
-    """One row of the overhead table.  Times in seconds, medians over records
-    of all ranks.  ``profiled_s`` is body plus observer hooks, ``hooks_s``
+    """One row of the overhead table: a stage, and the set of observers that
+    profiled it (empty for a stage never profiled).  Times in seconds,
+    medians over records of all ranks.  ``profiled_s`` is body plus observer hooks, ``hooks_s``
     the hooks alone (session start/stop; the rest of the cost is inside the
     body); ``ratio`` is profiled / unprofiled (None without both)."""
 
     stage: str
+    profiled_by: tuple[str, ...]
     unprofiled_s: float | None
     unprofiled_n: int
     profiled_s: float | None
@@ -55,8 +57,9 @@ class StageOverhead:
 
 
 def overhead_table(records: Iterable[dict[str, Any]], stage_order: Iterable[str] = ()) -> list[StageOverhead]:
-    """Per stage: median unprofiled time, median profiled time, their ratio,
-    and dump bytes (total, and per profiled step summed over ranks)."""
+    """Per stage and set of profiling observers: median unprofiled time of
+    the stage, median profiled time, their ratio, and dump bytes (total,
+    and per profiled step summed over ranks)."""
     by_stage: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         by_stage.setdefault(record["stage"], []).append(record)
@@ -64,22 +67,31 @@ def overhead_table(records: Iterable[dict[str, Any]], stage_order: Iterable[str]
     rows = []
     for stage in order:
         plain = [float(r["elapsed_s"]) for r in by_stage[stage] if not r["profiled"]]
-        profiled = [r for r in by_stage[stage] if r["profiled"]]
         base = statistics.median(plain) if plain else None
-        cost = statistics.median(profiled_seconds(r) for r in profiled) if profiled else None
-        dumped = sum(int(r.get("dump_bytes", 0)) for r in profiled)
-        steps = {r["step"] for r in profiled}
-        rows.append(
-            StageOverhead(
-                stage=stage,
-                unprofiled_s=base,
-                unprofiled_n=len(plain),
-                profiled_s=cost,
-                profiled_n=len(profiled),
-                hooks_s=statistics.median(float(r.get("overhead_s", 0.0)) for r in profiled) if profiled else None,
-                ratio=cost / base if cost is not None and base else None,
-                dump_bytes=dumped,
-                dump_bytes_per_step=dumped / len(steps) if steps else 0.0,
-            )
-        )
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for record in by_stage[stage]:
+            if record["profiled"]:
+                groups.setdefault(tuple(record.get("profiled_by", ())), []).append(record)
+        for profiled_by, profiled in sorted(groups.items()) or [((), [])]:
+            rows.append(_row(stage, profiled_by, base, len(plain), profiled))
     return rows
+
+
+def _row(
+    stage: str, profiled_by: tuple[str, ...], base: float | None, base_n: int, profiled: list[dict[str, Any]]
+) -> StageOverhead:
+    cost = statistics.median(profiled_seconds(r) for r in profiled) if profiled else None
+    dumped = sum(int(r.get("dump_bytes", 0)) for r in profiled)
+    steps = {r["step"] for r in profiled}
+    return StageOverhead(
+        stage=stage,
+        profiled_by=profiled_by,
+        unprofiled_s=base,
+        unprofiled_n=base_n,
+        profiled_s=cost,
+        profiled_n=len(profiled),
+        hooks_s=statistics.median(float(r.get("overhead_s", 0.0)) for r in profiled) if profiled else None,
+        ratio=cost / base if cost is not None and base else None,
+        dump_bytes=dumped,
+        dump_bytes_per_step=dumped / len(steps) if steps else 0.0,
+    )

@@ -1,0 +1,44 @@
+"""NaN/Inf watcher: names the first module whose output is not finite, per stage."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from verl_events import Observer, StageEnd, StageEvent
+
+logger = logging.getLogger("nanwatch")
+
+
+class NanWatchObserver(Observer):
+    """Hooks every submodule of the stage's model while the stage runs."""
+
+    needs_model = True  # the bus warns, naming the paths it tried, when there is none
+
+    def __init__(self) -> None:
+        self._handles: dict[int, list[Any]] = {}
+        self._first: dict[int, str] = {}
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        chunks = event.model if isinstance(event.model, (list, tuple)) else [event.model]
+        handles = self._handles[event.seq] = []
+        for chunk in filter(None, chunks):
+            for name, module in chunk.named_modules():
+                watch = self._watcher(event.seq, name or type(module).__name__)
+                handles.append(module.register_forward_hook(lambda m, i, out, w=watch: w(out)))
+
+    def _watcher(self, seq: int, name: str) -> Any:
+        def check(output: Any) -> None:
+            if seq not in self._first and isinstance(output, torch.Tensor) and not torch.isfinite(output).all():
+                self._first[seq] = name
+        return check
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        for handle in self._handles.pop(event.seq, []):
+            handle.remove()
+        culprit = self._first.pop(event.seq, None)
+        if culprit is not None:
+            logger.error("stage %r (step %s, rank %s): first non-finite output from module %r",
+                         event.stage, event.step, event.rank, culprit)

@@ -1,0 +1,61 @@
+"""The custom-observer path end to end: pip-install the example package into this venv,
+then load its observer by entry-point name from YAML in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "custom_observer"
+
+
+@pytest.fixture(scope="module")
+def nanwatch_installed() -> Iterator[None]:
+    pip = [sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(EXAMPLE)], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*pip, "uninstall", "--yes", "verl-events-nanwatch"], check=True, capture_output=True)
+
+
+def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_installed: None, tmp_path: Path) -> None:
+    config = tmp_path / "observers.yaml"
+    config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: nan_watch\n    stages: [actor_update]\n")
+    script = textwrap.dedent(
+        f"""
+        import logging, torch, verl_events
+        logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        with torch.no_grad():
+            model[2].weight[0, 0] = float("nan")
+        with verl_events.install({str(config)!r}) as installation:
+            print("loaded", type(installation.observers[0]).__name__)
+            for step in (1, 2):
+                with verl_events.stage("actor_update", step=step, model=model):
+                    model(torch.ones(2, 4))
+                with verl_events.stage("critic_update", step=step, model=model):
+                    model(torch.ones(2, 4))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "loaded NanWatchObserver" in result.stdout
+    found = [line for line in result.stderr.splitlines() if line.startswith("nanwatch ")]
+    assert found == [
+        "nanwatch stage 'actor_update' (step 1, rank 0): first non-finite output from module '2'",
+        "nanwatch stage 'actor_update' (step 2, rank 0): first non-finite output from module '2'",
+    ]
+
+
+def test_the_example_observer_is_listed_once_installed(nanwatch_installed: None) -> None:
+    listed = subprocess.run(
+        [sys.executable, "-c", "import verl_events; print(sorted(verl_events.available_observers()))"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "'nan_watch'" in listed
