@@ -10,7 +10,10 @@ Each rank appends to ``{save_path}/timing/rank{R}.jsonl``::
      "hook_s": {"timing": 1.2e-05, "msprobe": 0.031}, "overhead_s": 0.031, "dump_bytes": 48213,
      "event": "stage", "timestamp": "2026-11-29T19:41:07.113Z"}
 
-``observers`` lists every observer that received the stage, ``profiled_by``
+``end_unix`` is the wall clock when the line was written, just after the
+last end hook; ``hook_begin_s`` / ``hook_end_s`` split each observer's hook
+time, so a timeline can be rebuilt.  ``observers`` lists every observer
+that received the stage, ``profiled_by``
 those besides this one, and ``profiled`` says whether there were any.  ``hook_s`` is each observer's own
 time in its begin and end hooks (outside ``elapsed_s``); ``overhead_s`` sums
 them over the other observers, so ``elapsed_s + overhead_s`` is what the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -95,7 +99,10 @@ class TimingObserver(Observer):
             "profiled": bool(others),
             "profiled_by": others,
             "hook_s": dict(report.hook_seconds),
+            "hook_begin_s": dict(report.begin_seconds),
+            "hook_end_s": dict(report.end_seconds),
             "overhead_s": overhead,
+            "end_unix": time.time(),
             "dump_bytes": rank_bytes(stage_output_dir(self._root, event), event.rank) if others else 0,
         }
         with self._lock:

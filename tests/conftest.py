@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +20,17 @@ def _clean_bus() -> Iterator[None]:
     verl_events.reset_model_paths()
     assert not verl_events.stage_begin.receivers, "a test left a receiver connected"
     _resolve._bad_env_warned.clear()
+
+
+@pytest.fixture(scope="session")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Demo runs: two with the same seed, one with a perturbed actor weight, one on two ranks."""
+    from .conftest_runs import demo_run
+
+    root = tmp_path_factory.mktemp("runs")
+    return {
+        "a": demo_run(root / "a", "--steps", "2"),
+        "b": demo_run(root / "b", "--steps", "2"),
+        "perturbed": demo_run(root / "perturbed", "--steps", "1", "--perturb", "0.01"),
+        "two_ranks": demo_run(root / "two_ranks", "--steps", "3", "--nproc", "2"),
+    }

@@ -46,7 +46,8 @@ class _Frame:
     """One open stage: who got its begin, and their hook times so far."""
 
     delivered: list[Observer] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
+    begin_seconds: dict[str, float] = field(default_factory=dict)
+    end_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Dispatcher:
@@ -113,7 +114,7 @@ class Dispatcher:
         self._open[event.seq] = frame
         for observer in selected:
             frame.delivered.append(observer)
-            error = self._call(observer, "on_stage_begin", observer.on_stage_begin, event, frame)
+            error = self._call(observer, "on_stage_begin", observer.on_stage_begin, event, frame.begin_seconds)
             if error is not None and self.strict:
                 # The emitter answers with stage_end, which closes this frame.
                 raise _strict_error(observer, "on_stage_begin", event) from error
@@ -124,7 +125,7 @@ class Dispatcher:
             return
         first: tuple[Observer, BaseException] | None = None
         for observer in reversed(frame.delivered):
-            error = self._call(observer, "on_stage_end", observer.on_stage_end, event, frame)
+            error = self._call(observer, "on_stage_end", observer.on_stage_end, event, frame.end_seconds)
             if error is not None and first is None:
                 first = (observer, error)
         if self._timed:
@@ -133,10 +134,13 @@ class Dispatcher:
             raise _strict_error(first[0], "on_stage_end", event) from first[1]
 
     def _report(self, event: StageEnd, frame: _Frame) -> None:
+        begin, end = frame.begin_seconds, frame.end_seconds
         report = StageReport(
             event=event,
             observers=tuple(o.name for o in frame.delivered),
-            hook_seconds=MappingProxyType(frame.seconds),
+            hook_seconds=MappingProxyType({name: begin.get(name, 0.0) + end.get(name, 0.0) for name in begin.keys() | end.keys()}),
+            begin_seconds=MappingProxyType(begin),
+            end_seconds=MappingProxyType(end),
         )
         for observer in frame.delivered:
             if observer.wants_timings:
@@ -148,9 +152,9 @@ class Dispatcher:
         hook_name: str,
         hook: Callable[[Any], None],
         payload: Any,
-        frame: _Frame | None,
+        seconds: dict[str, float] | None,
     ) -> Exception | None:
-        timed = self._timed and frame is not None
+        timed = self._timed and seconds is not None
         started = perf_counter() if timed else 0.0
         try:
             hook(payload)
@@ -159,9 +163,8 @@ class Dispatcher:
             return exc
         finally:
             if timed:
-                assert frame is not None
-                spent = perf_counter() - started
-                frame.seconds[observer.name] = frame.seconds.get(observer.name, 0.0) + spent
+                assert seconds is not None
+                seconds[observer.name] = perf_counter() - started
         return None
 
     def _candidates(self, stage: str) -> tuple[Observer, ...]:

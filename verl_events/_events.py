@@ -108,10 +108,14 @@ class StageReport:
     """What the bus measured around one stage, for timing-capable observers.
 
     ``observers`` names the observers that received this stage, in begin
-    order; ``hook_seconds`` maps each of them to the time spent in its own
-    begin and end hooks together.
+    order; ``begin_seconds`` and ``end_seconds`` map each of them to the
+    time spent in its begin and end hook, ``hook_seconds`` to their sum.
+    Hooks run one after another, begins in ``observers`` order and ends in
+    reverse, so the stage's timeline can be rebuilt from these.
     """
 
     event: StageEnd
     observers: tuple[str, ...]
     hook_seconds: Mapping[str, float] = field(default_factory=dict)
+    begin_seconds: Mapping[str, float] = field(default_factory=dict)
+    end_seconds: Mapping[str, float] = field(default_factory=dict)

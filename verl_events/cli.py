@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import time
 
@@ -46,11 +47,93 @@ def _demo(args: argparse.Namespace) -> int:
         config = dict(raw) if raw is not None else default_config(save_path)
         config["save_path"] = str(save_path)
         load_config(config)  # fail here, once, rather than in every process
-        run_demo(DemoOptions(config=config, steps=args.steps, nproc=args.nproc, seed=args.seed))
+        run_demo(DemoOptions(config=config, steps=args.steps, nproc=args.nproc, seed=args.seed, perturb=args.perturb))
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _console(quiet: bool = False) -> object:
+    from rich.console import Console
+
+    return Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 120)
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Stage times, overhead and dump sizes of a run, from its timing logs."""
+    from rich.console import Console
+
+    from .report import ReportError, report
+
+    out = Console(width=None if sys.stdout.isatty() else 120)
+    try:
+        text = report(Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if text is not None:
+        print(text)
+    for flag, path in (("--plot", args.plot), ("--trace", args.trace)):
+        if path is not None and not args.quiet:
+            print(f"{flag}: wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """Find where two msprobe dumps first diverge."""
+    import json
+
+    from .compare import CompareInputError, Pick, compare_dumps, resolve_dump, summary, write_csv
+
+    b_root = Path(args.b) if args.b else Path(args.a)
+    if args.b is None and args.vs_step is None and args.vs_rank is None:
+        print("error: give a second run B, or --vs-step / --vs-rank to compare within run A", file=sys.stderr)
+        return 2
+    pick_a = Pick(step=args.step, stage=args.stage, rank=args.rank, call=args.call)
+    pick_b = Pick(
+        step=args.vs_step if args.vs_step is not None else args.step,
+        stage=args.stage,
+        rank=args.vs_rank if args.vs_rank is not None else args.rank,
+        call=args.call,
+    )
+    rtol = {stat: value for stat, value in (("max", args.max_rtol), ("min", args.min_rtol), ("mean", args.mean_rtol), ("norm", args.norm_rtol)) if value is not None}
+    console = _console(args.quiet or args.json)
+    try:
+        a, b = resolve_dump(Path(args.a), pick_a), resolve_dump(b_root, pick_b)
+        with console.status(f"msprobe compare {a} vs {b}"):  # type: ignore[attr-defined]
+            comparison = compare_dumps(a, b, rtol)
+    except CompareInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.csv:
+        write_csv(comparison, Path(args.csv))
+    result = summary(comparison, args.top)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif not args.quiet:
+        _print_comparison(result, args.csv)
+    return 1 if comparison.diverged else 0
+
+
+def _print_comparison(result: dict[str, object], csv_path: str | None) -> None:
+    counts = result["counts"]
+    assert isinstance(counts, dict)
+    print(f"A: {result['a']}\nB: {result['b']}")
+    print(", ".join(f"{key.replace('_', ' ')}: {value}" for key, value in counts.items()))
+    first = result["first_divergence"]
+    if isinstance(first, dict):
+        print(f"DIVERGED. First divergence in execution order: {first['op']}")
+        print(f"  {first['entry']}: {first['reason']}")
+    else:
+        print("MATCH: every entry is matched and within tolerance")
+    worst = [item for item in result["worst"] if item["worst_rel_err"] > 0]  # type: ignore[attr-defined]
+    if worst:
+        print("Largest relative errors:")
+        for item in worst:
+            print(f"  {item['worst_rel_err']:>10.3%}  {item['entry']}{'  (' + item['reason'] + ')' if item['reason'] else ''}")
+    if csv_path:
+        print(f"Full table: {csv_path}")
 
 
 def _fmt(values: frozenset[object] | None) -> str:
@@ -63,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="validate a config and list the observers it builds")
     check.add_argument("config", help="YAML config file")
     check.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. observers.0.steps=[1,2]")
-    check.set_defaults(run=_check)
+    check.set_defaults(run_command=_check)
 
     demo = commands.add_parser("demo", help="run a miniature PPO loop on CPU with msprobe dumps and timing")
     demo.add_argument("--config", help="observers YAML (default: msprobe L1 on steps 1-2 for actor/ref stages, timing always)")
@@ -71,13 +154,39 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--save-path", help="output directory (default: a fresh outputs/demo-<time>)")
     demo.add_argument("--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(run=_demo)
+    demo.add_argument("--perturb", type=float, default=0.0, help="scale one actor weight (blocks.1.mlp.0) by 1+PERTURB, to try compare")
+    demo.set_defaults(run_command=_demo)
+
+    rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")
+    rep.add_argument("run", help="the run's save_path (holding timing/rank*.jsonl)")
+    rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    rep.add_argument("--plot", type=Path, help="write a PNG of stage time (profiled vs baseline) and disk per stage")
+    rep.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace: a track per rank, a slice per stage")
+    rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    rep.set_defaults(run_command=_report)
+
+    cmp = commands.add_parser("compare", help="find where two msprobe dumps first diverge (exit 0 match, 1 diverged, 2 bad input)")
+    cmp.add_argument("a", help="run dir, stage dir, rank dir or dump.json")
+    cmp.add_argument("b", nargs="?", help="the other side (default: A again, with --vs-step/--vs-rank)")
+    cmp.add_argument("--step", type=int, help="global step to pick in a run dir")
+    cmp.add_argument("--stage", help="stage to pick in a run dir")
+    cmp.add_argument("--rank", type=int, default=0, help="rank to pick (default 0)")
+    cmp.add_argument("--call", type=int, default=0, help="msprobe inner step, for a stage run more than once per step (default 0)")
+    cmp.add_argument("--vs-step", type=int, help="step for B (default: --step)")
+    cmp.add_argument("--vs-rank", type=int, help="rank for B (default: --rank)")
+    for stat, default in (("max", 0.01), ("min", 0.01), ("mean", 0.1), ("norm", 0.001)):
+        cmp.add_argument(f"--{stat}-rtol", type=float, help=f"relative tolerance of {stat} (default {default})")
+    cmp.add_argument("--top", type=int, default=5, help="how many of the worst entries to list (default 5)")
+    cmp.add_argument("--csv", help="write the full judged table to this CSV")
+    cmp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    cmp.add_argument("--quiet", action="store_true", help="print nothing; use the exit code")
+    cmp.set_defaults(run_command=_compare)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    return int(args.run_command(args))
 
 
 if __name__ == "__main__":

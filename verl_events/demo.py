@@ -213,6 +213,7 @@ class DemoOptions:
     steps: int
     nproc: int
     seed: int
+    perturb: float = 0.0
     port: int = 0
 
 
@@ -225,6 +226,11 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
     torch.manual_seed(options.seed)  # same initial weights on every rank
     actor = TinyCausalLM()
     ref = copy.deepcopy(actor).requires_grad_(False)
+    if options.perturb:
+        # One actor weight off by a relative `perturb`, to try `verl-events compare`:
+        # the first divergence is the first op that reads it.
+        with torch.no_grad():
+            actor.blocks[1].mlp[0].weight.mul_(1 + options.perturb)
     critic = TinyCausalLM(out_dim=1)
     actor_worker, critic_worker = ActorRolloutRefWorker(actor, ref), CriticWorker(critic)
     data_rng = torch.Generator().manual_seed(options.seed * 1000 + rank)
@@ -280,7 +286,7 @@ def run_demo(options: DemoOptions) -> Path:
         import torch.multiprocessing as mp
 
         console.print(f"demo: {options.steps} steps on {options.nproc} processes (gloo) ...")
-        with_port = DemoOptions(options.config, options.steps, options.nproc, options.seed, _free_port())
+        with_port = DemoOptions(options.config, options.steps, options.nproc, options.seed, options.perturb, _free_port())
         mp.spawn(_spawned, args=(with_port,), nprocs=options.nproc)  # type: ignore[attr-defined]
     else:
         columns = (TextColumn("[bold]step {task.fields[step]}[/] {task.fields[stage]:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -297,28 +303,10 @@ def run_demo(options: DemoOptions) -> Path:
 
 
 def print_summary(save_path: Path, seconds: float, console: Any) -> None:
-    from rich.table import Table
+    from .report import render_overhead
 
-    records = read_timing_records(save_path)
-    table = Table(title=f"Stage overhead, from {save_path}/timing (medians over all ranks)")
-    for column in ("stage", "profiled by", "unprofiled ms", "profiled ms", "of which hooks", "ratio", "MB/step", "MB total"):
-        table.add_column(column, justify="left" if column in ("stage", "profiled by") else "right")
-    for row in overhead_table(records, STAGE_ORDER):
-        table.add_row(
-            row.stage,
-            ", ".join(row.profiled_by) or "-",
-            _ms(row.unprofiled_s, row.unprofiled_n),
-            _ms(row.profiled_s, row.profiled_n),
-            "-" if row.hooks_s is None else f"{row.hooks_s * 1e3:.1f}",
-            f"{row.ratio:.2f}x" if row.ratio is not None else "-",
-            f"{row.dump_bytes_per_step / 1e6:.3f}" if row.profiled_n else "-",
-            f"{row.dump_bytes / 1e6:.3f}" if row.profiled_n else "-",
-        )
-    console.print(table)
+    rows = overhead_table(read_timing_records(save_path), STAGE_ORDER)
+    render_overhead(rows, console, title=f"Stage overhead, from {save_path}/timing (medians over all ranks)")
     dumps = sorted(save_path.glob("step_*/*/step*/rank*/dump.json"))
     console.print(f"{len(dumps)} msprobe dump.json files under {save_path}, e.g. {dumps[0] if dumps else '(none)'}")
-    console.print(f"demo finished in {seconds:.1f} s")
-
-
-def _ms(seconds: float | None, count: int) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} (n={count})"
+    console.print(f"demo finished in {seconds:.1f} s; see it again with: verl-events report {save_path}")

@@ -1,0 +1,76 @@
+"""verl-events report on real demo output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from observers.timing import rank_bytes
+from verl_events.cli import main
+
+STAGES = {"rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update"}
+
+
+def report_json(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> dict:  # type: ignore[type-arg]
+    assert main(["report", str(run), "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_a_two_rank_run_reports_every_stage_of_every_step(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    run = demo_runs["two_ranks"]
+    result = report_json(capsys, run)
+    assert result["ranks"] == [0, 1] and result["records"] == 2 * 3 * 6
+    rows = result["stage_steps"]
+    assert {(r["step"], r["stage"]) for r in rows} == {(s, st) for s in (1, 2, 3) for st in STAGES}
+    for row in rows:
+        assert row["ranks"] == 2 and row["spread"] >= 1.0 and row["slowest_rank"] in (0, 1)
+        stage_dir = run / f"step_{row['step']}" / row["stage"]
+        if row["profiled_by"]:
+            assert row["profiled_by"] == ["msprobe"] and row["ratio"] > 0  # step 3 is the baseline
+            assert row["dump_bytes"] == rank_bytes(stage_dir, 0) + rank_bytes(stage_dir, 1) > 0
+        else:
+            assert row["dump_bytes"] == 0 and row["ratio"] is None
+    assert {o["stage"] for o in result["overhead"] if o["profiled_by"]} == {"actor_compute_log_prob", "ref_compute_log_prob", "actor_update"}
+
+
+def test_the_table_shows_the_slowest_rank_with_several_ranks(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(demo_runs["two_ranks"])]) == 0
+    out = capsys.readouterr().out
+    assert "Stages by step" in out and "slowest" in out and "spread" in out and "rank" in out
+    assert "Overhead per stage and tool" in out
+
+
+def test_plot_writes_a_png(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plot = tmp_path / "overhead.png"
+    assert main(["report", str(demo_runs["a"]), "--plot", str(plot), "--quiet"]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_trace_has_a_track_per_rank_and_hooks_inside_each_stage(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace_path = tmp_path / "trace.json"
+    assert main(["report", str(demo_runs["two_ranks"]), "--trace", str(trace_path), "--quiet"]) == 0
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert tracks == {"rank 0", "rank 1"}
+    stages = [e for e in events if e["ph"] == "X" and e["name"] in STAGES]
+    assert len(stages) == 36
+    dumped = next(e for e in stages if e["name"] == "actor_update" and e["args"]["step"] == 1 and e["pid"] == 1)
+    inside = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["name"] not in STAGES
+              and dumped["ts"] <= e["ts"] and e["ts"] + e["dur"] <= dumped["ts"] + dumped["dur"] + 1]
+    assert [e["name"] for e in inside] == ["timing begin", "msprobe begin", "body", "msprobe end", "timing end"]
+
+
+def test_a_run_without_timing_logs_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert "has no timing logs" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_cut_short_log_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "timing").mkdir()
+    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "actor_update"}\n{"stage": "act')
+    assert main(["report", str(tmp_path)]) == 2
+    assert "rank0.jsonl:2 is not a JSON line" in capsys.readouterr().err

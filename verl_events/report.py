@@ -1,0 +1,248 @@
+"""``verl-events report RUN``: what profiling cost, per stage and step, from disk alone.
+
+Reads ``{RUN}/timing/rank*.jsonl`` (the timing observer's logs) and nothing
+else, so it works on a copy of a run fetched from a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ._paths import TIMING_DIR
+from .overhead import StageOverhead, overhead_table, profiled_seconds
+
+STAGE_ORDER = (
+    "rollout_generate",
+    "ref_compute_log_prob",
+    "actor_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "compute_rm_score",
+    "actor_update",
+)
+
+
+class ReportError(ValueError):
+    """The run directory cannot be reported on (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageStep:
+    """One stage of one step, over all ranks that ran it.  Times in seconds."""
+
+    stage: str
+    step: int | None
+    ranks: int
+    body_s: float  # the slowest rank's body time
+    slowest_rank: int
+    spread: float  # slowest / fastest body time (1.0 with one rank)
+    profiled_by: tuple[str, ...]
+    hooks_s: float  # the largest hook time of any rank
+    ratio: float | None  # slowest rank's body + hooks over the stage's unprofiled median
+    dump_bytes: int  # summed over ranks
+
+
+def timing_files(run: Path) -> list[Path]:
+    files = sorted((run / TIMING_DIR).glob("rank*.jsonl"))
+    if not files:
+        raise ReportError(
+            f"{run} has no timing logs ({run / TIMING_DIR}/rank*.jsonl); "
+            "report needs a run recorded with the timing observer (name: timing)"
+        )
+    return files
+
+
+def read_records(files: Iterable[Path], advance: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    loads = json.loads
+    for path in files:
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        records.append(loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ReportError(f"{path}:{number} is not a JSON line ({exc.msg}); is the file cut short?") from exc
+        advance()
+    return records
+
+
+def stage_steps(records: list[dict[str, Any]]) -> list[StageStep]:
+    """Group records by (stage, step); order by step, then verl's stage order."""
+    baseline: dict[str, list[float]] = {}
+    groups: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
+    for record in records:
+        if not record["profiled"]:
+            baseline.setdefault(record["stage"], []).append(record["elapsed_s"])
+        groups.setdefault((record["stage"], record["step"]), []).append(record)
+    medians = {stage: statistics.median(times) for stage, times in baseline.items()}
+    order = {stage: i for i, stage in enumerate(STAGE_ORDER)}
+    rows = []
+    for (stage, step), group in groups.items():
+        slowest = max(group, key=lambda r: r["elapsed_s"])
+        fastest = min(r["elapsed_s"] for r in group)
+        profiled = [r for r in group if r["profiled"]]
+        base = medians.get(stage)
+        rows.append(
+            StageStep(
+                stage=stage,
+                step=step,
+                ranks=len({r["rank"] for r in group}),
+                body_s=slowest["elapsed_s"],
+                slowest_rank=slowest["rank"],
+                spread=slowest["elapsed_s"] / fastest if fastest > 0 else 1.0,
+                profiled_by=tuple(sorted({name for r in profiled for name in r.get("profiled_by", ())})),
+                hooks_s=max(r.get("overhead_s", 0.0) for r in group),
+                ratio=profiled_seconds(slowest) / base if profiled and base else None,
+                dump_bytes=sum(r.get("dump_bytes", 0) for r in group),
+            )
+        )
+    rows.sort(key=lambda r: (r.step is None, r.step or 0, order.get(r.stage, len(order)), r.stage))
+    return rows
+
+
+def chrome_trace(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Chrome/Perfetto trace: one track per rank, a slice per stage, and
+    inside it the observers' begin hooks, the body and their end hooks."""
+    events: list[dict[str, Any]] = []
+    for rank in sorted({r["rank"] for r in records}):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+    for record in records:
+        begins, ends = record.get("hook_begin_s", {}), record.get("hook_end_s", {})
+        total = sum(begins.values()) + record["elapsed_s"] + sum(ends.values())
+        start = (record.get("end_unix", total) - total) * 1e6
+        common = {"ph": "X", "pid": record["rank"], "tid": 0}
+        args = {"step": record["step"], "profiled_by": record.get("profiled_by", []), "dump_bytes": record.get("dump_bytes", 0)}
+        events.append({**common, "name": record["stage"], "ts": start, "dur": total * 1e6, "args": args})
+        cursor = start
+        observers = list(record.get("observers", begins))
+        pieces = [(f"{name} begin", begins.get(name, 0.0)) for name in observers]
+        pieces.append(("body", record["elapsed_s"]))
+        pieces += [(f"{name} end", ends.get(name, 0.0)) for name in reversed(observers)]
+        for name, seconds in pieces:
+            events.append({**common, "name": name, "ts": cursor, "dur": seconds * 1e6, "cat": "hook" if name != "body" else "body"})
+            cursor += seconds * 1e6
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_plot(overhead: list[StageOverhead], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{row.stage}\n{'+'.join(row.profiled_by) or '-'}" for row in overhead]
+    x = range(len(overhead))
+    fig, (times, disk) = plt.subplots(2, 1, figsize=(max(8, len(overhead) * 1.3), 8), sharex=True)
+    times.bar([i - 0.2 for i in x], [(r.unprofiled_s or 0) * 1e3 for r in overhead], 0.4, label="unprofiled (median)")
+    times.bar([i + 0.2 for i in x], [(r.profiled_s or 0) * 1e3 for r in overhead], 0.4, label="profiled (median)")
+    times.set_ylabel("ms per stage")
+    times.set_yscale("symlog")
+    times.legend()
+    times.set_title("Stage time, profiled vs baseline")
+    disk.bar(list(x), [r.dump_bytes_per_step / 1e6 for r in overhead], 0.6, color="tab:green")
+    disk.set_ylabel("dump MB per profiled step")
+    disk.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def as_json(run: Path, records: list[dict[str, Any]], rows: list[StageStep], overhead: list[StageOverhead]) -> str:
+    return json.dumps(
+        {
+            "run": str(run),
+            "records": len(records),
+            "ranks": sorted({r["rank"] for r in records}),
+            "stage_steps": [asdict(row) for row in rows],
+            "overhead": [asdict(row) for row in overhead],
+        },
+        indent=1,
+    )
+
+
+def render(rows: list[StageStep], overhead: list[StageOverhead], console: Any, multi_rank: bool) -> None:
+    from rich.table import Table
+
+    table = Table(title="Stages by step (times in ms; slowest rank)")
+    columns = ["step", "stage", "body", "profiled by", "hooks", "ratio", "dump MB"]
+    if multi_rank:
+        columns += ["ranks", "slowest", "spread"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("stage", "profiled by") else "right")
+    for row in rows:
+        cells = [
+            str(row.step),
+            row.stage,
+            f"{row.body_s * 1e3:.1f}",
+            ", ".join(row.profiled_by) or "-",
+            f"{row.hooks_s * 1e3:.1f}" if row.profiled_by else "-",
+            f"{row.ratio:.2f}x" if row.ratio is not None else "-",
+            f"{row.dump_bytes / 1e6:.3f}" if row.dump_bytes else "-",
+        ]
+        if multi_rank:
+            cells += [str(row.ranks), f"rank{row.slowest_rank}", f"{row.spread:.2f}x"]
+        table.add_row(*cells)
+    console.print(table)
+    render_overhead(overhead, console)
+
+
+def render_overhead(overhead: list[StageOverhead], console: Any, title: str = "") -> None:
+    """The overhead table: a row per stage and set of profiling observers."""
+    from rich.table import Table
+
+    table = Table(title=title or "Overhead per stage and tool (medians over all ranks and steps)")
+    columns = ("stage", "profiled by", "unprofiled ms", "profiled ms", "of which hooks", "ratio", "MB/step", "MB total")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("stage", "profiled by") else "right")
+    for row in overhead:
+        table.add_row(
+            row.stage,
+            ", ".join(row.profiled_by) or "-",
+            _ms(row.unprofiled_s, row.unprofiled_n),
+            _ms(row.profiled_s, row.profiled_n),
+            "-" if row.hooks_s is None else f"{row.hooks_s * 1e3:.1f}",
+            f"{row.ratio:.2f}x" if row.ratio is not None else "-",
+            f"{row.dump_bytes_per_step / 1e6:.3f}" if row.profiled_n else "-",
+            f"{row.dump_bytes / 1e6:.3f}" if row.profiled_n else "-",
+        )
+    console.print(table)
+
+
+def _ms(seconds: float | None, count: int) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} (n={count})"
+
+
+def report(
+    run: Path,
+    *,
+    console: Any,
+    as_json_output: bool = False,
+    plot: Path | None = None,
+    trace: Path | None = None,
+    quiet: bool = False,
+) -> str | None:
+    """Run the report; return the JSON text when ``as_json_output``."""
+    from rich.progress import Progress
+
+    if not run.is_dir():
+        raise ReportError(f"{run} is not a directory; pass the save_path of a run")
+    files = timing_files(run)
+    with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
+        task = bar.add_task("reading timing logs", total=len(files))
+        records = read_records(files, lambda: bar.advance(task))
+    rows = stage_steps(records)
+    overhead = overhead_table(records, STAGE_ORDER)
+    if plot is not None:
+        write_plot(overhead, plot)
+    if trace is not None:
+        trace.write_text(json.dumps(chrome_trace(records)))
+    if as_json_output:
+        return as_json(run, records, rows, overhead)
+    render(rows, overhead, console, multi_rank=len({r["rank"] for r in records}) > 1)
+    return None
