@@ -230,7 +230,7 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
         # One actor weight off by a relative `perturb`, to try `verl-events compare`:
         # the first divergence is the first op that reads it.
         with torch.no_grad():
-            actor.blocks[1].mlp[0].weight.mul_(1 + options.perturb)
+            actor.get_parameter("blocks.1.mlp.0.weight").mul_(1 + options.perturb)
     critic = TinyCausalLM(out_dim=1)
     actor_worker, critic_worker = ActorRolloutRefWorker(actor, ref), CriticWorker(critic)
     data_rng = torch.Generator().manual_seed(options.seed * 1000 + rank)
