@@ -6,6 +6,7 @@ else, so it works on a copy of a run fetched from a cluster.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 from collections.abc import Callable, Iterable
@@ -57,18 +58,42 @@ def timing_files(run: Path) -> list[Path]:
     return files
 
 
+def _fast_loads() -> Callable[[bytes], Any]:
+    """orjson when installed (about 4x faster on these lines), else json."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads
+    strict: Callable[[bytes], Any] = orjson.loads
+
+    def loads(line: bytes) -> Any:
+        try:
+            return strict(line)
+        except orjson.JSONDecodeError:
+            return json.loads(line)  # bare NaN/Infinity, which orjson refuses
+    return loads
+
+
 def read_records(files: Iterable[Path], advance: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
-    loads = json.loads
-    for path in files:
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
-                        records.append(loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise ReportError(f"{path}:{number} is not a JSON line ({exc.msg}); is the file cut short?") from exc
-        advance()
+    loads = _fast_loads()
+    # A million small dicts would trigger repeated full garbage collections
+    # (more than half the read time); none of them is cyclic.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for path in files:
+            with path.open("rb") as handle:
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        try:
+                            records.append(loads(line))
+                        except ValueError as exc:
+                            raise ReportError(f"{path}:{number} is not a JSON line ({exc}); is the file cut short?") from exc
+            advance()
+    finally:
+        if collecting:
+            gc.enable()
     return records
 
 
