@@ -11,6 +11,7 @@ from ._paths import prepare_output_dir, stage_output_dir, step_dir_name
 from ._registry import available_observers
 from ._resolve import add_model_paths, current_step, find_rank, reset_model_paths, set_step
 from ._selection import Selection
+from .verl_bridge import VerlBridgeError, install_verl_bridge, uninstall_verl_bridge
 
 __all__ = [
     "KNOWN_STAGES",
@@ -27,6 +28,7 @@ __all__ = [
     "StageEnd",
     "StageEvent",
     "StageReport",
+    "VerlBridgeError",
     "VerlEventsWarning",
     "add_model_paths",
     "available_observers",
@@ -35,6 +37,7 @@ __all__ = [
     "emits_stage",
     "find_rank",
     "install",
+    "install_verl_bridge",
     "load_config",
     "prepare_output_dir",
     "reset_model_paths",
@@ -44,4 +47,5 @@ __all__ = [
     "stage_begin",
     "stage_end",
     "step_dir_name",
+    "uninstall_verl_bridge",
 ]

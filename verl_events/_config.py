@@ -14,6 +14,9 @@ Schema::
         enabled: true
         config_path: dump.json   # anything else is an option of the observer
 
+verl's own form (``global_profiler`` plus the role blocks' ``profiler.enable``)
+is accepted too and mapped onto the same observers.
+
 Sources: a YAML file path, a mapping, or an OmegaConf config; overrides are
 ``key=value`` dotlist strings (``observers.0.steps=[1,2]``), values parsed
 as YAML.  Every error names the key, the bad value and what is allowed.
@@ -32,6 +35,7 @@ import yaml
 
 from ._errors import ConfigError
 from ._selection import Selection
+from ._verl_config import from_verl_config, is_verl_config
 
 DEFAULT_SAVE_PATH = "outputs/profile"
 DEFAULT_MAX_FAILURES = 5
@@ -142,7 +146,13 @@ def _apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def parse_config(raw: Mapping[str, Any]) -> Config:
-    """Validate a plain mapping (see the module docstring for the schema)."""
+    """Validate a plain mapping (see the module docstring for the schema).
+
+    A mapping with verl's ``global_profiler`` block is first translated to
+    ours (see ``_verl_config``).
+    """
+    if is_verl_config(raw):
+        raw = from_verl_config(raw)
     unknown = sorted(set(map(str, raw)) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ConfigError(

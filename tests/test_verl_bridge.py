@@ -1,0 +1,312 @@
+"""The verl bridge against real verl 0.9.1: its DistProfiler, DistProfilerExtension,
+@register and @DistProfiler.annotate, DataProto, and the trainer's start/stop calls."""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import verl
+import verl.utils.profiler as verl_profiler
+from verl.utils.profiler import DistProfiler, ProfilerConfig
+from verl.utils.profiler.config import TorchProfilerToolConfig
+
+import verl_events
+from verl_events import ConfigError, StageEnd, VerlBridgeError, VerlEventsWarning
+from verl_events.testing import RecordingObserver, capture_events
+
+from .observers.conftest import write_msprobe_config
+from .verl_workers import ActorRolloutRefWorker, CriticWorker, batch, train_step
+
+REPO = Path(__file__).parent.parent
+GUIDE_STAGES = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
+pytestmark = pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")
+
+
+@pytest.fixture
+def bridge() -> Any:
+    verl_events.install_verl_bridge()
+    yield
+    verl_events.uninstall_verl_bridge()
+
+
+def begins(events: list[Any]) -> list[Any]:
+    return [e for e in events if not isinstance(e, StageEnd)]
+
+
+def dumps_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("dump.json"))
+
+
+def test_bridge_off_means_no_events_and_verl_untouched() -> None:
+    original = ActorRolloutRefWorker.__dict__["update_actor"]
+    with capture_events() as events:
+        train_step(ActorRolloutRefWorker(), CriticWorker(), 1, profiled=True)
+    assert events == []
+    assert ActorRolloutRefWorker.__dict__["update_actor"] is original
+
+
+def test_annotated_methods_emit_stage_role_step_rank_and_model(bridge: None) -> None:
+    actor, critic = ActorRolloutRefWorker(), CriticWorker()
+    with capture_events() as events:
+        train_step(actor, critic, 3, profiled=True)
+    seen = [(e.stage, e.role, e.step, e.rank) for e in begins(events)]
+    assert seen == [
+        ("rollout_generate", "rollout", 3, 0),
+        ("ref_compute_log_prob", "ref", 3, 0),
+        ("actor_compute_log_prob", "actor", 3, 0),
+        ("compute_values", "critic", 3, 0),
+        ("critic_update", "critic", 3, 0),
+        ("actor_update", "actor", 3, 0),
+    ]
+    models = {e.stage: e.model for e in begins(events)}
+    assert models["actor_update"] is actor.actor.engine.module
+    assert models["ref_compute_log_prob"] is actor.ref.engine.module
+    assert models["compute_values"] is critic.critic.engine.module
+
+
+def test_outside_profiled_steps_the_step_comes_only_from_meta_info(bridge: None) -> None:
+    actor = ActorRolloutRefWorker()
+    with capture_events() as events:
+        train_step(actor, None, 1, profiled=True)
+        train_step(actor, None, 2, profiled=False)
+    steps = [(e.stage, e.step) for e in begins(events) if e.stage in ("rollout_generate", "actor_update")]
+    # stop_profile forgets step 1; step 2's generation batch carries its step in meta_info.
+    assert steps == [("rollout_generate", 1), ("actor_update", 1), ("rollout_generate", 2), ("actor_update", None)]
+
+
+def test_install_is_idempotent_and_uninstall_restores_verl_exactly() -> None:
+    originals = {name: ActorRolloutRefWorker.__dict__[name] for name in ("update_actor", "compute_log_prob")}
+    start, stop = DistProfiler.__dict__["start"], DistProfiler.__dict__["stop"]
+    verl_events.install_verl_bridge()
+    verl_events.install_verl_bridge()
+    try:
+        with capture_events() as events:
+            ActorRolloutRefWorker().update_actor(batch(1))
+        assert len(events) == 2  # one begin, one end: not wrapped twice
+    finally:
+        verl_events.uninstall_verl_bridge()
+        verl_events.uninstall_verl_bridge()
+    assert {name: ActorRolloutRefWorker.__dict__[name] for name in originals} == originals
+    assert (DistProfiler.__dict__["start"], DistProfiler.__dict__["stop"]) == (start, stop)
+    assert "__init_subclass__" not in verl_profiler.DistProfilerExtension.__dict__
+
+
+def test_worker_classes_defined_after_install_are_bridged(bridge: None) -> None:
+    class LateWorker(verl_profiler.DistProfilerExtension):  # type: ignore[misc]
+        def __init__(self) -> None:
+            verl_profiler.DistProfilerExtension.__init__(self, DistProfiler(rank=0, config=None))
+
+        @DistProfiler.annotate(role="compute_rm_score")
+        def compute_rm_score(self, data: Any) -> int:
+            return 7
+
+    with capture_events() as events:
+        assert LateWorker().compute_rm_score(batch(5)) == 7
+    assert [(e.stage, e.role, e.step) for e in begins(events)] == [("compute_rm_score", "reward_model", 5)]
+
+
+def test_the_stage_runs_once_whatever_the_observers_do(bridge: None) -> None:
+    actor = ActorRolloutRefWorker()
+    broken = RecordingObserver(fail_on="begin")
+    with verl_events.install(observers=[broken]):
+        train_step(actor, None, 1, profiled=True)
+    assert actor.call_counts() == {"generate_sequences": 1, "compute_ref_log_prob": 1, "compute_log_prob": 1, "update_actor": 1}
+    assert len(broken.calls) == 8
+
+
+def test_verls_own_profiler_keeps_working_beside_the_bridge(bridge: None, tmp_path: Path) -> None:
+    config = ProfilerConfig(tool="torch", enable=True, all_ranks=True, save_path=str(tmp_path), tool_config=TorchProfilerToolConfig(discrete=True))
+    actor = ActorRolloutRefWorker(profiler=DistProfiler(rank=0, config=config, tool_config=config.tool_config))
+    with capture_events() as events:
+        actor.start_profile(role="train", profile_step=1)
+        actor.update_actor(batch())
+        actor.stop_profile()
+    assert [(e.stage, e.step) for e in begins(events)] == [("actor_update", 1)]
+    assert [p.name.split("_pid")[0] for p in tmp_path.glob("*.json.gz")] == ["actor-update_step1_rank0"]
+
+
+@pytest.mark.parametrize(("owner", "name"), [(DistProfiler, "stop"), (verl_profiler, "DistProfilerExtension")])
+def test_a_verl_without_what_the_bridge_needs_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
+    monkeypatch.delattr(owner, name)
+    version = re.escape(verl.__version__)
+    with pytest.raises(VerlBridgeError, match=rf"verl {version} lacks verl\.utils\.profiler\.(DistProfiler\.)?{name}, which the verl_events bridge relies on"):
+        verl_events.install_verl_bridge()
+    assert not verl_events.verl_bridge.verl_bridge_installed()
+
+
+# -- verl's config, unchanged ---------------------------------------------------------
+
+GUIDE_MINIMAL_EXAMPLE = """
+global_profiler:
+  tool: precision_debugger
+  steps: [1, 2]
+  global_tool_config:
+    precision_debugger:
+      _target_: verl.utils.profiler.config.PrecisionDebuggerToolConfig
+      config_path: {config_path}
+      stages:
+        - actor_compute_log_prob
+        - ref_compute_log_prob
+        - actor_update
+      strict: False
+
+actor_rollout_ref:
+  actor:
+    profiler:
+      enable: True
+  ref:
+    profiler:
+      enable: True
+"""
+
+
+def test_the_guides_minimal_example_writes_the_guides_output_layout(bridge: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "verl.yaml"
+    config.write_text(GUIDE_MINIMAL_EXAMPLE.format(config_path=write_msprobe_config(tmp_path / "dump_config.json")))
+    actor, critic = ActorRolloutRefWorker(), CriticWorker()
+    with verl_events.install(config):
+        for step in (1, 2, 3):
+            train_step(actor, critic, step, profiled=step in (1, 2))  # the trainer profiles global_profiler.steps
+    assert dumps_under(tmp_path / "outputs/profile") == [
+        f"step_{step}/{stage}/step0/rank0/dump.json" for step in (1, 2) for stage in GUIDE_STAGES
+    ]
+
+
+def test_roles_not_enabled_are_not_observed_and_rollout_is_skipped(bridge: None, tmp_path: Path) -> None:
+    raw = {
+        "global_profiler": {"tool": "precision_debugger", "steps": [1], "save_path": str(tmp_path / "p"),
+                            "global_tool_config": {"precision_debugger": {"config_path": None, "stages": None}}},
+        "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}, "ref": {"profiler": {"enable": False}},
+                              "rollout": {"profiler": {"enable": True}}},
+        "critic": {"profiler": {"enable": False}},
+        "trainer": {"total_epochs": 1},  # the rest of a verl config is verl's business
+    }
+    with verl_events.install(raw):
+        train_step(ActorRolloutRefWorker(), CriticWorker(), 1, profiled=True)
+    assert dumps_under(tmp_path / "p") == [f"step_1/{stage}/step0/rank0/dump.json" for stage in ("actor_compute_log_prob", "actor_update")]
+
+
+def test_deprecated_precision_debugger_steps_warns_as_verl_does(tmp_path: Path) -> None:
+    raw = {"global_profiler": {"tool": "precision_debugger", "steps": [1], "save_path": str(tmp_path),
+                               "global_tool_config": {"precision_debugger": {"steps": [1, 2]}}},
+           "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}}
+    with pytest.warns(VerlEventsWarning, match="precision_debugger.steps is deprecated and ignored, as in verl"):
+        config = verl_events.load_config(raw)
+    assert config.observers[0].selection.steps == {1}
+
+
+def test_rollout_generate_in_stages_is_dropped_with_a_warning(tmp_path: Path) -> None:
+    raw = {"global_profiler": {"tool": "precision_debugger", "steps": [1], "save_path": str(tmp_path),
+                               "global_tool_config": {"precision_debugger": {"stages": ["rollout_generate", "actor_update"]}}},
+           "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}}
+    with pytest.warns(VerlEventsWarning, match="rollout_generate is skipped, as in verl"):
+        config = verl_events.load_config(raw)
+    assert config.observers[0].selection.stages == {"actor_update"}
+
+
+@pytest.mark.parametrize("tool", ["torch_memory", "nsight"])
+def test_tools_without_an_observer_are_a_clear_error(tool: str) -> None:
+    with pytest.raises(ConfigError, match=rf"global_profiler.tool: '{tool}' has no verl_events observer; supported: precision_debugger, nsys, npu, torch"):
+        verl_events.load_config({"global_profiler": {"tool": tool, "steps": [1]}})
+
+
+def test_null_steps_profile_nothing_as_in_verl() -> None:
+    with pytest.warns(VerlEventsWarning, match="global_profiler.steps is null, so precision_debugger profiles nothing"):
+        config = verl_events.load_config({"global_profiler": {"tool": "precision_debugger", "steps": None},
+                                          "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}})
+    assert config.observers == ()
+
+
+def test_verl_torch_tool_maps_to_our_torch_profiler_with_verls_rank_rule() -> None:
+    raw = {"global_profiler": {"tool": "torch", "steps": [2]},
+           "actor_rollout_ref": {"actor": {"profiler": {"enable": True, "ranks": [1], "tool_config": {"torch": {"contents": ["cpu"], "discrete": True}}}}},
+           "observers": [{"name": "timing"}]}
+    torch_profiler, timing = verl_events.load_config(raw).observers
+    assert torch_profiler.name == "torch_profiler" and dict(torch_profiler.options) == {"contents": ["cpu"], "discrete": True}
+    assert torch_profiler.selection.ranks == {1} and torch_profiler.selection.roles == {"actor"}
+    assert timing.name == "timing"
+
+
+# -- processes: two gloo ranks, and Ray actors ------------------------------------------
+
+
+def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> None:
+    config = tmp_path / "verl.yaml"
+    config.write_text(GUIDE_MINIMAL_EXAMPLE.format(config_path=write_msprobe_config(tmp_path / "dump_config.json")))
+    script = textwrap.dedent(
+        f"""
+        import os, sys, torch.distributed as dist, torch.multiprocessing as mp
+        sys.path.insert(0, {str(REPO)!r})
+
+        def rank_main(rank):
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+            dist.init_process_group("gloo", rank=rank, world_size=2)
+            import verl_events
+            from tests.verl_workers import ActorRolloutRefWorker, train_step
+            verl_events.install_verl_bridge()
+            with verl_events.install({str(config)!r}):
+                worker = ActorRolloutRefWorker(rank=rank)
+                for step in (1, 2, 3):
+                    train_step(worker, None, step, profiled=step in (1, 2))
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            mp.spawn(rank_main, nprocs=2)
+        """
+    )
+    (tmp_path / "two_ranks.py").write_text(script)
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = subprocess.run([sys.executable, "two_ranks.py", str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert dumps_under(tmp_path / "outputs/profile") == sorted(
+        f"step_{step}/{stage}/step0/rank{rank}/dump.json" for step in (1, 2) for stage in GUIDE_STAGES for rank in (0, 1)
+    )
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_ray_actors_are_bridged_by_the_documented_switch_alone(tmp_path: Path) -> None:
+    import ray
+
+    config = tmp_path / "verl.yaml"
+    config.write_text(GUIDE_MINIMAL_EXAMPLE.replace("  steps: [1, 2]", f"  steps: [1, 2]\n  save_path: {tmp_path / 'profile'}")
+                      .format(config_path=write_msprobe_config(tmp_path / "dump_config.json")))
+    runtime_env = {
+        # The switch docs/verl.md documents: a setup hook and the config's path.
+        "worker_process_setup_hook": "verl_events.verl_bridge.setup_worker",
+        "env_vars": {"VERL_EVENTS_CONFIG": str(config), "PYTHONPATH": str(REPO)},
+    }
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
+    try:
+        from .verl_workers import ActorRolloutRefWorker as Worker
+
+        # verl's RayWorkerGroup gives each worker its RANK the same way.
+        actors = [ray.remote(Worker).options(runtime_env={"env_vars": {"RANK": str(rank)}}).remote(rank=rank) for rank in (0, 1)]
+        for step in (1, 2, 3):
+            profiled = step in (1, 2)
+            if profiled:
+                ray.get([a.start_profile.remote(role="train", profile_step=step) for a in actors])
+            data = batch(seed=step)
+            ray.get([a.generate_sequences.remote(batch(step)) for a in actors])
+            ray.get([a.compute_ref_log_prob.remote(data) for a in actors])
+            ray.get([a.compute_log_prob.remote(data) for a in actors])
+            ray.get([a.update_actor.remote(data) for a in actors])
+            if profiled:
+                ray.get([a.stop_profile.remote() for a in actors])
+        counts = ray.get([a.call_counts.remote() for a in actors])
+    finally:
+        ray.shutdown()
+    assert counts == [{"generate_sequences": 3, "compute_ref_log_prob": 3, "compute_log_prob": 3, "update_actor": 3}] * 2
+    assert dumps_under(tmp_path / "profile") == sorted(
+        f"step_{step}/{stage}/step0/rank{rank}/dump.json" for step in (1, 2) for stage in GUIDE_STAGES for rank in (0, 1)
+    )

@@ -1,0 +1,124 @@
+"""verl-shaped workers built on verl 0.9.1's real profiler classes, as verl's own
+workers are: ``DistProfilerExtension`` mixed in, stages decorated with
+``@register(...)`` over ``@DistProfiler.annotate(role=...)``, models where verl's
+engine workers keep them (``actor.engine.module``, ``ref.engine.module``,
+``critic.engine.module``).  Used by the bridge tests, in process, in two
+processes and as Ray actors (so this module must stay importable by path)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+from verl import DataProto
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.profiler import DistProfiler, DistProfilerExtension
+
+
+def tiny_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+
+
+def engine(model: nn.Module) -> Any:
+    return SimpleNamespace(engine=SimpleNamespace(module=model))
+
+
+class ActorRolloutRefWorker(DistProfilerExtension):  # type: ignore[misc]
+    def __init__(self, rank: int = 0, profiler: Any = None) -> None:
+        self.rank = rank
+        self.actor = engine(tiny_model(0))
+        self.ref = engine(tiny_model(0))
+        self.optimizer = torch.optim.SGD(self.actor.engine.module.parameters(), lr=0.1)
+        self.calls: Counter[str] = Counter()
+        DistProfilerExtension.__init__(self, profiler if profiler is not None else DistProfiler(rank=rank, config=None))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @DistProfiler.annotate(color="red", role="rollout_generate")
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        self.calls["generate_sequences"] += 1
+        with torch.no_grad():
+            out = self.actor.engine.module(prompts.batch["x"])
+        return DataProto.from_dict(tensors={"x": out.detach()}, meta_info=dict(prompts.meta_info))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @DistProfiler.annotate(color="olive", role="ref_compute_log_prob")
+    def compute_ref_log_prob(self, data: DataProto) -> float:
+        self.calls["compute_ref_log_prob"] += 1
+        with torch.no_grad():
+            return float(torch.log_softmax(self.ref.engine.module(data.batch["x"]), -1).mean())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @DistProfiler.annotate(color="blue", role="actor_compute_log_prob")
+    def compute_log_prob(self, data: DataProto) -> float:
+        self.calls["compute_log_prob"] += 1
+        with torch.no_grad():
+            return float(torch.log_softmax(self.actor.engine.module(data.batch["x"]), -1).mean())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @DistProfiler.annotate(color="red", role="actor_update")
+    def update_actor(self, data: DataProto) -> float:
+        self.calls["update_actor"] += 1
+        loss = self.actor.engine.module(data.batch["x"]).pow(2).mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def call_counts(self) -> dict[str, int]:
+        return dict(self.calls)
+
+
+class CriticWorker(DistProfilerExtension):  # type: ignore[misc]
+    def __init__(self, rank: int = 0) -> None:
+        self.critic = engine(tiny_model(1))
+        self.calls: Counter[str] = Counter()
+        DistProfilerExtension.__init__(self, DistProfiler(rank=rank, config=None))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @DistProfiler.annotate(color="cyan", role="compute_values")
+    def compute_values(self, data: DataProto) -> float:
+        self.calls["compute_values"] += 1
+        with torch.no_grad():
+            return float(self.critic.engine.module(data.batch["x"]).mean())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @DistProfiler.annotate(color="pink", role="critic_update")
+    def update_critic(self, data: DataProto) -> float:
+        self.calls["update_critic"] += 1
+        loss = self.critic.engine.module(data.batch["x"]).pow(2).mean()
+        loss.backward()
+        return float(loss.detach())
+
+
+def batch(step: int | None = None, seed: int = 0) -> DataProto:
+    generator = torch.Generator().manual_seed(seed)
+    meta = {} if step is None else {"global_steps": step}
+    return DataProto.from_dict(tensors={"x": torch.randn(4, 8, generator=generator)}, meta_info=meta)
+
+
+def train_step(actor: ActorRolloutRefWorker, critic: CriticWorker | None, step: int, profiled: bool) -> None:
+    """What verl's PPO trainer does each step: start_profile(profile_step=N) only on
+    profiled steps, the stages in verl's order, stop_profile.  Only the generation
+    batch carries meta_info["global_steps"], as in verl."""
+    if profiled:
+        actor.start_profile(role="train", profile_step=step)
+        if critic is not None:
+            critic.start_profile(profile_step=step)
+    generated = actor.generate_sequences(batch(step))
+    data = batch(seed=step)
+    actor.compute_ref_log_prob(data)
+    actor.compute_log_prob(data)
+    if critic is not None:
+        critic.compute_values(data)
+        critic.update_critic(data)
+    actor.update_actor(data)
+    assert generated.meta_info["global_steps"] == step
+    if profiled:
+        actor.stop_profile()
+        if critic is not None:
+            critic.stop_profile()
