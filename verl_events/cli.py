@@ -27,6 +27,9 @@ def _check(args: argparse.Namespace) -> int:
                     f"  {observer.name:<20} priority={observer.priority:<4} steps={_fmt(sel.steps)} "
                     f"stages={_fmt(sel.stages)} roles={_fmt(sel.roles)} ranks={_fmt(sel.ranks)}"
                 )
+                command = getattr(observer, "command", None)
+                if callable(command):  # nsys: the launch line matching this selection
+                    print(f"    launch with: {command()}")
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -300,3 +301,30 @@ def test_a_second_installation_applies_its_own_config_to_msprobes_singleton(tmp_
 def test_precision_debugger_is_an_alias(tmp_path: Path) -> None:
     with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "precision_debugger"}]}) as inst:
         assert type(inst.observers[0]).__name__ == "MsprobeObserver"
+
+
+def test_keep_api_hooks_leaves_msprobes_wrappers_between_sessions(tmp_path: Path, model: Small) -> None:
+    original = F.linear
+    with verl_events.install(msprobe_config(tmp_path / "keep", keep_api_hooks=True)):
+        run_steps(model, range(1, 3), ["actor_update"])
+        assert F.linear is not original  # still msprobe's wrapper, as verl leaves it
+    assert len(list((tmp_path / "keep").rglob("dump.json"))) == 2
+    with verl_events.install(msprobe_config(tmp_path / "default")):
+        assert F.linear is original  # the next installation takes them off again
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_keeps_msprobe_off_stdout(tmp_path: Path, quiet: bool) -> None:
+    # A fresh interpreter: msprobe's log level is process-wide, set once.
+    script = f"""
+import torch, verl_events
+model = torch.nn.Linear(4, 1)
+with verl_events.install({{"save_path": {str(tmp_path)!r}, "observers": [{{"name": "msprobe", "quiet": {quiet}}}]}}):
+    with verl_events.stage("actor_update", step=1, model=model):
+        model(torch.ones(2, 4)).sum().backward()
+print("done")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    chatter = [line for line in result.stdout.splitlines() if line != "done"]
+    assert (chatter == []) is quiet, chatter
