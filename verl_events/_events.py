@@ -27,6 +27,18 @@ STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
     }
 )
 KNOWN_STAGES: frozenset[str] = frozenset(STAGE_ROLES)
+#: The order verl runs its stages within a step; tables list stages this way.
+STAGE_ORDER: tuple[str, ...] = (
+    "rollout_generate",
+    "ref_compute_log_prob",
+    "actor_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "compute_rm_score",
+    "actor_update",
+    "train_batch",
+    "forward_backward",
+)
 
 EMPTY_META: Mapping[str, Any] = MappingProxyType({})
 

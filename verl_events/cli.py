@@ -67,12 +67,13 @@ def _report(args: argparse.Namespace) -> int:
     """Stage times, overhead and dump sizes of a run, from its timing logs."""
     from rich.console import Console
 
-    from .report import ReportError, report
+    from .overhead import TimingLogError
+    from .report import report
 
     out = Console(width=None if sys.stdout.isatty() else 120)
     try:
         text = report(Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet)
-    except ReportError as exc:
+    except TimingLogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if text is not None:

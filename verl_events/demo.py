@@ -28,16 +28,11 @@ from torch import nn
 
 import verl_events
 from verl_events import emits_stage
+from verl_events._events import STAGE_ORDER
 from verl_events.overhead import overhead_table, read_timing_records
 
-STAGE_ORDER = (
-    "rollout_generate",
-    "ref_compute_log_prob",
-    "actor_compute_log_prob",
-    "compute_values",
-    "critic_update",
-    "actor_update",
-)
+#: The stages the demo runs each step, in verl's order.
+DEMO_STAGES = tuple(s for s in STAGE_ORDER if s not in ("compute_rm_score", "train_batch", "forward_backward"))
 VOCAB, DIM, HEADS, LAYERS = 128, 64, 4, 2
 PROMPT_LEN, RESPONSE_LEN, BATCH = 8, 16, 16
 TARGET_TOKEN = 7  # the toy reward: how often the response says 7
@@ -291,13 +286,13 @@ def run_demo(options: DemoOptions) -> Path:
     else:
         columns = (TextColumn("[bold]step {task.fields[step]}[/] {task.fields[stage]:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console) as bar:
-            task = bar.add_task("demo", total=options.steps * len(STAGE_ORDER), step=1, stage="")
+            task = bar.add_task("demo", total=options.steps * len(DEMO_STAGES), step=1, stage="")
 
             def progress(step: int, stage: str) -> None:
-                bar.update(task, advance=0 if (step, stage) == (1, STAGE_ORDER[0]) else 1, step=step, stage=stage)
+                bar.update(task, advance=0 if (step, stage) == (1, DEMO_STAGES[0]) else 1, step=step, stage=stage)
 
             run_rank(0, options, progress)
-            bar.update(task, completed=options.steps * len(STAGE_ORDER), stage="done")
+            bar.update(task, completed=options.steps * len(DEMO_STAGES), stage="done")
     print_summary(save_path, time.perf_counter() - started, console)
     return save_path
 

@@ -6,9 +6,10 @@ so it works on a copy of a run taken from a cluster.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,18 +17,57 @@ from typing import Any
 from ._paths import TIMING_DIR
 
 
-def read_timing_records(save_path: Path) -> list[dict[str, Any]]:
-    """Every stage record of every rank, in file order."""
+class TimingLogError(ValueError):
+    """A timing log cannot be read; the message names the file and line."""
+
+
+def timing_log_files(save_path: Path) -> list[Path]:
+    """Every rank's timing log of a run, by rank file name."""
+    return sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl"))
+
+
+def _fast_loads() -> Callable[[bytes], Any]:
+    """orjson when installed (about 4x faster on these lines), else json."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads
+    strict: Callable[[bytes], Any] = orjson.loads
+
+    def loads(line: bytes) -> Any:
+        try:
+            return strict(line)
+        except orjson.JSONDecodeError:
+            return json.loads(line)  # bare NaN/Infinity, which orjson refuses
+
+    return loads
+
+
+def read_timing_records(
+    source: Path | Iterable[Path], advance: Callable[[], None] = lambda: None
+) -> list[dict[str, Any]]:
+    """Every stage record of a run (``source`` is its save_path) or of the
+    given log files, in file order; ``advance`` is called after each file."""
+    files = timing_log_files(source) if isinstance(source, Path) else list(source)
     records: list[dict[str, Any]] = []
-    for path in sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl")):
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{number} is not a JSON line: {exc.msg}") from exc
+    loads = _fast_loads()
+    # A million small dicts would trigger repeated full garbage collections
+    # (more than half the read time); none of them is cyclic.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for path in files:
+            with path.open("rb") as handle:
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        try:
+                            records.append(loads(line))
+                        except ValueError as exc:
+                            raise TimingLogError(f"{path}:{number} is not a JSON line ({exc}); is the file cut short?") from exc
+            advance()
+    finally:
+        if collecting:
+            gc.enable()
     return records
 
 

@@ -6,29 +6,24 @@ else, so it works on a copy of a run fetched from a cluster.
 
 from __future__ import annotations
 
-import gc
 import json
 import statistics
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ._events import STAGE_ORDER
 from ._paths import TIMING_DIR
-from .overhead import StageOverhead, overhead_table, profiled_seconds
-
-STAGE_ORDER = (
-    "rollout_generate",
-    "ref_compute_log_prob",
-    "actor_compute_log_prob",
-    "compute_values",
-    "critic_update",
-    "compute_rm_score",
-    "actor_update",
+from .overhead import (
+    StageOverhead,
+    TimingLogError,
+    overhead_table,
+    profiled_seconds,
+    read_timing_records,
+    timing_log_files,
 )
 
-
-class ReportError(ValueError):
+class ReportError(TimingLogError):
     """The run directory cannot be reported on (the message says why)."""
 
 
@@ -49,52 +44,13 @@ class StageStep:
 
 
 def timing_files(run: Path) -> list[Path]:
-    files = sorted((run / TIMING_DIR).glob("rank*.jsonl"))
+    files = timing_log_files(run)
     if not files:
         raise ReportError(
             f"{run} has no timing logs ({run / TIMING_DIR}/rank*.jsonl); "
             "report needs a run recorded with the timing observer (name: timing)"
         )
     return files
-
-
-def _fast_loads() -> Callable[[bytes], Any]:
-    """orjson when installed (about 4x faster on these lines), else json."""
-    try:
-        import orjson
-    except ImportError:
-        return json.loads
-    strict: Callable[[bytes], Any] = orjson.loads
-
-    def loads(line: bytes) -> Any:
-        try:
-            return strict(line)
-        except orjson.JSONDecodeError:
-            return json.loads(line)  # bare NaN/Infinity, which orjson refuses
-    return loads
-
-
-def read_records(files: Iterable[Path], advance: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    loads = _fast_loads()
-    # A million small dicts would trigger repeated full garbage collections
-    # (more than half the read time); none of them is cyclic.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for path in files:
-            with path.open("rb") as handle:
-                for number, line in enumerate(handle, 1):
-                    if line.strip():
-                        try:
-                            records.append(loads(line))
-                        except ValueError as exc:
-                            raise ReportError(f"{path}:{number} is not a JSON line ({exc}); is the file cut short?") from exc
-            advance()
-    finally:
-        if collecting:
-            gc.enable()
-    return records
 
 
 def stage_steps(records: list[dict[str, Any]]) -> list[StageStep]:
@@ -260,7 +216,7 @@ def report(
     files = timing_files(run)
     with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
         task = bar.add_task("reading timing logs", total=len(files))
-        records = read_records(files, lambda: bar.advance(task))
+        records = read_timing_records(files, lambda: bar.advance(task))
     rows = stage_steps(records)
     overhead = overhead_table(records, STAGE_ORDER)
     if plot is not None:
