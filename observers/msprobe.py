@@ -188,10 +188,18 @@ def _refuse_earlier_dumps(save_path: Path, rank: int) -> None:
 
 
 def _quiet_msprobe() -> None:
-    os.environ.setdefault("MSPROBE_LOG_LEVEL", _QUIET_LEVEL)
-    from msprobe.core.common import log as core_log
-    from msprobe.pytorch.common import log as torch_log
-
+    """Silence msprobe's INFO lines.  Its loggers read MSPROBE_LOG_LEVEL when
+    they are created, so it is set around their import only, and not left
+    in the environment for child processes to inherit."""
+    own = "MSPROBE_LOG_LEVEL" not in os.environ
+    if own:
+        os.environ["MSPROBE_LOG_LEVEL"] = _QUIET_LEVEL
+    try:
+        from msprobe.core.common import log as core_log
+        from msprobe.pytorch.common import log as torch_log
+    finally:
+        if own:
+            del os.environ["MSPROBE_LOG_LEVEL"]
     for module in (core_log, torch_log):
         module.logger.level = int(_QUIET_LEVEL)
 

@@ -22,7 +22,6 @@ import csv
 import io
 import json
 import math
-import os
 import re
 import tempfile
 import warnings
@@ -197,7 +196,6 @@ def rows_from_msprobe_csv(path: Path) -> list[Row]:
 
 def run_msprobe_compare(a: Path, b: Path, out_dir: Path) -> Path:
     """msprobe's compare of two dump.json files; returns its CSV."""
-    os.environ.setdefault("MSPROBE_LOG_LEVEL", "3")
     from msprobe.pytorch.compare.pt_compare import pt_compare
 
     chatter = io.StringIO()  # msprobe prints and draws tqdm bars; keep them for errors only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -324,7 +325,9 @@ with verl_events.install({{"save_path": {str(tmp_path)!r}, "observers": [{{"name
         model(torch.ones(2, 4)).sum().backward()
 print("done")
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    env = {key: value for key, value in os.environ.items() if key != "MSPROBE_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
+    assert "MSPROBE_LOG_LEVEL" not in os.environ  # quieting msprobe must not leak into child processes
     chatter = [line for line in result.stdout.splitlines() if line != "done"]
     assert (chatter == []) is quiet, chatter
