@@ -49,6 +49,7 @@ def test_two_processes_dump_each_rank_under_the_same_step_and_stage(tmp_path: Pa
     entries = json.loads((out / "step_1/actor_update/step0/rank1/dump.json").read_text())["data"]
     assert any(key.startswith("Distributed.all_reduce") for key in entries)
     assert sorted(p.name for p in (out / "timing").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    assert "demo: step 2/2 on 2 ranks" in result.stderr  # progress from rank 0
 
 
 def test_a_config_file_replaces_the_default_observers(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -257,7 +258,11 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
 
 
 def _spawned(rank: int, options: DemoOptions) -> None:
-    run_rank(rank, options)
+    def progress(step: int, stage: str) -> None:  # rank 0 speaks for all; a bar cannot span processes
+        if stage == DEMO_STAGES[0]:
+            print(f"demo: step {step}/{options.steps} on {options.nproc} ranks", file=sys.stderr, flush=True)
+
+    run_rank(rank, options, progress if rank == 0 else None)
 
 
 def _free_port() -> int:
@@ -270,8 +275,6 @@ def run_demo(options: DemoOptions) -> Path:
     """Run all ranks, show progress, print the overhead table; return save_path."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    import sys
 
     # A pipe gets 80 columns by default, too narrow for the overhead table.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
