@@ -3,7 +3,20 @@
 Each module imports its tool when the observer is first used, never at
 import time.  They are registered as entry points of the group
 ``verl_events.observers`` (see pyproject.toml), exactly like a third-party
-observer, and are normally loaded by name from config.
+observer, and are normally loaded by name from config: ``msprobe`` (alias
+``precision_debugger``), ``timing``, ``torch_profiler``, ``nsys``, ``npu``.
 """
 
-__all__: list[str] = []
+from .msprobe import MsprobeObserver
+from .npu import NpuProfilerObserver
+from .nsys import NsysObserver
+from .timing import TimingObserver
+from .torch_profiler import TorchProfilerObserver
+
+__all__ = [
+    "MsprobeObserver",
+    "NpuProfilerObserver",
+    "NsysObserver",
+    "TimingObserver",
+    "TorchProfilerObserver",
+]
