@@ -254,6 +254,7 @@ def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> Non
                 worker = ActorRolloutRefWorker(rank=rank)
                 for step in (1, 2, 3):
                     train_step(worker, None, step, profiled=step in (1, 2))
+            dist.barrier()
             dist.destroy_process_group()
 
         if __name__ == "__main__":

@@ -254,6 +254,9 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
                         compute_advantages(batch)
     finally:
         if dist.is_initialized():
+            # Tear gloo down only once every rank is done with it: a rank that
+            # exits while its peer is still tearing down can abort the peer.
+            dist.barrier()
             dist.destroy_process_group()
 
 
