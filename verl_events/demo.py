@@ -266,6 +266,16 @@ def _spawned(rank: int, options: DemoOptions) -> None:
             print(f"demo: step {step}/{options.steps} on {options.nproc} ranks", file=sys.stderr, flush=True)
 
     run_rank(rank, options, progress if rank == 0 else None)
+    # Everything is written and closed by now.  Leave without the interpreter's
+    # teardown: gloo's C++ threads have been seen to abort a finished rank
+    # while static objects are destroyed ("terminate called without an active
+    # exception"), which would fail a run whose work is done.
+    import multiprocessing.util
+
+    multiprocessing.util._exit_function()  # type: ignore[attr-defined]  # what a normal exit runs: release queues and semaphores
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _free_port() -> int:
