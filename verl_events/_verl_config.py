@@ -23,7 +23,6 @@ from typing import Any
 
 from ._errors import ConfigError, VerlEventsWarning
 
-VERL_KEYS = ("global_profiler", "actor_rollout_ref", "critic", "reward_model")
 ROLE_BLOCKS = {
     "actor": ("actor_rollout_ref", "actor"),
     "ref": ("actor_rollout_ref", "ref"),
