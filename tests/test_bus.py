@@ -247,3 +247,16 @@ def test_max_failures_null_never_switches_off() -> None:
             with stage("actor_update", step=step):
                 pass
     assert len(broken.calls) == 14
+
+
+def test_after_close_stages_once_selected_are_skipped_again() -> None:
+    critic, actor = RecordingObserver(), RecordingObserver()
+    critic.selection = Selection.parse(stages=["critic_update"])
+    actor.selection = Selection.parse(stages=["actor_update"])
+    with verl_events.install(observers=[critic]):
+        assert verl_events.stage_begin.has_receivers_for("critic_update")
+    with verl_events.install(observers=[actor]):
+        # Something listens again, but not to critic_update: nothing is built for it.
+        assert not verl_events.stage_begin.has_receivers_for("critic_update")
+        with stage("critic_update", step=1) as event:
+            assert event is None

@@ -97,8 +97,12 @@ class Dispatcher:
             stage_end.connect(self.on_end, sender=sender, weak=False)
 
     def disconnect(self) -> None:
-        stage_begin.disconnect(self.on_begin)
-        stage_end.disconnect(self.on_end)
+        for signal, receiver in ((stage_begin, self.on_begin), (stage_end, self.on_end)):
+            signal.disconnect(receiver)
+            # blinker keeps an empty bucket per sender it has seen, and
+            # has_receivers_for() answers True for it: without pruning, every
+            # stage once selected would keep building events after close.
+            signal._cleanup_bookkeeping()
 
     # -- dispatch -----------------------------------------------------------
 
