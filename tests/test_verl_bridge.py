@@ -314,3 +314,24 @@ def test_ray_actors_are_bridged_by_the_documented_switch_alone(tmp_path: Path) -
     assert dumps_under(tmp_path / "profile") == sorted(
         f"step_{step}/{stage}/step0/rank{rank}/dump.json" for step in (1, 2) for stage in GUIDE_STAGES for rank in (0, 1)
     )
+
+
+def test_a_subclass_hook_verl_defines_is_kept_and_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def verl_hook(cls: type, **kwargs: Any) -> None:
+        seen.append(cls.__name__)
+
+    hook = classmethod(verl_hook)
+    monkeypatch.setattr(verl_profiler.DistProfilerExtension, "__init_subclass__", hook, raising=False)
+    verl_events.install_verl_bridge()
+    try:
+        class Later(verl_profiler.DistProfilerExtension):  # type: ignore[misc]
+            @DistProfiler.annotate(role="actor_update")
+            def update_actor(self) -> None: ...
+
+        assert seen == ["Later"]
+        assert hasattr(Later.__dict__["update_actor"], "__verl_events_bridged__")
+    finally:
+        verl_events.uninstall_verl_bridge()
+    assert verl_profiler.DistProfilerExtension.__dict__["__init_subclass__"] is hook

@@ -21,7 +21,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from ._bus import stage_begin, stage_end
-from ._events import EMPTY_META, STAGE_ROLES, StageEvent, check_stage_name
+from ._events import EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
 from ._resolve import current_step, find_model, find_rank, find_step
 
 P = ParamSpec("P")
@@ -94,7 +94,7 @@ def _close(event: StageEvent, started: float, error: BaseException | None) -> No
     _send_end(event.ended(elapsed, error), body_failed=error is not None)
 
 
-def _send_end(end: Any, *, body_failed: bool) -> None:
+def _send_end(end: StageEnd, *, body_failed: bool) -> None:
     if not body_failed:
         stage_end.send(end.stage, event=end)
         return

@@ -61,6 +61,7 @@ class _Bridge:
             )
         self.annotate_code = probe.__code__
         self.patched: list[tuple[type, str, Any]] = []
+        self.own_init_subclass: Any = None
         self.lock = threading.Lock()
 
     # -- installing ---------------------------------------------------------
@@ -70,9 +71,14 @@ class _Bridge:
         for cls in _subclasses(self.extension):
             self.patch_class(cls)
         bridge = self
+        # Keep a hook verl itself might define, and chain to it.
+        self.own_init_subclass = self.extension.__dict__.get("__init_subclass__")
 
         def init_subclass(cls: Any, /, **kwargs: Any) -> None:
-            super(bridge.extension, cls).__init_subclass__(**kwargs)
+            if bridge.own_init_subclass is not None:
+                bridge.own_init_subclass.__get__(None, cls)(**kwargs)
+            else:
+                super(bridge.extension, cls).__init_subclass__(**kwargs)
             bridge.patch_class(cls)
 
         # Classes defined later (a worker module imported after install, a Ray
@@ -84,7 +90,10 @@ class _Bridge:
             for cls, name, original in reversed(self.patched):
                 setattr(cls, name, original)
             self.patched.clear()
-        del self.extension.__init_subclass__
+        if self.own_init_subclass is None:
+            del self.extension.__init_subclass__
+        else:
+            self.extension.__init_subclass__ = self.own_init_subclass
         for name in ("start", "stop"):
             current = self.dist_profiler.__dict__[name]
             setattr(self.dist_profiler, name, getattr(current, _BRIDGED))
