@@ -57,20 +57,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _console(quiet: bool = False) -> object:
-    from rich.console import Console
-
-    return Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 120)
-
-
 def _report(args: argparse.Namespace) -> int:
     """Stage times, overhead and dump sizes of a run, from its timing logs."""
-    from rich.console import Console
-
     from .overhead import TimingLogError
-    from .report import report
+    from .report import report, terminal_console
 
-    out = Console(width=None if sys.stdout.isatty() else 120)
+    out = terminal_console(stderr=False)
     try:
         text = report(Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet)
     except TimingLogError as exc:
@@ -89,6 +81,7 @@ def _compare(args: argparse.Namespace) -> int:
     import json
 
     from .compare import CompareInputError, Pick, compare_dumps, resolve_dump, summary, write_csv
+    from .report import terminal_console
 
     b_root = Path(args.b) if args.b else Path(args.a)
     if args.b is None and args.vs_step is None and args.vs_rank is None:
@@ -102,10 +95,10 @@ def _compare(args: argparse.Namespace) -> int:
         call=args.call,
     )
     rtol = {stat: value for stat, value in (("max", args.max_rtol), ("min", args.min_rtol), ("mean", args.mean_rtol), ("norm", args.norm_rtol)) if value is not None}
-    console = _console(args.quiet or args.json)
+    console = terminal_console(stderr=True, quiet=args.quiet or args.json)
     try:
         a, b = resolve_dump(Path(args.a), pick_a), resolve_dump(b_root, pick_b)
-        with console.status(f"msprobe compare {a} vs {b}"):  # type: ignore[attr-defined]
+        with console.status(f"msprobe compare {a} vs {b}"):
             comparison = compare_dumps(a, b, rtol)
     except CompareInputError as exc:
         print(f"error: {exc}", file=sys.stderr)

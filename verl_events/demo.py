@@ -286,11 +286,11 @@ def _free_port() -> int:
 
 def run_demo(options: DemoOptions) -> Path:
     """Run all ranks, show progress, print the overhead table; return save_path."""
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    # A pipe gets 80 columns by default, too narrow for the overhead table.
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    from .report import terminal_console
+
+    console = terminal_console(stderr=True)
     save_path = Path(options.config.get("save_path", "outputs/profile"))
     started = time.perf_counter()
     if options.nproc > 1:

@@ -43,6 +43,17 @@ class StageStep:
     dump_bytes: int  # summed over ranks
 
 
+def terminal_console(*, stderr: bool, quiet: bool = False) -> Any:
+    """A rich console; when it writes to a pipe, wide enough for the tables
+    (rich would assume 80 columns)."""
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, quiet=quiet, width=None if stream.isatty() else 120)
+
+
 def timing_files(run: Path) -> list[Path]:
     files = timing_log_files(run)
     if not files:
