@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import verl
 import verl.utils.profiler as verl_profiler
@@ -77,6 +80,69 @@ def test_outside_profiled_steps_the_step_comes_only_from_meta_info(bridge: None)
     steps = [(e.stage, e.step) for e in begins(events) if e.stage in ("rollout_generate", "actor_update")]
     # stop_profile forgets step 1; step 2's generation batch carries its step in meta_info.
     assert steps == [("rollout_generate", 1), ("actor_update", 1), ("rollout_generate", 2), ("actor_update", None)]
+
+
+def engine_batch(weight_version: int, seed: int = 0) -> Any:
+    """What verl 0.9.1's trainer hands an engine worker's stage: DataProto.to_tensordict()
+    of a batch whose per-sample "global_steps" is the rollout's weight version."""
+    data = batch(seed=seed)
+    data.non_tensor_batch["global_steps"] = np.array([weight_version] * len(data), dtype=object)
+    return data.to_tensordict()
+
+
+def test_the_step_follows_update_weights_on_every_step_profiled_or_not(bridge: None) -> None:
+    actor = ActorRolloutRefWorker()
+    with capture_events() as events:
+        asyncio.run(actor.update_weights(global_steps=0))  # the trainer, before step 1
+        for step in (1, 2, 3):
+            if step == 2:
+                actor.start_profile(role="train", profile_step=step)
+            data = engine_batch(weight_version=step - 1, seed=step)  # one behind: never the step
+            actor.compute_log_prob(data)
+            actor.update_actor(data)
+            asyncio.run(actor.update_weights(global_steps=step, mode="naive"))
+            if step == 2:
+                actor.stop_profile()
+    assert [(e.stage, e.step) for e in begins(events)] == [
+        (stage, step) for step in (1, 2, 3) for stage in ("actor_compute_log_prob", "actor_update")
+    ]
+    assert inspect.iscoroutinefunction(ActorRolloutRefWorker.update_weights)  # Ray runs it as async still
+
+
+def test_a_per_sample_step_list_is_passed_over_for_the_announced_step(bridge: None) -> None:
+    actor = ActorRolloutRefWorker()
+    with capture_events() as events:
+        actor.start_profile(role="train", profile_step=4)
+        actor.compute_log_prob(engine_batch(weight_version=3))
+        actor.stop_profile()
+    assert [(e.stage, e.step) for e in begins(events)] == [("actor_compute_log_prob", 4)]
+
+
+@pytest.mark.filterwarnings("ignore:Ray state API is no longer experimental:DeprecationWarning")
+def test_bridged_worker_classes_pickle_for_ray_and_emit_where_they_land(bridge: None, tmp_path: Path) -> None:
+    """Ray pickles a worker class defined in a function by value, with every method it
+    records (also __init_subclass__): verl's colocated WorkerDict, or a user's subclass."""
+    import ray
+    from ray import cloudpickle
+    from verl.single_controller.ray.base import RayClassWithInitArgs, create_colocated_worker_cls
+    from verl.workers import engine_workers
+
+    def local_worker_class() -> type:
+        class MyActorWorker(ActorRolloutRefWorker):
+            @DistProfiler.annotate(color="red", role="actor_update")
+            def update_actor(self, data: DataProto) -> float:
+                return 1.5
+
+        return MyActorWorker
+
+    recorder = RecordingObserver()
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}, observers=[recorder]):
+        colocated = create_colocated_worker_cls({"actor_rollout": RayClassWithInitArgs(cls=ray.remote(engine_workers.ActorRolloutRefWorker))})
+        cloudpickle.dumps(colocated.cls.__ray_metadata__.modified_class)
+        mine = ray.remote(local_worker_class())
+        copy = cloudpickle.loads(cloudpickle.dumps(mine.__ray_metadata__.modified_class))
+        assert copy().update_actor(batch(7)) == 1.5
+    assert [(e.stage, e.step) for e in begins(recorder.events)] == [("actor_update", 7)]
 
 
 def test_install_is_idempotent_and_uninstall_restores_verl_exactly() -> None:

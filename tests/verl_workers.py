@@ -18,6 +18,11 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
 
 
+def features(data: Any) -> torch.Tensor:
+    """The batch's inputs, from a DataProto (verl's legacy workers) or a TensorDict (its engine workers)."""
+    return data.batch["x"] if isinstance(data, DataProto) else data["x"]
+
+
 def tiny_model(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
@@ -49,24 +54,29 @@ class ActorRolloutRefWorker(DistProfilerExtension):  # type: ignore[misc]
     def compute_ref_log_prob(self, data: DataProto) -> float:
         self.calls["compute_ref_log_prob"] += 1
         with torch.no_grad():
-            return float(torch.log_softmax(self.ref.engine.module(data.batch["x"]), -1).mean())
+            return float(torch.log_softmax(self.ref.engine.module(features(data)), -1).mean())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @DistProfiler.annotate(color="blue", role="actor_compute_log_prob")
     def compute_log_prob(self, data: DataProto) -> float:
         self.calls["compute_log_prob"] += 1
         with torch.no_grad():
-            return float(torch.log_softmax(self.actor.engine.module(data.batch["x"]), -1).mean())
+            return float(torch.log_softmax(self.actor.engine.module(features(data)), -1).mean())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @DistProfiler.annotate(color="red", role="actor_update")
     def update_actor(self, data: DataProto) -> float:
         self.calls["update_actor"] += 1
-        loss = self.actor.engine.module(data.batch["x"]).pow(2).mean()
+        loss = self.actor.engine.module(features(data)).pow(2).mean()
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
         return float(loss.detach())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def update_weights(self, global_steps: int | None = None, mode: str = "auto") -> None:
+        """verl 0.9.1's signature: the trainer calls it after each step's actor update."""
+        self.calls["update_weights"] += 1
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def call_counts(self) -> dict[str, int]:

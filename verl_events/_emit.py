@@ -32,13 +32,34 @@ logger = logging.getLogger("verl_events")
 _local = threading.local()
 _seq = itertools.count(1)  # next() on a count is atomic under the GIL
 
-# Bound once: the disabled path reads these without attribute lookups on the signal.
-_begin_receivers = stage_begin.receivers
-_has_receivers_for = stage_begin.has_receivers_for
+
+
+class _Listeners:
+    """What the disabled path asks: does anything receive ``stage_begin``, and for this stage?
+
+    Bound once, so the check costs two attribute reads.  ``emits_stage``
+    wrappers read it as a global, and cloudpickle copies a wrapper's globals
+    by value when it pickles a worker class defined in a function (Ray does,
+    for verl's colocated ``WorkerDict``): a copy of blinker's receivers would
+    hold observers and their locks, and answer for the wrong process.  This
+    object therefore pickles as a reference to this module's one instance.
+    """
+
+    __slots__ = ("any", "for_stage")
+
+    def __init__(self) -> None:
+        self.any = stage_begin.receivers
+        self.for_stage = stage_begin.has_receivers_for
+
+    def __reduce__(self) -> str:
+        return "_listeners"
+
+
+_listeners = _Listeners()
 
 
 def _listening(name: str) -> bool:
-    return bool(_begin_receivers) and _has_receivers_for(name)
+    return bool(_listeners.any) and _listeners.for_stage(name)
 
 
 def _stack() -> list[str]:
@@ -178,7 +199,7 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            if not _begin_receivers or not _has_receivers_for(name):
+            if not _listeners.any or not _listeners.for_stage(name):
                 # Calling without an empty **kwargs saves ~20 ns on the common path.
                 return fn(*args, **kwargs) if kwargs else fn(*args)  # type: ignore[call-arg]
             worker = args[0] if args else None

@@ -119,18 +119,25 @@ def _as_step(value: Any) -> int | None:
 def find_step(worker: Any, args: Iterable[Any], kwargs: Mapping[str, Any]) -> int | None:
     """verl's order: a DataProto-like argument's ``meta_info["global_steps"]``,
     a dict argument's ``"global_steps"``, the worker's ``global_step`` /
-    ``_global_step``, then the step announced with :func:`set_step`."""
+    ``_global_step``, then the step announced with :func:`set_step`.
+
+    Only a single integer counts.  verl 0.9's engine workers get a TensorDict
+    whose ``"global_steps"`` is a per-sample list of the rollout's weight
+    version (one behind the trainer's step): it is passed over, and the
+    search goes on.
+    """
     for value in itertools.chain(args, kwargs.values()):
         if isinstance(value, Mapping):
-            if "global_steps" in value:
-                return _as_step(value["global_steps"])
-            continue
-        try:
-            meta = getattr(value, "meta_info", None)
-        except Exception:
-            continue
-        if isinstance(meta, Mapping) and "global_steps" in meta:
-            return _as_step(meta["global_steps"])
+            found = value["global_steps"] if "global_steps" in value else None
+        else:
+            try:
+                meta = getattr(value, "meta_info", None)
+            except Exception:
+                continue
+            found = meta.get("global_steps") if isinstance(meta, Mapping) else None
+        step = None if found is None else _as_step(found)
+        if step is not None:
+            return step
     for attr in ("global_step", "_global_step"):
         step = _as_step(getattr(worker, attr, None))
         if step is not None:

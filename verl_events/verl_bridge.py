@@ -5,11 +5,15 @@ on classes that mix in ``DistProfilerExtension``.  :func:`install_verl_bridge`
 finds every such method, on the classes defined so far and on any defined
 later, and wraps it in :func:`verl_events.emits_stage` with that stage name.
 Inside, verl's own wrapper still runs, so verl's profiler tools keep working
-beside ours.  It also listens to the trainer's ``start_profile(profile_step=N)``
-/ ``stop_profile()`` calls, which reach every worker through
-``DistProfiler.start`` / ``stop``, to learn the global step: between them the
-step is N, outside them it is unknown unless the batch's ``meta_info`` or
-the worker says otherwise.
+beside ours.
+
+The global step (see docs/verl.md, "Which step a stage belongs to"): verl's
+trainer calls ``update_weights(global_steps=N)`` on the actor workers after
+step N's actor update (and with the starting step before step 1), so in a
+process that holds the actor the stages that follow belong to step N + 1.
+Where no ``update_weights`` has been seen (a process holding only a critic
+or a reference model), the step is the ``profile_step`` of the trainer's
+``start_profile`` until its ``stop_profile``, and unknown outside them.
 
 Off by default, idempotent, and undone exactly by :func:`uninstall_verl_bridge`.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import operator
 import os
 import threading
 from collections.abc import Callable
@@ -36,7 +41,11 @@ from ._resolve import set_step
 logger = logging.getLogger("verl_events.verl")
 
 CONFIG_ENV = "VERL_EVENTS_CONFIG"
-_BRIDGED = "__verl_events_bridged__"  # marks our wrappers; holds the function they wrap
+# Marks our wrappers.  A flag, not the wrapped function: Ray copies a method's
+# attributes onto its own wrappers and pickles those by value, and the
+# function we replaced can no longer be found by name, so it would be pickled
+# by value too (with its module's globals).  The originals stay in _Bridge.patched.
+_BRIDGED = "__verl_events_bridged__"
 
 
 class VerlBridgeError(RuntimeError):
@@ -63,6 +72,15 @@ class _Bridge:
         self.patched: list[tuple[type, str, Any]] = []
         self.own_init_subclass: Any = None
         self.lock = threading.Lock()
+        self.weights_step: int | None = None  # global_steps of the last update_weights
+        self.profile_step: int | None = None  # profile_step of an open start_profile
+
+    def announce_step(self) -> None:
+        """Tell the bus the step of the stages that follow (see the module docstring)."""
+        if self.weights_step is not None:
+            set_step(self.weights_step + 1)
+        else:
+            set_step(self.profile_step)
 
     # -- installing ---------------------------------------------------------
 
@@ -70,20 +88,11 @@ class _Bridge:
         self._wrap_profiler_calls()
         for cls in _subclasses(self.extension):
             self.patch_class(cls)
-        bridge = self
-        # Keep a hook verl itself might define, and chain to it.
+        # Keep a hook verl itself might define; _bridged_init_subclass chains to it.
         self.own_init_subclass = self.extension.__dict__.get("__init_subclass__")
-
-        def init_subclass(cls: Any, /, **kwargs: Any) -> None:
-            if bridge.own_init_subclass is not None:
-                bridge.own_init_subclass.__get__(None, cls)(**kwargs)
-            else:
-                super(bridge.extension, cls).__init_subclass__(**kwargs)
-            bridge.patch_class(cls)
-
         # Classes defined later (a worker module imported after install, a Ray
         # actor class rebuilt in its process) are bridged as they are created.
-        self.extension.__init_subclass__ = classmethod(init_subclass)
+        self.extension.__init_subclass__ = classmethod(_bridged_init_subclass)
 
     def uninstall(self) -> None:
         with self.lock:
@@ -94,15 +103,16 @@ class _Bridge:
             del self.extension.__init_subclass__
         else:
             self.extension.__init_subclass__ = self.own_init_subclass
-        for name in ("start", "stop"):
-            current = self.dist_profiler.__dict__[name]
-            setattr(self.dist_profiler, name, getattr(current, _BRIDGED))
 
     def patch_class(self, cls: type) -> None:
-        """Wrap each of ``cls``'s own annotated methods in emits_stage."""
+        """Wrap each of ``cls``'s own annotated methods in emits_stage, and
+        its ``update_weights`` so that the step is learnt from it."""
         with self.lock:
             for name, value in list(vars(cls).items()):
                 if not inspect.isfunction(value) or hasattr(value, _BRIDGED):
+                    continue
+                if name == "update_weights" and "global_steps" in inspect.signature(value).parameters:
+                    self._replace(cls, name, value, _noting_weights_step(value))
                     continue
                 stage = self._stage_of(value)
                 if stage is None:
@@ -110,10 +120,12 @@ class _Bridge:
                 if inspect.iscoroutinefunction(value):
                     logger.warning("verl_events bridge: %s.%s is async; its stage %r is not bridged", cls.__qualname__, name, stage)
                     continue
-                bridged = emits_stage(stage)(value)
-                setattr(bridged, _BRIDGED, value)
-                setattr(cls, name, bridged)
-                self.patched.append((cls, name, value))
+                self._replace(cls, name, value, emits_stage(stage)(value))
+
+    def _replace(self, owner: type, name: str, original: Any, bridged: Any) -> None:
+        setattr(bridged, _BRIDGED, True)
+        setattr(owner, name, bridged)
+        self.patched.append((owner, name, original))
 
     def _stage_of(self, function: Callable[..., Any]) -> str | None:
         """The stage of a method carrying DistProfiler.annotate anywhere in
@@ -138,8 +150,9 @@ class _Bridge:
         @functools.wraps(start)
         def start_with_step(profiler: Any, *args: Any, **kwargs: Any) -> Any:
             step = kwargs.get("profile_step", kwargs.get("global_step"))
-            if step is not None:
-                set_step(step)
+            if step is not None and _bridge is not None:
+                _bridge.profile_step = operator.index(step)
+                _bridge.announce_step()
             return start(profiler, *args, **kwargs)
 
         @functools.wraps(stop)
@@ -147,12 +160,71 @@ class _Bridge:
             try:
                 return stop(profiler, *args, **kwargs)
             finally:
-                set_step(None)
+                if _bridge is not None:
+                    _bridge.profile_step = None
+                    _bridge.announce_step()
 
-        setattr(start_with_step, _BRIDGED, start)
-        setattr(stop_and_forget_step, _BRIDGED, stop)
-        self.dist_profiler.start = start_with_step
-        self.dist_profiler.stop = stop_and_forget_step
+        with self.lock:
+            self._replace(self.dist_profiler, "start", start, start_with_step)
+            self._replace(self.dist_profiler, "stop", stop, stop_and_forget_step)
+
+
+def _bridged_init_subclass(cls: Any, /, **kwargs: Any) -> None:
+    """``DistProfilerExtension.__init_subclass__`` while the bridge is installed.
+
+    A module-level function on purpose: Ray records every method of a worker
+    class (this one too) and pickles a worker class defined in a function,
+    such as verl's colocated ``WorkerDict``, by value.  A module-level
+    function pickles by reference; a closure would drag the bridge (and its
+    lock) along and fail.
+    """
+    bridge = _bridge
+    from verl.utils.profiler import DistProfilerExtension
+
+    own = bridge.own_init_subclass if bridge is not None else None
+    if own is not None:
+        own.__get__(None, cls)(**kwargs)
+    else:
+        super(DistProfilerExtension, cls).__init_subclass__(**kwargs)
+    if bridge is not None:
+        bridge.patch_class(cls)
+
+
+def _note_weights_step(global_steps: Any) -> None:
+    if _bridge is not None and global_steps is not None:
+        _bridge.weights_step = operator.index(global_steps)
+        _bridge.announce_step()
+
+
+def _noting_weights_step(update_weights: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a worker's ``update_weights(global_steps=N, ...)``: the trainer
+    calls it after step N's actor update, so the next stages belong to N + 1.
+    An async method stays async (Ray decides from that how to run it)."""
+    signature = inspect.signature(update_weights)
+
+    def global_steps_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return signature.bind(*args, **kwargs).arguments.get("global_steps")
+        except TypeError:
+            return None  # the call itself will raise
+
+    if inspect.iscoroutinefunction(update_weights):
+
+        @functools.wraps(update_weights)
+        async def noting_async(*args: Any, **kwargs: Any) -> Any:
+            result = await update_weights(*args, **kwargs)
+            _note_weights_step(global_steps_of(args, kwargs))
+            return result
+
+        return noting_async
+
+    @functools.wraps(update_weights)
+    def noting(*args: Any, **kwargs: Any) -> Any:
+        result = update_weights(*args, **kwargs)
+        _note_weights_step(global_steps_of(args, kwargs))
+        return result
+
+    return noting
 
 
 def _require(owner: Any, name: str, version: str, where: str) -> Any:
@@ -192,8 +264,12 @@ def install_verl_bridge() -> None:
         if _bridge is not None:
             return
         bridge = _Bridge()
-        bridge.install()
-        _bridge = bridge
+        _bridge = bridge  # before install: its hooks read it
+        try:
+            bridge.install()
+        except BaseException:
+            _bridge = None
+            raise
 
 
 def uninstall_verl_bridge() -> None:
