@@ -30,15 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import (
+    ConfigError,
     InstallContext,
     Observer,
     StageEnd,
     StageEvent,
     VerlEventsWarning,
-    find_rank,
     prepare_output_dir,
     stage_output_dir,
 )
+
+from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs
 
 from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
 from ._session import SessionSlot
@@ -74,6 +76,7 @@ class MsprobeObserver(Observer):
         self._slot = SessionSlot("msprobe", "dumped", logger)
         self._calls: dict[tuple[int | None, str], int] = {}
         self._debugger: Any = None
+        self._claimed = False
 
     def setup(self, context: InstallContext) -> None:
         self._root, self._strict = context.save_path, context.strict
@@ -88,7 +91,10 @@ class MsprobeObserver(Observer):
                 raise ImportError(message)
             warnings.warn(message, VerlEventsWarning, stacklevel=2)
             return
-        _refuse_earlier_dumps(context.save_path, find_rank()[0])
+        try:
+            refuse_other_runs(context.save_path, _dumps_under(context.save_path), "msprobe dump(s)")
+        except SavePathTaken as exc:
+            raise ConfigError(str(exc)) from None
         self._debugger = _debugger_with(self.settings, context.save_path, self.quiet, self.keep_api_hooks)
         self.available = True
 
@@ -106,12 +112,17 @@ class MsprobeObserver(Observer):
                         f"(step {event.step}) and none was resolved"
                     )
                 return  # the bus has already warned, naming the paths it tried
+            if not self._claimed:
+                # Claimed at the first dump, not at install: a process that
+                # dumps nothing (verl's driver) must not claim the save_path.
+                claim_save_path(self._root)
+                self._claimed = True
             dump_dir = stage_output_dir(self._root, event)
             call = self._calls.get((event.step, event.stage), 0)
             output = dump_dir / f"step{call}" / f"rank{event.rank}"
             if output.exists():
                 raise FileExistsError(
-                    f"{output} already exists, from an earlier run; stage {event.stage!r} of step "
+                    f"{output} already exists; stage {event.stage!r} of step "
                     f"{event.step} is not dumped so that two runs never mix in one dump.json. "
                     "Remove it or choose another save_path"
                 )
@@ -175,16 +186,9 @@ def _reset(service: Any, *, running: bool, unwrap: bool) -> None:
         service.api_register.restore_all_api()
 
 
-def _refuse_earlier_dumps(save_path: Path, rank: int) -> None:
-    earlier = sorted(save_path.glob(f"step_*/*/step*/rank{rank}"))
-    if earlier:
-        from verl_events import ConfigError
-
-        raise ConfigError(
-            f"save_path: {str(save_path)!r} already holds {len(earlier)} msprobe dump(s) of rank {rank} "
-            f"from an earlier run (e.g. {earlier[0]}); remove them or choose another save_path, "
-            "so that two runs never mix in one dump.json"
-        )
+def _dumps_under(save_path: Path) -> list[Path]:
+    """Every rank directory of every dump session under ``save_path``."""
+    return sorted(save_path.glob("step_*/*/step*/rank*"))
 
 
 def _quiet_msprobe() -> None:
@@ -230,8 +234,6 @@ def _debugger_with(settings: MsprobeSettings, save_path: Path, quiet: bool, keep
                 debugger = PrecisionDebugger._instance
                 _apply_config(debugger, config_file)
         except Exception as exc:
-            from verl_events import ConfigError
-
             raise ConfigError(
                 f"config_path {settings.source!r}: msprobe rejected it: {type(exc).__name__}: {exc}"
             ) from exc

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -7,6 +8,19 @@ import pytest
 
 import verl_events
 from verl_events import _resolve
+from verl_events._run import RUN_ID_ENV
+
+
+@pytest.fixture(autouse=True)
+def _own_run_id() -> Iterator[None]:
+    """A run id this process makes up goes into its environment; keep it from
+    leaking into later tests and the processes they start (each would then
+    count as the same run)."""
+    saved = os.environ.pop(RUN_ID_ENV, None)
+    yield
+    os.environ.pop(RUN_ID_ENV, None)
+    if saved is not None:
+        os.environ[RUN_ID_ENV] = saved
 
 
 @pytest.fixture(autouse=True)

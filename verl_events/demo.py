@@ -288,6 +288,7 @@ def run_demo(options: DemoOptions) -> Path:
     """Run all ranks, show progress, print the overhead table; return save_path."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ._run import run_id
     from .report import terminal_console
 
     console = terminal_console(stderr=True)
@@ -297,6 +298,7 @@ def run_demo(options: DemoOptions) -> Path:
         import torch.multiprocessing as mp
 
         console.print(f"demo: {options.steps} steps on {options.nproc} processes (gloo) ...")
+        run_id()  # made up here and inherited, so that the ranks agree on their run
         with_port = DemoOptions(options.config, options.steps, options.nproc, options.seed, options.perturb, _free_port())
         mp.spawn(_spawned, args=(with_port,), nprocs=options.nproc)  # type: ignore[attr-defined]
     else:

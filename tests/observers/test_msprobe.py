@@ -150,11 +150,36 @@ def test_a_save_path_that_cannot_be_created_fails_at_install(tmp_path: Path) -> 
         verl_events.install({"save_path": str(blocker / "out"), "observers": [{"name": "msprobe"}]})
 
 
-def test_dumps_from_an_earlier_run_are_refused_at_install(tmp_path: Path, model: Small) -> None:
+def test_dumps_from_another_run_are_refused_at_install(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "first")
     with verl_events.install(msprobe_config(tmp_path)):
         run_steps(model, range(1, 2), ["actor_update"])
-    with pytest.raises(ConfigError, match=r"already holds 1 msprobe dump\(s\) of rank 0 from an earlier run .*step_1/actor_update/step0/rank0"):
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "second")
+    with pytest.raises(ConfigError, match=r"already holds 1 msprobe dump\(s\) from another run \(run 'first'; this is run 'second'\), e.g. .*step_1/actor_update/step0/rank0"):
         verl_events.install(msprobe_config(tmp_path))
+
+
+def test_a_process_joining_its_run_mid_way_is_welcome(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray worker process started after others have dumped: same run id, same rank 0 before
+    torch.distributed is up.  It installs, and dumps its own stages beside the others'."""
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "ray-01000000")
+    with verl_events.install(msprobe_config(tmp_path)):
+        run_steps(model, range(1, 2), ["actor_update"])
+    with verl_events.install(msprobe_config(tmp_path)):
+        run_steps(model, range(2, 3), ["actor_update"])
+    assert sorted(p.parents[3].name for p in (tmp_path / "out").rglob("dump.json")) == ["step_1", "step_2"]
+    assert json.loads((tmp_path / "out/run.json").read_text()) == {"run_id": "ray-01000000"}
+
+
+def test_the_save_path_is_claimed_at_the_first_dump_not_at_install(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's driver installs the observers too and never dumps: it must not claim the save_path."""
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "driver")
+    with verl_events.install(msprobe_config(tmp_path)):
+        assert not (tmp_path / "out/run.json").exists()
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "workers")
+    with verl_events.install(msprobe_config(tmp_path)):
+        run_steps(model, range(1, 2), ["actor_update"])
+    assert json.loads((tmp_path / "out/run.json").read_text()) == {"run_id": "workers"}
 
 
 def test_a_dump_directory_appearing_after_install_is_never_overwritten(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:

@@ -1,0 +1,64 @@
+"""A run's identity: what every process of one run agrees on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_events._run import RUN_FILE, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VERL_EVENTS_RUN_ID", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+
+
+def test_a_launchers_id_wins_over_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "nightly-42")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert run_id() == "nightly-42"
+
+
+def test_torchruns_rendezvous_id_names_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert run_id() == "torchrun-abc"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default --rdzv-id
+    assert run_id() == f"torchrun-agent{os.getppid()}"
+
+
+def test_a_made_up_id_is_inherited_by_the_processes_this_one_starts() -> None:
+    mine = run_id()
+    assert mine.startswith("run-") and run_id() == mine
+    child = subprocess.run(
+        [sys.executable, "-c", "from verl_events._run import run_id; print(run_id())"],
+        capture_output=True, text=True, check=True,
+    )
+    assert child.stdout.strip() == mine
+
+
+def test_files_of_another_run_are_refused_and_this_runs_are_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "a")
+    claim_save_path(tmp_path)
+    dump = tmp_path / "step_1/actor_update/step0/rank0"
+    refuse_other_runs(tmp_path, [dump], "dumps")  # this run's own files
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "b")
+    with pytest.raises(SavePathTaken, match=r"already holds 1 dumps from another run \(run 'a'; this is run 'b'\)"):
+        refuse_other_runs(tmp_path, [dump], "dumps")
+    (tmp_path / RUN_FILE).unlink()
+    with pytest.raises(SavePathTaken, match=r"from another run \(a run that left no run.json; this is run 'b'\)"):
+        refuse_other_runs(tmp_path, [dump], "dumps")
+
+
+def test_a_stale_claim_is_replaced_and_an_unreadable_one_names_no_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / RUN_FILE).write_text('{"run_id": "old"}')
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "new")
+    claim_save_path(tmp_path)
+    assert owner_of(tmp_path) == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RUN_FILE]  # nothing left aside
+    (tmp_path / RUN_FILE).write_text("{cut sh")
+    assert owner_of(tmp_path) is None

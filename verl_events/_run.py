@@ -1,0 +1,103 @@
+"""A run's identity, shared by all of its processes, and the save_path it owns.
+
+A run is every process of one training job: Ray workers started at any time,
+torchrun's ranks, the demo's spawned ranks.  They agree on :func:`run_id`:
+
+1. Ray's job id, in a process connected to Ray (every worker of a job, on
+   every node);
+2. ``$VERL_EVENTS_RUN_ID``, for a launcher that names its runs;
+3. torchrun's ``$TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``; when that is the
+   default ``none``, the local ranks' common parent, the elastic agent);
+4. otherwise a new id, put into ``$VERL_EVENTS_RUN_ID`` so that the
+   processes this one starts (and a Ray cluster it starts) inherit it.
+
+An observer whose files must never mix with another run's checks
+:func:`refuse_other_runs` at install and calls :func:`claim_save_path` before
+its first write: the first process of the run that writes leaves
+``{save_path}/run.json`` naming the run, and a process of another run is
+refused while files of the first one are there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+RUN_ID_ENV = "VERL_EVENTS_RUN_ID"
+RUN_FILE = "run.json"
+
+
+def run_id() -> str:
+    """This process's run id (see the module docstring for the order)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return f"ray-{ray.get_runtime_context().get_job_id()}"
+    own = os.environ.get(RUN_ID_ENV)
+    if own:
+        return own
+    torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
+    if torchrun:
+        return f"torchrun-{torchrun}" if torchrun != "none" else f"torchrun-agent{os.getppid()}"
+    made = f"run-{uuid.uuid4().hex[:12]}"
+    os.environ[RUN_ID_ENV] = made
+    return made
+
+
+class SavePathTaken(FileExistsError):
+    """``save_path`` holds files of another run; the message names both runs."""
+
+
+def owner_of(save_path: Path) -> str | None:
+    """The run named by ``{save_path}/run.json``; None when there is none or it is unreadable."""
+    try:
+        owner = json.loads((save_path / RUN_FILE).read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return owner if isinstance(owner, str) else None
+
+
+def refuse_other_runs(save_path: Path, existing: list[Path], what: str) -> None:
+    """Raise SavePathTaken when ``existing`` (files already under ``save_path``,
+    e.g. dumps) were not written by this run."""
+    if not existing:
+        return
+    owner, mine = owner_of(save_path), run_id()
+    if owner == mine:
+        return  # a process joining this run: its other processes wrote them
+    by = f"run {owner!r}" if owner else f"a run that left no {RUN_FILE}"
+    raise SavePathTaken(
+        f"save_path: {str(save_path)!r} already holds {len(existing)} {what} from another run ({by}; "
+        f"this is run {mine!r}), e.g. {existing[0]}; remove them or choose another save_path, "
+        "so that two runs never mix. Processes of one run share its id: "
+        f"Ray's job id, ${RUN_ID_ENV}, or torchrun's --rdzv-id"
+    )
+
+
+def claim_save_path(save_path: Path) -> None:
+    """Make ``{save_path}/run.json`` name this run (call :func:`refuse_other_runs` first).
+
+    Safe against processes of one run claiming at once: the file appears
+    complete or not at all (written aside, then hard-linked into place).  A
+    claim of another run is replaced: the caller has checked that none of its
+    files are there.
+    """
+    mine = run_id()
+    if owner_of(save_path) == mine:
+        return
+    fd, aside = tempfile.mkstemp(dir=save_path, prefix=".run-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"run_id": mine}, handle)
+        try:
+            os.link(aside, save_path / RUN_FILE)
+        except FileExistsError:
+            if owner_of(save_path) != mine:
+                os.replace(aside, save_path / RUN_FILE)
+                aside = ""
+    finally:
+        if aside:
+            os.unlink(aside)
