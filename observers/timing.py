@@ -6,7 +6,7 @@ Each rank appends to ``{save_path}/timing/rank{R}.jsonl``::
 
     {"stage": "actor_update", "role": "actor", "step": 1, "rank": 0, "world_size": 2,
      "depth": 0, "parent": null, "elapsed_s": 0.41, "error": null,
-     "observers": ["timing", "msprobe"], "profiled": true, "profiled_by": ["msprobe"],
+     "observers": ["timing", "msprobe"], "profiled": true, "profiled_by": ["msprobe"], "enclosed_by": [],
      "hook_s": {"timing": 1.2e-05, "msprobe": 0.031}, "overhead_s": 0.031, "dump_bytes": 48213,
      "event": "stage", "timestamp": "2026-11-29T19:41:07.113Z"}
 
@@ -14,7 +14,10 @@ Each rank appends to ``{save_path}/timing/rank{R}.jsonl``::
 last end hook; ``hook_begin_s`` / ``hook_end_s`` split each observer's hook
 time, so a timeline can be rebuilt.  ``observers`` lists every observer
 that received the stage, ``profiled_by``
-those besides this one, and ``profiled`` says whether there were any.  ``hook_s`` is each observer's own
+those besides this one, ``enclosed_by`` those besides this one that held an
+enclosing stage open (verl's ``train_batch`` runs inside ``actor_update``:
+an msprobe session around it slows it too), and ``profiled`` says whether
+either list has any.  ``hook_s`` is each observer's own
 time in its begin and end hooks (outside ``elapsed_s``); ``overhead_s`` sums
 them over the other observers, so ``elapsed_s + overhead_s`` is what the
 stage cost with profiling.  ``dump_bytes``
@@ -84,6 +87,7 @@ class TimingObserver(Observer):
     def on_stage_report(self, report: StageReport) -> None:
         event = report.event
         others = [name for name in report.observers if name != self.name]
+        around = [name for name in report.enclosing if name != self.name]
         overhead = sum(report.hook_seconds.get(name, 0.0) for name in others)
         fields = {
             "stage": event.stage,
@@ -96,8 +100,9 @@ class TimingObserver(Observer):
             "elapsed_s": event.elapsed_s,
             "error": None if event.error is None else type(event.error).__name__,
             "observers": list(report.observers),
-            "profiled": bool(others),
+            "profiled": bool(others or around),
             "profiled_by": others,
+            "enclosed_by": around,
             "hook_s": dict(report.hook_seconds),
             "hook_begin_s": dict(report.begin_seconds),
             "hook_end_s": dict(report.end_seconds),

@@ -20,6 +20,7 @@ as senders, so blinker itself skips stages no observer selected.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -48,6 +49,15 @@ class _Frame:
     delivered: list[Observer] = field(default_factory=list)
     begin_seconds: dict[str, float] = field(default_factory=dict)
     end_seconds: dict[str, float] = field(default_factory=dict)
+    enclosing: tuple[str, ...] = ()  # observers of the open stages around this one
+
+
+def _around(frames: list[_Frame]) -> tuple[str, ...]:
+    """Observers that hold the innermost open stage, or one around it."""
+    if not frames:
+        return ()
+    inner = frames[-1]
+    return tuple(dict.fromkeys(inner.enclosing + tuple(o.name for o in inner.delivered)))
 
 
 class Dispatcher:
@@ -81,6 +91,7 @@ class Dispatcher:
         self._failures: dict[str, int] = {}
         self._switched_off: set[str] = set()
         self._model_warned: set[tuple[str, str | None]] = set()
+        self._thread = threading.local()  # .frames: this thread's open stages, when timed
 
     # -- subscription -------------------------------------------------------
 
@@ -116,6 +127,10 @@ class Dispatcher:
             self._warn_model_missing(event, selected)
         frame = _Frame()
         self._open[event.seq] = frame
+        if self._timed:
+            frames = self._frames()
+            frame.enclosing = _around(frames)
+            frames.append(frame)
         for observer in selected:
             frame.delivered.append(observer)
             error = self._call(observer, "on_stage_begin", observer.on_stage_begin, event, frame.begin_seconds)
@@ -127,6 +142,10 @@ class Dispatcher:
         frame = self._open.pop(event.seq, None)
         if frame is None:  # nobody selected this stage, or installed mid-stage
             return
+        if self._timed:
+            frames = self._frames()
+            if frame in frames:
+                frames.remove(frame)
         first: tuple[Observer, BaseException] | None = None
         for observer in reversed(frame.delivered):
             error = self._call(observer, "on_stage_end", observer.on_stage_end, event, frame.end_seconds)
@@ -145,6 +164,7 @@ class Dispatcher:
             hook_seconds=MappingProxyType({name: begin.get(name, 0.0) + end.get(name, 0.0) for name in begin.keys() | end.keys()}),
             begin_seconds=MappingProxyType(begin),
             end_seconds=MappingProxyType(end),
+            enclosing=frame.enclosing,
         )
         for observer in frame.delivered:
             if observer.wants_timings:
@@ -170,6 +190,12 @@ class Dispatcher:
                 assert seconds is not None
                 seconds[observer.name] = perf_counter() - started
         return None
+
+    def _frames(self) -> list[_Frame]:
+        frames: list[_Frame] | None = getattr(self._thread, "frames", None)
+        if frames is None:
+            frames = self._thread.frames = []
+        return frames
 
     def _candidates(self, stage: str) -> tuple[Observer, ...]:
         found = self._by_stage.get(stage)

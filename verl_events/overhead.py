@@ -71,6 +71,12 @@ def read_timing_records(
     return records
 
 
+def profilers(record: dict[str, Any]) -> tuple[str, ...]:
+    """Who profiled a stage: the observers that received it, then those
+    around it (``"msprobe (around)"``: a session of an enclosing stage)."""
+    return tuple(record.get("profiled_by", ())) + tuple(f"{name} (around)" for name in record.get("enclosed_by", ()))
+
+
 def profiled_seconds(record: dict[str, Any]) -> float:
     """Body time plus the other observers' hook time: what the stage cost."""
     return float(record["elapsed_s"]) + float(record.get("overhead_s", 0.0))
@@ -111,7 +117,7 @@ def overhead_table(records: Iterable[dict[str, Any]], stage_order: Iterable[str]
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for record in by_stage[stage]:
             if record["profiled"]:
-                groups.setdefault(tuple(record.get("profiled_by", ())), []).append(record)
+                groups.setdefault(profilers(record), []).append(record)
         for profiled_by, profiled in sorted(groups.items()) or [((), [])]:
             rows.append(_row(stage, profiled_by, base, len(plain), profiled))
     return rows

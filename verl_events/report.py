@@ -19,6 +19,7 @@ from .overhead import (
     TimingLogError,
     overhead_table,
     profiled_seconds,
+    profilers,
     read_timing_records,
     timing_log_files,
 )
@@ -88,7 +89,7 @@ def stage_steps(records: list[dict[str, Any]]) -> list[StageStep]:
                 body_s=slowest["elapsed_s"],
                 slowest_rank=slowest["rank"],
                 spread=slowest["elapsed_s"] / fastest if fastest > 0 else 1.0,
-                profiled_by=tuple(sorted({name for r in profiled for name in r.get("profiled_by", ())})),
+                profiled_by=tuple(sorted({name for r in profiled for name in profilers(r)})),
                 hooks_s=max(r.get("overhead_s", 0.0) for r in group),
                 ratio=profiled_seconds(slowest) / base if profiled and base else None,
                 dump_bytes=sum(r.get("dump_bytes", 0) for r in group),

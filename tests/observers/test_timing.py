@@ -97,3 +97,28 @@ def test_each_rank_writes_its_own_file(tmp_path: Path, monkeypatch: pytest.Monke
                 pass
     assert sorted(p.name for p in (tmp_path / "timing").iterdir()) == ["rank0.jsonl", "rank3.jsonl"]
     assert read_lines(tmp_path / "timing/rank3.jsonl")[0]["rank"] == 3
+
+
+def test_a_stage_nested_in_a_profiled_one_is_not_an_unprofiled_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """verl's train_batch runs inside actor_update: when a tool holds actor_update,
+    train_batch runs under it too, and must not count as an unprofiled run."""
+    from verl_events.cli import main
+
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [{"name": "timing"}, {"_target_": "tests.observers.test_timing:SlowBegin", "steps": [1], "stages": ["actor_update"]}],
+    }
+    with verl_events.install(config):
+        for step in (1, 2):
+            with stage("actor_update", step=step), stage("train_batch", step=step):
+                pass
+    lines = {(r["stage"], r["step"]): r for r in read_lines(tmp_path / "timing/rank0.jsonl")}
+    inner, inner_plain = lines[("train_batch", 1)], lines[("train_batch", 2)]
+    slow = "tests.observers.test_timing:SlowBegin"
+    assert (inner["profiled"], inner["profiled_by"], inner["enclosed_by"]) == (True, [], [slow])
+    assert (inner_plain["profiled"], inner_plain["enclosed_by"]) == (False, [])
+    assert lines[("actor_update", 1)]["enclosed_by"] == []
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    overhead = {(row["stage"], tuple(row["profiled_by"])): row for row in json.loads(capsys.readouterr().out)["overhead"]}
+    train_batch = overhead[("train_batch", (f"{slow} (around)",))]
+    assert (train_batch["unprofiled_n"], train_batch["profiled_n"]) == (1, 1)
