@@ -260,6 +260,10 @@ def install_verl_bridge() -> None:
     missing, when the installed verl does not have what the bridge needs.
     """
     global _bridge
+    # Outside the lock: importing verl runs verl's plugins, ours among them,
+    # which may install the bridge itself.
+    import verl  # noqa: F401
+
     with _bridge_lock:
         if _bridge is not None:
             return
@@ -287,17 +291,31 @@ def verl_bridge_installed() -> bool:
     return _bridge is not None
 
 
-def setup_worker() -> None:
-    """Ray's ``worker_process_setup_hook``: bridge and install ``$VERL_EVENTS_CONFIG``.
+def install_from_environment() -> None:
+    """Install the bridge and ``$VERL_EVENTS_CONFIG``'s observers in this process, once.
 
-    A bad config raises here, so the worker fails at start with the reason
-    rather than at the first stage.
+    Any failure (a missing or bad config, a verl without what the bridge
+    needs) ends the process with ``SystemExit`` and one line naming the
+    config and the reason: verl's plugin loader would swallow an
+    ``Exception``, and training must not go on without the observers asked for.
     """
     from ._install import current_installation, install
 
     path = os.environ.get(CONFIG_ENV)
-    if not path:
+    try:
+        install_verl_bridge()
+        if path and current_installation() is None:
+            install(path)
+    except Exception as exc:
+        raise SystemExit(f"verl_events: {CONFIG_ENV}={path!r} could not be installed: {type(exc).__name__}: {exc}") from exc
+
+
+def setup_worker() -> None:
+    """Ray's ``worker_process_setup_hook``: bridge and install ``$VERL_EVENTS_CONFIG``.
+
+    The alternative to verl's plugin hook (:mod:`verl_events.verl_plugin`);
+    both together install once.  A bad config fails the worker at start.
+    """
+    if not os.environ.get(CONFIG_ENV):
         logger.warning("verl_events: %s is not set; the bridge is on but no observer is installed", CONFIG_ENV)
-    install_verl_bridge()
-    if path and current_installation() is None:
-        install(path)
+    install_from_environment()
