@@ -12,10 +12,10 @@ fi
 stamp=.venv/.verl-events-installed
 want=$(sha256sum pyproject.toml scripts/setup-venv.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: installing torch (CPU) and verl-events[msprobe,nsys,demo,dev,verl] (verl 0.9.1) into .venv"
+    echo "setup: installing torch (CPU) and verl-events[msprobe,nsys,demo,dev,verl-cpu] (verl 0.9.1) into .venv"
     pip="./.venv/bin/python -m pip --quiet --disable-pip-version-check"
     # torch first and pinned: a bare torch requirement may pull a multi-GB CUDA build.
     $pip install torch==2.13.0
-    $pip install -e ".[msprobe,nsys,demo,dev,verl]" "verl==0.9.1"
+    $pip install -e ".[msprobe,nsys,demo,dev,verl-cpu]" "verl==0.9.1"
     echo "$want" > "$stamp"
 fi

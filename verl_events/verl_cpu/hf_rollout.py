@@ -1,0 +1,248 @@
+"""The ``hf`` rollout for verl 0.9.1: HF ``generate`` on CPU behind verl's server-mode interface.
+
+verl 0.9.1 only generates through inference servers (vLLM, SGLang, TensorRT-LLM), none of
+which runs here. This module provides the three pieces verl's hybrid rollout expects,
+mirroring the vLLM ones (``workers/rollout/vllm_rollout/``):
+
+- :class:`HFRolloutServer`, a Ray actor serving token-in/token-out ``generate`` requests
+  from the agent loop (``workers/rollout/llm_server.py:150``);
+- :class:`HFReplica`, the :class:`RolloutReplica` that launches it (``llm_server.py:473``);
+- :class:`HFServerAdapter`, the worker-side :class:`BaseRollout` through which the trainer
+  pushes the FSDP actor's weights to the server (the "naive" checkpoint path,
+  ``workers/engine_workers.py:728``).
+
+Sampling is seeded per request from (rollout seed, weight version, prompt tokens), so the
+output does not depend on the order in which concurrent requests reach the server.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from array import array
+from collections.abc import Iterable
+from typing import Any, cast
+
+import ray
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+__all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "server_name"]
+
+
+def server_name(replica_rank: int) -> str:
+    """Ray actor name of a replica's server; the adapter finds the server by this name."""
+    return f"hf_server_{replica_rank}"
+
+
+def _request_seed(base_seed: int, weight_version: int | None, prompt_ids: list[int]) -> int:
+    # zlib.crc32, not hash(): str/bytes hashing is salted per process.
+    prompt_crc = zlib.crc32(array("q", prompt_ids).tobytes())
+    return (base_seed * 1_000_003 + (weight_version or 0) * 7_919 + prompt_crc) % (2**63)
+
+
+class HFRolloutServer:
+    """Token-in/token-out generation server (one per replica) running HF ``generate``.
+
+    Every method is ``async`` so Ray runs the actor on a single event loop: requests are
+    served one at a time, which keeps the process-wide torch RNG seeding per request sound.
+    Memory management calls (sleep/wake-up, KV cache) are no-ops: there is no device
+    memory to give back.
+    """
+
+    def __init__(self, config: Any, model_config: Any, replica_rank: int) -> None:
+        self.config = omega_conf_to_dataclass(config)
+        self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.replica_rank = replica_rank
+        # Version of the weights being served: the trainer's global step at the last sync
+        # (what vLLM reports as extra_fields["global_steps"], vllm_async_server.py:689).
+        self.global_steps: int | None = None
+        # float32 regardless of rollout.dtype: bf16 matmuls are slow on CPU and the weights
+        # synced from the FSDP actor are float32.
+        # Any: transformers' annotations do not cover the generate() call below.
+        self.model: Any = cast(
+            Any,
+            AutoModelForCausalLM.from_pretrained(
+                self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
+            ),
+        )
+        self.model.eval()
+        tokenizer = self.model_config.tokenizer
+        eos = self.model_config.generation_config.eos_token_id if self.model_config.generation_config else None
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos_token_ids: list[int] = list(eos) if isinstance(eos, list | tuple) else [int(eos)]
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad) if pad is not None else self.eos_token_ids[0]
+
+    async def ready(self) -> bool:
+        return True
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        """Generate one response; same contract as ``vLLMHttpServer.generate``."""
+        if image_data is not None or video_data is not None:
+            raise NotImplementedError("the hf rollout is text-only")
+        prompt_ids = [int(t) for t in prompt_ids]
+        params = dict(sampling_params)
+        max_tokens = params.pop("max_tokens", None) or params.pop("max_new_tokens", None)
+        if max_tokens is None:
+            # Same default as vllm_async_server.py:611-613.
+            max_tokens = min(
+                self.config.response_length,
+                self.config.prompt_length + self.config.response_length - len(prompt_ids),
+            )
+        temperature = float(params.get("temperature", 1.0))
+        do_sample = temperature > 0
+        top_k = int(params.get("top_k", -1))
+        generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+            max_new_tokens=max(1, int(max_tokens)),
+            do_sample=do_sample,
+            temperature=temperature if do_sample else None,
+            # verl's "no limit" is top_k=-1, HF's is 0 (None would mean HF's default, 50).
+            top_k=max(top_k, 0) if do_sample else None,
+            top_p=float(params.get("top_p", 1.0)) if do_sample else None,
+            repetition_penalty=float(params.get("repetition_penalty", 1.0)),
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        torch.manual_seed(_request_seed(self.config.seed, self.global_steps, prompt_ids))
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        with torch.no_grad():
+            out: Any = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=generation_config,
+            )
+        token_ids: list[int] = out.sequences[0, len(prompt_ids) :].tolist()
+        log_probs: list[float] | None = None
+        if params.get("logprobs"):
+            # Scores after temperature/top-k/top-p, like vLLM's default "processed_logprobs".
+            log_probs = [
+                float(torch.log_softmax(step_scores[0].float(), dim=-1)[token])
+                for step_scores, token in zip(out.scores, token_ids, strict=True)
+            ]
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None) -> None:
+        """Load the actor's full (unsharded) weights, keyed by HF parameter names."""
+        self.model.load_state_dict(state_dict, strict=True)
+        self.global_steps = global_steps
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        pass
+
+    async def sleep(self) -> None:
+        pass
+
+    async def clear_kv_cache(self) -> None:
+        pass
+
+    async def release_kv_cache(self) -> None:
+        pass
+
+    async def resume_kv_cache(self) -> None:
+        pass
+
+    async def wait_for_requests_to_drain(self) -> None:
+        pass
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict[str, Any]:
+        # Requests run to completion one at a time: there is never anything to abort.
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        pass
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        pass
+
+    async def stop_profile(self) -> None:
+        pass
+
+
+class HFReplica(RolloutReplica):
+    """Rollout replica hosting one :class:`HFRolloutServer` (hybrid mode only)."""
+
+    async def launch_servers(self) -> None:
+        if self.is_reward_model or self.is_teacher_model:
+            raise NotImplementedError("the hf rollout only serves the policy")
+        name = server_name(self.replica_rank)
+        # num_cpus=0: the actor must not compete with verl's placement groups for the
+        # (few) CPUs Ray advertises.
+        server: Any = (
+            ray.remote(HFRolloutServer)
+            .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        )
+        await server.ready.remote()
+        self.servers = [server]
+        self._server_handle = server
+        # Only used as the server's id by verl's load balancer (no HTTP endpoint).
+        self._server_address = name
+
+
+class HFServerAdapter(BaseRollout):
+    """Worker-side end of the ``hf`` rollout: forwards weight syncs to the replica's server."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ["RANK"])
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
+        # One rank per replica talks to the server (as vllm_rollout.py:123 does).
+        self._has_server = rank % rollout_world_size == 0
+        self._server: Any = None
+
+    def _server_handle(self) -> Any:
+        # Looked up lazily: the server is launched after the workers are built.
+        if self._server is None:
+            self._server = ray.get_actor(server_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        pass
+
+    async def release(self) -> None:
+        pass
+
+    async def update_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        wire_format: str = "named_tensors",
+        *,
+        global_steps: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"the hf rollout only takes named tensors, not {wire_format!r}")
+        # Every rank drains the generator: unsharding a DTensor (full_tensor) is a collective.
+        # copy=True: plain CPU tensors alias the live parameters.
+        state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        if self._has_server:
+            await self._server_handle().update_weights.remote(state_dict, global_steps)
