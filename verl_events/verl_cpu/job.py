@@ -27,9 +27,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["JobFiles", "main", "prepare", "trainer_args", "trainer_env"]
+__all__ = ["JobFiles", "main", "prepare", "run_trainer", "trainer_args", "trainer_env"]
 
 #: Module verl must import in each process (``VERL_USE_EXTERNAL_MODULES``).
 SHIM_MODULE = "verl_events.verl_cpu.shim"
@@ -317,18 +317,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir, extra = Path(args[0]), args[1:]
     files = prepare(workdir)
     overrides = _merge_overrides(trainer_args(files), extra)
+    return run_trainer(overrides, trainer_env())
+
+
+def run_trainer(overrides: Sequence[str], env: Mapping[str, str], *, log: Path | None = None) -> int:
+    """Run ``python -m verl.trainer.main_ppo OVERRIDES`` with ``env``; return its exit code.
+
+    Its output goes to ``log`` when given, else to this process's stdout and stderr.
+    No Ray process of the run is left behind.
+    """
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
-    return _run_in_own_session(cmd, env=trainer_env())
+    if log is None:
+        return _run_in_own_session(cmd, env)
+    with log.open("w") as out:
+        return _run_in_own_session(cmd, env, out)
 
 
-def _run_in_own_session(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+def _run_in_own_session(cmd: Sequence[str], env: Mapping[str, str], output: IO[str] | None = None) -> int:
     """Run ``cmd`` (output streamed) in a new session and wait until the session is empty.
 
     The trainer starts a local Ray cluster whose worker processes outlive the driver by a
     few seconds; they stay in the driver's session, so waiting for the session to empty
     (then killing, by PID, whatever remains) leaves no Ray process behind.
     """
-    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True)
+    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, stdout=output, stderr=output)
     try:
         return proc.wait()
     except KeyboardInterrupt:

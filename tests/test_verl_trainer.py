@@ -1,0 +1,167 @@
+"""verl 0.9.1's real trainer — ``python -m verl.trainer.main_ppo`` under Ray, FSDP2 on gloo,
+on CPU — with the switches exactly as docs/verl.md writes them.
+
+The job is verl_events.verl_cpu.job: a tiny random Qwen2 model, an offline byte-level BPE
+tokenizer, a 32-row parquet, a custom reward, 3 steps, repeatable (reinforce_plus_plus,
+rollout.n=1, seeded).  docs/verl.md's YAML is the config and its commands are run as
+written, with ``/shared/`` pointing into a temporary directory and ``...your usual
+arguments...`` standing for the job's own arguments.  Three trainer runs, about 40 s each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from verl_events.cli import main as verl_events_main
+from verl_events.verl_cpu import job
+
+REPO = Path(__file__).parent.parent
+DOC = (REPO / "docs/verl.md").read_text()
+STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
+USUAL_ARGUMENTS = "...your usual arguments..."
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    env: dict[str, str]
+    argv: list[str]
+
+
+def doc_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC, flags=re.S)
+
+
+def doc_commands(marker: str, *, without: str = "\0") -> list[DocCommand]:
+    """The commands of the one main_ppo block of docs/verl.md that mentions ``marker`` (and not ``without``)."""
+    blocks = [b for b in doc_blocks("bash") if "verl.trainer.main_ppo" in b and marker in b and without not in b]
+    assert len(blocks) == 1, f"docs/verl.md should have one main_ppo block with {marker!r}, not {without!r}"
+    commands = []
+    for line in blocks[0].replace("\\\n", " ").splitlines():
+        words = shlex.split(line.replace(USUAL_ARGUMENTS, ""))
+        env = {}
+        while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+            name, value = words.pop(0).split("=", 1)
+            env[name] = value
+        if words:
+            commands.append(DocCommand(env, words))
+    return commands
+
+
+def on(root: Path, text: str) -> str:
+    return text.replace("/shared/", f"{root}/")
+
+
+def run_doc_command(command: DocCommand, root: Path, files: job.JobFiles, name: str) -> Path:
+    """Run one of the doc's main_ppo commands on the tiny job; return its save_path root."""
+    assert command.argv[:3] == ["python3", "-m", "verl.trainer.main_ppo"], command.argv
+    doc_args = [on(root, arg) for arg in command.argv[3:]]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
+    env = job.trainer_env(base) | {k: on(root, v) for k, v in command.env.items()}
+    overrides = job._merge_overrides(job.trainer_args(files, steps=3), doc_args)
+    log = root / f"{name}.log"
+    code = job.run_trainer(overrides, env, log=log)
+    assert code == 0, f"{name}: main_ppo exited {code}:\n{log.read_text()[-6000:]}"
+    return root
+
+
+def write_doc_config(root: Path) -> None:
+    """docs/verl.md's observers.yaml and the msprobe config it names, under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = next(b for b in doc_blocks("yaml") if "global_profiler:" in b)
+    (root / "observers.yaml").write_text(on(root, config))
+    shutil.copy(REPO / "examples/msprobe/statistics_L1.json", root / "dump_config.json")
+
+
+@dataclass(frozen=True)
+class Runs:
+    plugin: Path  # the one-variable switch; also holds verl's own run (verl-profile/)
+    hook: Path  # the setup-hook switch with verl's plugins off
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    files = job.prepare(tmp_path_factory.mktemp("job"))
+    plugin, hook = tmp_path_factory.mktemp("plugin"), tmp_path_factory.mktemp("hook")
+    for root in (plugin, hook):
+        write_doc_config(root)
+    (switch,) = doc_commands("VERL_EVENTS_CONFIG=", without="+ray_kwargs")
+    run_doc_command(switch, plugin, files, "ours")
+    run_doc_command(doc_commands("precision_debugger")[0], plugin, files, "verls")
+    run_doc_command(doc_commands("worker_process_setup_hook")[0], hook, files, "hook")
+    return Runs(plugin, hook)
+
+
+def dump_files(save_path: Path) -> list[str]:
+    return sorted(str(p.relative_to(save_path)) for p in save_path.rglob("dump.json"))
+
+
+GUIDE_TREE = sorted(f"step_{step}/{stage}/step0/rank0/dump.json" for step in (1, 2) for stage in STAGES)
+
+
+def entries(dump: Path) -> list[str]:
+    return sorted(json.loads(dump.read_text())["data"])
+
+
+def test_the_one_variable_switch_dumps_the_guides_tree_for_steps_1_and_2_only(runs: Runs) -> None:
+    assert dump_files(runs.plugin / "profile") == GUIDE_TREE
+    assert json.loads((runs.plugin / "profile/run.json").read_text())["run_id"].startswith("ray-")
+
+
+def test_every_timing_record_of_every_step_has_the_trainers_step(runs: Runs) -> None:
+    records = [json.loads(line) for line in (runs.plugin / "profile/timing/rank0.jsonl").read_text().splitlines()]
+    steps = {stage: [r["step"] for r in records if r["stage"] == stage] for stage in (*STAGES, "train_batch")}
+    assert steps == {
+        "actor_compute_log_prob": [1, 2, 3],
+        "ref_compute_log_prob": [1, 2, 3],
+        "actor_update": [1, 2, 3],
+        "train_batch": [1, 1, 2, 2, 3, 3],  # verl's nested stage, once per mini-batch
+    }
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records)
+    profiled = {(r["stage"], r["step"]) for r in records if "msprobe" in r["profiled_by"]}
+    assert profiled == {(stage, step) for stage in STAGES for step in (1, 2)}
+    nested = {r["step"]: r["enclosed_by"] for r in records if r["stage"] == "train_batch"}
+    assert nested == {1: ["msprobe"], 2: ["msprobe"], 3: []}
+
+
+def test_report_reads_the_run(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
+    assert verl_events_main(["report", str(runs.plugin / "profile"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {(row["stage"], row["step"]): row for row in report["stage_steps"]}
+    assert rows[("actor_update", 1)]["profiled_by"] == ["msprobe"]
+    assert rows[("actor_update", 3)]["profiled_by"] == [] and rows[("actor_update", 1)]["ratio"] > 0
+    assert rows[("train_batch", 1)]["profiled_by"] == ["msprobe (around)"]
+
+
+def test_verls_own_precision_debugger_writes_the_same_files_with_the_same_entries(runs: Runs) -> None:
+    ours, verls = runs.plugin / "profile", runs.plugin / "verl-profile"
+    assert dump_files(verls) == GUIDE_TREE
+    for name in GUIDE_TREE:
+        assert entries(ours / name) == entries(verls / name), name
+
+
+def test_compare_as_documented_says_match_for_every_stage_dump(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
+    (compare,) = [c for c in doc_commands("precision_debugger") if c.argv[0] == "verl-events"]
+    assert compare.argv[1] == "compare"
+    argv = [on(runs.plugin, arg) for arg in compare.argv[1:]]
+    for step in (1, 2):
+        for stage in STAGES:
+            argv[argv.index("--step") + 1], argv[argv.index("--stage") + 1] = str(step), stage
+            assert verl_events_main(argv) == 0, capsys.readouterr().out
+            assert "MATCH" in capsys.readouterr().out
+
+
+def test_the_setup_hook_switch_alone_dumps_the_same(runs: Runs) -> None:
+    assert dump_files(runs.hook / "profile") == GUIDE_TREE
+    for name in GUIDE_TREE:
+        assert entries(runs.hook / "profile" / name) == entries(runs.plugin / "profile" / name), name
+    # verl's plugins were off in that run: the hook alone installed the observers.
+    assert doc_commands("worker_process_setup_hook")[0].env == {"VERL_USE_EXTERNAL_PLUGINS": "none"}
