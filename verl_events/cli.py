@@ -37,8 +37,13 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Run the miniature PPO loop with the configured observers."""
-    for flag, value in (("--steps", args.steps), ("--nproc", args.nproc)):
+    """Run the miniature PPO loop (or, with --engine verl, verl's trainer) with the configured observers."""
+    if args.engine == "verl":
+        from .demo_verl import command
+
+        return command(args)
+    steps = 6 if args.steps is None else args.steps
+    for flag, value in (("--steps", steps), ("--nproc", args.nproc)):
         if value < 1:
             print(f"error: {flag} {value} is not allowed; use 1 or more", file=sys.stderr)
             return 2
@@ -50,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
         config = dict(raw) if raw is not None else default_config(save_path)
         config["save_path"] = str(save_path)
         load_config(config)  # fail here, once, rather than in every process
-        run_demo(DemoOptions(config=config, steps=args.steps, nproc=args.nproc, seed=args.seed, perturb=args.perturb))
+        run_demo(DemoOptions(config=config, steps=steps, nproc=args.nproc, seed=0 if args.seed is None else args.seed, perturb=args.perturb))
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -146,12 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run_command=_check)
 
     demo = commands.add_parser("demo", help="run a miniature PPO loop on CPU with msprobe dumps and timing")
-    demo.add_argument("--config", help="observers YAML (default: msprobe L1 on steps 1-2 for actor/ref stages, timing always)")
-    demo.add_argument("--steps", type=int, default=6, help="training steps (default 6)")
-    demo.add_argument("--save-path", help="output directory (default: a fresh outputs/demo-<time>)")
-    demo.add_argument("--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--perturb", type=float, default=0.0, help="scale one actor weight (blocks.1.mlp.0) by 1+PERTURB, to try compare")
+    demo.add_argument(
+        "--engine", choices=("tiny", "verl"), default="tiny",
+        help="tiny: the miniature loop (default); verl: verl's real trainer on CPU (needs verl-events[verl-cpu])",
+    )
+    demo.add_argument("--config", help="observers YAML (default: msprobe L1 on steps 1-2 for actor/ref stages, timing always; "
+                      "verl engine: also torch.profiler on step 2's actor_update)")
+    demo.add_argument("--steps", type=int, help="training steps (default 6; verl engine 3)")
+    demo.add_argument("--save-path", help="output directory (default: a fresh outputs/demo-<time>, verl engine outputs/verl-demo-<time>)")
+    demo.add_argument("--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1; tiny engine)")
+    demo.add_argument("--seed", type=int, help="seed (default 0; tiny engine)")
+    demo.add_argument("--perturb", type=float, default=0.0, help="scale one actor weight (blocks.1.mlp.0) by 1+PERTURB, to try compare (tiny engine)")
     demo.set_defaults(run_command=_demo)
 
     rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")

@@ -1,0 +1,180 @@
+"""``verl-events demo --engine verl``: verl 0.9.1's real PPO trainer on CPU, observed.
+
+Runs ``python -m verl.trainer.main_ppo`` on the tiny offline job of
+:mod:`verl_events.verl_cpu.job` (a random 2-layer Qwen2 model, FSDP2 on gloo,
+a local Ray cluster) with three tools stacked: msprobe statistics at L1 on
+steps 1-2 for the actor and ref stages, torch.profiler (CPU) on step 2's
+``actor_update``, and timing on every stage.  The observers reach every
+process verl starts the way they would in a real job: our verl plugin reads
+``$VERL_EVENTS_CONFIG``, which points at ``{save_path}/observers.yaml``, a copy
+of the config with absolute paths.  Afterwards it prints the same overhead
+table and dump count as the fast demo (:func:`verl_events.demo.print_summary`).
+
+The job's model, tokenizer and data are built once, under ``outputs/verl-job``
+of the working directory, and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ._config import _to_dict, load_config
+from ._errors import ConfigError, ObserverSetupError
+from ._verl_config import from_verl_config, is_verl_config
+
+__all__ = ["DEFAULT_STEPS", "JOB_DIR", "command", "default_config", "missing_modules", "prepare_config", "run"]
+
+DEFAULT_STEPS = 3
+JOB_DIR = Path("outputs/verl-job")
+CONFIG_FILE = "observers.yaml"
+#: What the trainer imports on CPU: verl, and what verl's rollout server imports undeclared.
+REQUIRED_MODULES = ("torch", "verl", "ray", "cachetools", "uvicorn", "fastapi")
+_INSTALL_HINT = "install verl-events[verl-cpu]: pip install 'verl-events[verl-cpu]'"
+
+
+def default_config(save_path: str) -> dict[str, Any]:
+    """Timing on every stage; msprobe statistics L1 on steps 1-2 for the actor and
+    ref stages; torch.profiler, CPU only, on step 2's actor_update.
+    Also in ``examples/verl_demo.yaml``."""
+    return {
+        "save_path": save_path,
+        "observers": [
+            {"name": "timing"},
+            {
+                "name": "msprobe",
+                "steps": ["1-2"],
+                "stages": ["actor_compute_log_prob", "ref_compute_log_prob", "actor_update"],
+            },
+            {"name": "torch_profiler", "steps": [2], "stages": ["actor_update"], "contents": ["cpu"]},
+        ],
+    }
+
+
+def missing_modules() -> list[str]:
+    """The modules of the ``verl-cpu`` extra that cannot be imported here."""
+    return [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+
+
+def _unsupported(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The first fast-demo option given that the verl engine cannot honour, and why."""
+    if args.nproc != 1:
+        return f"--nproc {args.nproc}", "the job runs on one rank"
+    if args.perturb:
+        return "--perturb", "it changes the tiny engine's model, not verl's"
+    if args.seed is not None:
+        return "--seed", "the job seeds itself, see verl_events.verl_cpu.job"
+    return None
+
+
+def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (our form) with ``save_path`` and each observer's ``config_path``
+    absolute, so that every process reads the same files whatever its cwd."""
+    result = dict(config, save_path=str(Path(config["save_path"]).resolve()))
+    observers = []
+    for entry in result.get("observers") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("config_path"), str):
+            entry = dict(entry, config_path=str(Path(entry["config_path"]).resolve()))
+        observers.append(entry)
+    result["observers"] = observers
+    return result
+
+
+def prepare_config(config_file: str | None, save_path: str | None) -> dict[str, Any]:
+    """The observers config to run: ``config_file`` (our form or verl's) or the
+    default, with the save path (``save_path``, the file's, or a fresh
+    ``outputs/verl-demo-<time>``) and other paths absolute.  Validated; raises
+    :class:`ConfigError`."""
+    raw = _to_dict(config_file) if config_file else None
+    if raw is not None and is_verl_config(raw):
+        raw = from_verl_config(raw)
+    chosen = save_path or (raw or {}).get("save_path") or time.strftime("outputs/verl-demo-%Y%m%d-%H%M%S")
+    config = dict(raw) if raw is not None else default_config(str(chosen))
+    config["save_path"] = str(chosen)
+    config = _absolute_paths(config)
+    load_config(config)
+    return config
+
+
+def preflight(config: dict[str, Any]) -> None:
+    """Build the observers once here and close them, so that a config that would
+    fail (msprobe missing, a save path holding another run's files) stops the demo
+    before the trainer starts.  Raises :class:`ConfigError` or :class:`ObserverSetupError`."""
+    from ._install import install
+    from .overhead import timing_log_files
+
+    save_path = Path(config["save_path"])
+    logs = timing_log_files(save_path)
+    if logs:
+        raise ConfigError(
+            f"save_path: {str(save_path)!r} already holds timing logs of another run, e.g. {logs[0]}; "
+            "choose another --save-path"
+        )
+    with install(config):
+        pass
+
+
+def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
+    """Prepare the job, write the observers file, run verl's trainer with it and
+    print the summary; return the trainer's exit code."""
+    from .demo import print_summary
+    from .report import terminal_console
+    from .verl_bridge import CONFIG_ENV
+    from .verl_cpu.job import _run_in_own_session, prepare, trainer_args, trainer_env
+
+    console = terminal_console(stderr=True)
+    started = time.perf_counter()
+    save_path = Path(config["save_path"])
+    save_path.mkdir(parents=True, exist_ok=True)
+    config_path = save_path / CONFIG_FILE
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    with console.status(f"demo: preparing the tiny job under {job_dir}"):
+        files = prepare(job_dir)
+    console.print(
+        f"demo: verl's main_ppo, {steps} steps on CPU, job files in {files.root}; "
+        f"{CONFIG_ENV}={config_path}"
+    )
+    env = trainer_env()
+    env[CONFIG_ENV] = str(config_path)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *trainer_args(files, steps=steps, save_path=save_path)]
+    code = _run_in_own_session(cmd, env)
+    if code != 0:
+        print(f"error: verl's trainer (main_ppo) exited with code {code}; its output is above", file=sys.stderr)
+        return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell reports it
+    print_summary(save_path, time.perf_counter() - started, console)
+    return 0
+
+
+def command(args: argparse.Namespace) -> int:
+    """``verl-events demo --engine verl``: check the options and run; 2 on a usage error."""
+    problem = _unsupported(args)
+    if problem is not None:
+        option, why = problem
+        print(f"error: {option} is not supported with --engine verl ({why}); it is an option of --engine tiny", file=sys.stderr)
+        return 2
+    steps = DEFAULT_STEPS if args.steps is None else args.steps
+    if steps < 1:
+        print(f"error: --steps {steps} is not allowed; use 1 or more", file=sys.stderr)
+        return 2
+    missing = missing_modules()
+    if missing:
+        print(f"error: --engine verl needs {', '.join(missing)}, not installed here; {_INSTALL_HINT}", file=sys.stderr)
+        return 2
+    try:
+        config = prepare_config(args.config, args.save_path)
+        preflight(config)
+    except (ConfigError, ObserverSetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return run(config, steps)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
