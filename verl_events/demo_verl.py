@@ -126,7 +126,7 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     from .demo import print_summary
     from .report import terminal_console
     from .verl_bridge import CONFIG_ENV
-    from .verl_cpu.job import _run_in_own_session, prepare, trainer_args, trainer_env
+    from .verl_cpu.job import prepare, run_trainer, trainer_args, trainer_env
 
     console = terminal_console(stderr=True)
     started = time.perf_counter()
@@ -142,8 +142,7 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     )
     env = trainer_env()
     env[CONFIG_ENV] = str(config_path)
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *trainer_args(files, steps=steps, save_path=save_path)]
-    code = _run_in_own_session(cmd, env)
+    code = run_trainer(trainer_args(files, steps=steps, save_path=save_path), env)
     if code != 0:
         print(f"error: verl's trainer (main_ppo) exited with code {code}; its output is above", file=sys.stderr)
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell reports it
