@@ -18,6 +18,18 @@ def no_inherited_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
 
 
+def test_in_ray_the_session_and_job_name_the_run() -> None:
+    """Every fresh local Ray cluster numbers its first job 01000000: the job id alone repeats."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        context = ray.get_runtime_context()
+        assert run_id() == f"ray-{context.get_session_name()}-{context.get_job_id()}"
+    finally:
+        ray.shutdown()
+
+
 def test_a_launchers_id_wins_over_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "nightly-42")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")

@@ -3,8 +3,8 @@
 A run is every process of one training job: Ray workers started at any time,
 torchrun's ranks, the demo's spawned ranks.  They agree on :func:`run_id`:
 
-1. Ray's job id, in a process connected to Ray (every worker of a job, on
-   every node);
+1. Ray's session name and job id, in a process connected to Ray (every
+   worker of a job, on every node);
 2. ``$VERL_EVENTS_RUN_ID``, for a launcher that names its runs;
 3. torchrun's ``$TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``; when that is the
    default ``none``, the local ranks' common parent, the elastic agent);
@@ -35,7 +35,9 @@ def run_id() -> str:
     """This process's run id (see the module docstring for the order)."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        return f"ray-{ray.get_runtime_context().get_job_id()}"
+        # The job id alone repeats: every fresh local cluster numbers its first job 01000000.
+        context = ray.get_runtime_context()
+        return f"ray-{context.get_session_name()}-{context.get_job_id()}"
     own = os.environ.get(RUN_ID_ENV)
     if own:
         return own
@@ -73,7 +75,7 @@ def refuse_other_runs(save_path: Path, existing: list[Path], what: str) -> None:
         f"save_path: {str(save_path)!r} already holds {len(existing)} {what} from another run ({by}; "
         f"this is run {mine!r}), e.g. {existing[0]}; remove them or choose another save_path, "
         "so that two runs never mix. Processes of one run share its id: "
-        f"Ray's job id, ${RUN_ID_ENV}, or torchrun's --rdzv-id"
+        f"Ray's session and job id, ${RUN_ID_ENV}, or torchrun's --rdzv-id"
     )
 
 

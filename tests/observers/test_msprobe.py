@@ -162,13 +162,13 @@ def test_dumps_from_another_run_are_refused_at_install(tmp_path: Path, model: Sm
 def test_a_process_joining_its_run_mid_way_is_welcome(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ray worker process started after others have dumped: same run id, same rank 0 before
     torch.distributed is up.  It installs, and dumps its own stages beside the others'."""
-    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "ray-01000000")
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "ray-session_2026-11-30_09-12-44_503511_2710-01000000")
     with verl_events.install(msprobe_config(tmp_path)):
         run_steps(model, range(1, 2), ["actor_update"])
     with verl_events.install(msprobe_config(tmp_path)):
         run_steps(model, range(2, 3), ["actor_update"])
     assert sorted(p.parents[3].name for p in (tmp_path / "out").rglob("dump.json")) == ["step_1", "step_2"]
-    assert json.loads((tmp_path / "out/run.json").read_text()) == {"run_id": "ray-01000000"}
+    assert json.loads((tmp_path / "out/run.json").read_text()) == {"run_id": "ray-session_2026-11-30_09-12-44_503511_2710-01000000"}
 
 
 def test_the_save_path_is_claimed_at_the_first_dump_not_at_install(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
