@@ -40,21 +40,14 @@ _INSTALL_HINT = "install verl-events[verl-cpu]: pip install 'verl-events[verl-cp
 
 
 def default_config(save_path: str) -> dict[str, Any]:
-    """Timing on every stage; msprobe statistics L1 on steps 1-2 for the actor and
-    ref stages; torch.profiler, CPU only, on step 2's actor_update.
-    Also in ``examples/verl_demo.yaml``."""
-    return {
-        "save_path": save_path,
-        "observers": [
-            {"name": "timing"},
-            {
-                "name": "msprobe",
-                "steps": ["1-2"],
-                "stages": ["actor_compute_log_prob", "ref_compute_log_prob", "actor_update"],
-            },
-            {"name": "torch_profiler", "steps": [2], "stages": ["actor_update"], "contents": ["cpu"]},
-        ],
-    }
+    """The fast demo's observers (timing on every stage; msprobe statistics L1 on
+    steps 1-2 for the actor and ref stages) plus torch.profiler, CPU only, on
+    step 2's actor_update.  Also in ``examples/verl_demo.yaml``."""
+    from .demo import default_config as fast_demo_config
+
+    config = fast_demo_config(save_path)
+    config["observers"].append({"name": "torch_profiler", "steps": [2], "stages": ["actor_update"], "contents": ["cpu"]})
+    return config
 
 
 def missing_modules() -> list[str]:
