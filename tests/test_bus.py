@@ -260,3 +260,25 @@ def test_after_close_stages_once_selected_are_skipped_again() -> None:
         assert not verl_events.stage_begin.has_receivers_for("critic_update")
         with stage("critic_update", step=1) as event:
             assert event is None
+
+
+def test_a_stage_with_an_unknown_step_is_named_once_when_observers_select_steps(caplog: pytest.LogCaptureFixture) -> None:
+    """A verl process that never learns the step (no update_weights, no start_profile)
+    would otherwise dump nothing, silently."""
+    config = {"observers": [{"name": "recording", "steps": [1]}]}
+    with verl_events.install(config):
+        for _ in range(3):
+            with verl_events.stage("critic_update"):
+                pass
+            with verl_events.stage("critic_update", step=1):
+                pass
+    unknown = [r.getMessage() for r in caplog.records if "unknown step" in r.getMessage()]
+    assert len(unknown) == 1
+    assert unknown[0].startswith("stage 'critic_update' (rank 0) runs with an unknown step, so observer 'recording', which select(s) steps")
+
+
+def test_no_word_about_unknown_steps_when_no_observer_selects_steps(caplog: pytest.LogCaptureFixture) -> None:
+    with verl_events.install({"observers": [{"name": "recording"}]}):
+        with verl_events.stage("critic_update"):
+            pass
+    assert "unknown step" not in caplog.text

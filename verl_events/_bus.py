@@ -91,6 +91,7 @@ class Dispatcher:
         self._failures: dict[str, int] = {}
         self._switched_off: set[str] = set()
         self._model_warned: set[tuple[str, str | None]] = set()
+        self._step_warned: set[str] = set()
         self._thread = threading.local()  # .frames: this thread's open stages, when timed
 
     # -- subscription -------------------------------------------------------
@@ -118,9 +119,10 @@ class Dispatcher:
     # -- dispatch -----------------------------------------------------------
 
     def on_begin(self, sender: str, *, event: StageEvent) -> None:
-        selected = [
-            o for o in self._candidates(event.stage) if o.selection.accepts(event) and o.name not in self._switched_off
-        ]
+        candidates = self._candidates(event.stage)
+        if event.step is None and event.stage not in self._step_warned:
+            self._warn_step_unknown(event, candidates)
+        selected = [o for o in candidates if o.selection.accepts(event) and o.name not in self._switched_off]
         if not selected:
             return
         if event.model is None and any(o.needs_model for o in selected):
@@ -231,6 +233,22 @@ class Dispatcher:
                 observer.name,
                 count,
             )
+
+    def _warn_step_unknown(self, event: StageEvent, candidates: tuple[Observer, ...]) -> None:
+        """Once per stage: observers that select steps never see a stage whose step is unknown."""
+        skipping = [o.name for o in candidates if o.selection.steps is not None]
+        if not skipping:
+            return
+        self._step_warned.add(event.stage)
+        logger.warning(
+            "stage %r (rank %s) runs with an unknown step, so observer %s, which select(s) steps, skip(s) it. "
+            "Pass step=..., call verl_events.set_step(N), or under verl see docs/verl.md, "
+            "'Which step a stage belongs to' (a process without the actor learns the step only on "
+            "verl's own global_profiler.steps).",
+            event.stage,
+            event.rank,
+            ", ".join(repr(name) for name in skipping),
+        )
 
     def _warn_model_missing(self, event: StageEvent, selected: list[Observer]) -> None:
         key = (event.stage, event.role)
