@@ -1,0 +1,135 @@
+"""verl 0.9.1's real trainer: no profiler, verl's own precision_debugger, and ours.
+
+    python benchmarks/verl_trainer.py [--rounds 2] [--steps 6]
+
+The tiny CPU job of :mod:`verl_events.verl_cpu.job` (``python -m verl.trainer.main_ppo``)
+runs ``--steps`` steps in three variants, alternating, ``--rounds`` times, each a whole
+run into a fresh save path:
+
+- ``none``: no profiler;
+- ``verl``: ``global_profiler.tool=precision_debugger``, msprobe statistics L1 on steps 1-2;
+- ``ours``: the same settings in a ``VERL_EVENTS_CONFIG`` file (no timing observer).
+
+Each step's time is verl's own ``timing_s/step`` from the console metrics line the trainer
+prints per step. Profiled steps are 1-2, unprofiled steps 3 onwards; nothing is skipped, so
+step 1 includes the trainer's warm-up in every variant alike (and, in both profiled variants,
+msprobe's first session). verl imports msprobe and builds its debugger inside step 1's first
+dumped stage; ours does both at ``import verl`` in every process, which shows in the total wall.
+The last line: ``ours_vs_verl_profiled_step=<ours/verl> ours_unprofiled_vs_none=<ours/none>``
+(ratios of medians over all runs of a variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from verl_events.verl_cpu.job import JobFiles, _merge_overrides, _run_in_own_session, prepare, trainer_args, trainer_env
+
+VARIANTS = ("none", "verl", "ours")
+PROFILED_STEPS = (1, 2)
+STAGES = ["actor_compute_log_prob", "ref_compute_log_prob", "actor_update"]
+STATS_L1 = Path(__file__).resolve().parents[1] / "examples" / "msprobe" / "statistics_L1.json"
+# verl's console logger: "step:3 - key:value - ... - timing_s/step:0.21 - ..." (a Ray prefix may precede it).
+STEP_LINE = re.compile(r"\bstep:(\d+) - .*?\btiming_s/step:([0-9.eE+-]+)")
+
+
+@dataclass
+class Runs:
+    """One variant's runs: seconds per step (keyed by step), wall seconds, dump counts."""
+
+    steps: list[dict[int, float]] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    dumps: list[int] = field(default_factory=list)
+
+    def median(self, profiled: bool) -> float:
+        return statistics.median(t for run in self.steps for s, t in run.items() if (s in PROFILED_STEPS) == profiled)
+
+
+def variant_setup(variant: str, save: Path) -> tuple[list[str], dict[str, str]]:
+    """The overrides and extra environment of one variant writing into ``save``."""
+    if variant == "verl":
+        return [
+            "global_profiler.tool=precision_debugger",
+            f"global_profiler.steps=[{','.join(map(str, PROFILED_STEPS))}]",
+            f"+global_profiler.global_tool_config.precision_debugger.config_path={STATS_L1}",
+            "actor_rollout_ref.actor.profiler.enable=True",
+            "actor_rollout_ref.ref.profiler.enable=True",
+        ], {}
+    if variant == "ours":
+        config = save.with_suffix(".yaml")
+        config.write_text(yaml.safe_dump({
+            "global_profiler": {
+                "tool": "precision_debugger", "steps": list(PROFILED_STEPS), "save_path": str(save),
+                "global_tool_config": {"precision_debugger": {"config_path": str(STATS_L1), "stages": STAGES}},
+            },
+            "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}, "ref": {"profiler": {"enable": True}}},
+        }))
+        return [], {"VERL_EVENTS_CONFIG": str(config)}
+    return [], {}
+
+
+def run_once(variant: str, files: JobFiles, steps: int, save: Path) -> tuple[dict[int, float], float, int]:
+    """One main_ppo run: (seconds per step, wall seconds, number of dump.json files)."""
+    overrides, extra_env = variant_setup(variant, save)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
+           *_merge_overrides(trainer_args(files, steps=steps, save_path=save), overrides)]
+    env = trainer_env({k: v for k, v in os.environ.items() if k != "VERL_EVENTS_CONFIG"} | extra_env)
+    log = save.with_suffix(".log")
+    # The trainer's (and its Ray workers') output goes to the log; the session is reaped by PID.
+    started = time.perf_counter()
+    rc = _run_in_own_session(["sh", "-c", 'exec "$@" >"$0" 2>&1', str(log), *cmd], env)
+    wall = time.perf_counter() - started
+    text = log.read_text(errors="replace")
+    times = {int(m[1]): float(m[2]) for m in STEP_LINE.finditer(text)}
+    dumps = len(list(save.rglob("dump.json")))
+    if rc != 0 or sorted(times) != list(range(1, steps + 1)) or (variant != "none") != (dumps > 0):
+        tail = "\n".join(text.splitlines()[-40:])
+        sys.exit(f"{variant}: main_ppo exited {rc}, step times for steps {sorted(times)} of 1..{steps}, "
+                 f"{dumps} dump.json files; last lines of {log}:\n{tail}")
+    return times, wall, dumps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6, help="steps per run (profiled: 1-2)")
+    args = parser.parse_args()
+    if args.steps <= max(PROFILED_STEPS):
+        parser.error(f"--steps must exceed {max(PROFILED_STEPS)}, so that some steps are unprofiled")
+    runs = {variant: Runs() for variant in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="verl_trainer_bench_") as scratch:
+        files = prepare(Path(scratch) / "job")
+        for round_index in range(1, args.rounds + 1):
+            for variant in VARIANTS:
+                times, wall, dumps = run_once(variant, files, args.steps, Path(scratch) / f"{variant}_{round_index}")
+                runs[variant].steps.append(times)
+                runs[variant].walls.append(wall)
+                runs[variant].dumps.append(dumps)
+                print(f"round {round_index} {variant:<4} wall {wall:5.1f} s  dumps {dumps:3d}  step s: "
+                      + " ".join(f"{times[s]:.3f}" for s in sorted(times)), flush=True)
+    if len({*runs["verl"].dumps, *runs["ours"].dumps}) != 1:
+        print(f"warning: verl and ours dumped different numbers of files: {runs['verl'].dumps} {runs['ours'].dumps}")
+    print(f"\n{'variant':<8} {'profiled step s (1-2)':>22} {'unprofiled step s (3-' + str(args.steps) + ')':>24}"
+          f" {'total wall s':>13} {'dumps/run':>10}")
+    for variant, r in runs.items():
+        print(f"{variant:<8} {r.median(True):22.3f} {r.median(False):24.3f}"
+              f" {statistics.median(r.walls):13.1f} {statistics.median(r.dumps):10.0f}")
+    step2 = {v: statistics.median(run[2] for run in r.steps) for v, r in runs.items()}
+    print(f"step 2 alone (past msprobe's first start): none {step2['none']:.3f} s, verl {step2['verl']:.3f} s, "
+          f"ours {step2['ours']:.3f} s, ours/verl {step2['ours'] / step2['verl']:.3f}")
+    print(f"ours_vs_verl_profiled_step={runs['ours'].median(True) / runs['verl'].median(True):.3f} "
+          f"ours_unprofiled_vs_none={runs['ours'].median(False) / runs['none'].median(False):.3f}")
+
+
+if __name__ == "__main__":
+    main()
