@@ -4,13 +4,15 @@ from disk alone.
 
 Each rank appends to ``{save_path}/timing/rank{R}.jsonl``::
 
-    {"stage": "actor_update", "role": "actor", "step": 1, "rank": 0, "world_size": 2,
+    {"run": "ray-session_…-01000000", "stage": "actor_update", "role": "actor", "step": 1, "rank": 0, "world_size": 2,
      "depth": 0, "parent": null, "elapsed_s": 0.41, "error": null,
      "observers": ["timing", "msprobe"], "profiled": true, "profiled_by": ["msprobe"], "enclosed_by": [],
      "hook_s": {"timing": 1.2e-05, "msprobe": 0.031}, "overhead_s": 0.031, "dump_bytes": 48213,
      "event": "stage", "timestamp": "2026-11-29T19:41:07.113Z"}
 
-``end_unix`` is the wall clock when the line was written, just after the
+``run`` names the run (see :mod:`verl_events._run`): a save_path holding
+another run's timing logs is refused, as msprobe's dumps are, so a log
+never mixes runs.  ``end_unix`` is the wall clock when the line was written, just after the
 last end hook; ``hook_begin_s`` / ``hook_end_s`` split each observer's hook
 time, so a timeline can be rebuilt.  ``observers`` lists every observer
 that received the stage, ``profiled_by``
@@ -36,8 +38,10 @@ from typing import IO, Any
 
 import structlog
 
-from verl_events import InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
+from verl_events import ConfigError, InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
 from verl_events._paths import TIMING_DIR, timing_log_path
+from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs, run_id
+from verl_events.overhead import timing_log_files
 
 
 class TimingObserver(Observer):
@@ -58,10 +62,15 @@ class TimingObserver(Observer):
         self._files: dict[int, IO[str]] = {}
         self._loggers: dict[int, Any] = {}
         self._console_log: Any = None
+        self._run: str | None = None
 
     def setup(self, context: InstallContext) -> None:
         self._root = context.save_path
         prepare_output_dir(context.save_path / TIMING_DIR)
+        try:
+            refuse_other_runs(context.save_path, timing_log_files(context.save_path), "timing log(s)")
+        except SavePathTaken as exc:
+            raise ConfigError(str(exc)) from None
         if self.console:
             self._console_log = structlog.wrap_logger(
                 structlog.PrintLogger(sys.stderr),
@@ -73,6 +82,13 @@ class TimingObserver(Observer):
         # once torch.distributed is initialised, after install.
         log = self._loggers.get(rank)
         if log is None:
+            if self._run is None:
+                # At the first record, not at install: a process that runs no
+                # stage (verl's driver) must not claim the save_path.  Checked
+                # again here, for a run started at the same time as this one.
+                refuse_other_runs(self._root, timing_log_files(self._root), "timing log(s)")
+                claim_save_path(self._root)
+                self._run = run_id()
             handle = timing_log_path(self._root, rank).open("a", encoding="utf-8", buffering=1)
             self._files[rank] = handle
             log = self._loggers[rank] = structlog.wrap_logger(
@@ -111,7 +127,8 @@ class TimingObserver(Observer):
             "dump_bytes": rank_bytes(stage_output_dir(self._root, event), event.rank) if others else 0,
         }
         with self._lock:
-            self._logger_for(event.rank).info("stage", **fields)
+            log = self._logger_for(event.rank)
+            log.info("stage", run=self._run, **fields)
         if self._console_log is not None:
             self._console_log.info(
                 "stage",

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from verl_events import VerlEventsWarning
 from verl_events.overhead import overhead_table, read_timing_records
 
 
@@ -49,8 +50,15 @@ def test_records_are_read_from_every_rank_file(tmp_path: Path) -> None:
     assert [r["rank"] for r in read_timing_records(tmp_path)] == [0, 1]
 
 
-def test_a_corrupt_line_names_file_and_line(tmp_path: Path) -> None:
+def test_a_corrupt_line_inside_a_log_names_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "timing").mkdir()
-    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "a"}\n{oops\n')
-    with pytest.raises(ValueError, match=r"rank0.jsonl:2 is not a JSON line"):
+    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "a"}\n{oops\n{"stage": "b"}\n')
+    with pytest.raises(ValueError, match=r"rank0.jsonl:2 is not a JSON line .*; the file is damaged"):
         read_timing_records(tmp_path)
+
+
+def test_a_cut_last_line_is_a_warning_when_no_list_collects_it(tmp_path: Path) -> None:
+    (tmp_path / "timing").mkdir()
+    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "a", "step": 1, "rank": 0, "elapsed_s": 0.1, "profiled": false}\n{oops')
+    with pytest.warns(VerlEventsWarning, match=r"rank0.jsonl:2: the last line is cut short and was skipped"):
+        assert [r["stage"] for r in read_timing_records(tmp_path)] == ["a"]

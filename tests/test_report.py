@@ -69,8 +69,48 @@ def test_a_run_without_timing_logs_exits_2(tmp_path: Path, capsys: pytest.Captur
     assert "is not a directory" in capsys.readouterr().err
 
 
-def test_a_cut_short_log_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "timing").mkdir()
-    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "actor_update"}\n{"stage": "act')
+def report_json_and_warnings(capsys: pytest.CaptureFixture[str], run: Path) -> tuple[dict, str]:  # type: ignore[type-arg]
+    assert main(["report", str(run), "--json"]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
+def record(step: int, run: str = "r1") -> str:
+    return json.dumps({"run": run, "stage": "actor_update", "step": step, "rank": 0, "elapsed_s": 0.01 * step, "profiled": False})
+
+
+def write_log(run: Path, *lines: str, end: str = "\n") -> None:
+    (run / "timing").mkdir(parents=True, exist_ok=True)
+    (run / "timing/rank0.jsonl").write_text("\n".join(lines) + end)
+
+
+def test_a_last_line_cut_short_is_skipped_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, record(1), record(2), '{"stage": "act', end="")
+    result, warnings = report_json_and_warnings(capsys, tmp_path)
+    assert result["records"] == 2
+    assert "rank0.jsonl:3: the last line is cut short and was skipped" in warnings
+
+
+def test_a_damaged_line_inside_a_log_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, record(1), "garbage", record(2))
     assert main(["report", str(tmp_path)]) == 2
     assert "rank0.jsonl:2 is not a JSON line" in capsys.readouterr().err
+
+
+def test_lines_that_are_not_stage_records_are_skipped_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, record(1), '{"event": "something else"}', "[1, 2]")
+    result, warnings = report_json_and_warnings(capsys, tmp_path)
+    assert result["records"] == 1
+    assert "2 line(s) are not stage records of the timing observer and were skipped" in warnings
+
+
+def test_a_log_holding_two_runs_is_reported_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, record(1, run="first"), record(1, run="second"))
+    _, warnings = report_json_and_warnings(capsys, tmp_path)
+    assert "the timing logs hold records of 2 runs (first, second); their figures are mixed" in warnings
+
+
+def test_outputs_go_into_directories_that_do_not_exist_yet(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "new/deeper/trace.json"
+    assert main(["report", str(demo_runs["a"]), "--trace", str(trace), "--quiet"]) == 0
+    assert json.loads(trace.read_text())["traceEvents"]

@@ -30,7 +30,7 @@ from torch import nn
 import verl_events
 from verl_events import emits_stage
 from verl_events._events import STAGE_ORDER
-from verl_events.overhead import overhead_table, read_timing_records
+from verl_events.overhead import TimingLogError, overhead_table, read_timing_records
 
 #: The stages the demo runs each step, in verl's order.
 DEMO_STAGES = tuple(s for s in STAGE_ORDER if s not in ("compute_rm_score", "train_batch", "forward_backward"))
@@ -318,7 +318,14 @@ def run_demo(options: DemoOptions) -> Path:
 def print_summary(save_path: Path, seconds: float, console: Any) -> None:
     from .report import render_overhead
 
-    rows = overhead_table(read_timing_records(save_path), STAGE_ORDER)
+    skipped: list[str] = []
+    try:
+        rows = overhead_table(read_timing_records(save_path, skipped=skipped), STAGE_ORDER)
+    except TimingLogError as exc:
+        console.print(f"[red]the overhead table cannot be shown:[/] {exc}")
+        rows = []
+    for note in skipped:
+        console.print(f"[yellow]warning:[/] {note}")
     render_overhead(rows, console, title=f"Stage overhead, from {save_path}/timing (medians over all ranks)")
     dumps = sorted(save_path.glob("step_*/*/step*/rank*/dump.json"))
     console.print(f"{len(dumps)} msprobe dump.json files under {save_path}, e.g. {dumps[0] if dumps else '(none)'}")

@@ -9,11 +9,13 @@ from __future__ import annotations
 import gc
 import json
 import statistics
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._errors import VerlEventsWarning
 from ._paths import TIMING_DIR
 
 
@@ -43,32 +45,74 @@ def _fast_loads() -> Callable[[bytes], Any]:
     return loads
 
 
+#: The keys every reader relies on; a line without them is not a stage record.
+RECORD_KEYS = ("stage", "step", "rank", "elapsed_s", "profiled")
+
+
 def read_timing_records(
-    source: Path | Iterable[Path], advance: Callable[[], None] = lambda: None
+    source: Path | Iterable[Path],
+    advance: Callable[[], None] = lambda: None,
+    skipped: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every stage record of a run (``source`` is its save_path) or of the
-    given log files, in file order; ``advance`` is called after each file."""
+    given log files, in file order; ``advance`` is called after each file.
+
+    What a writer can leave is read, not fatal: a last line cut short (a
+    crash or a full disk mid-write) and lines that are not stage records are
+    skipped, each file's skips described by one sentence appended to
+    ``skipped`` (or issued as a VerlEventsWarning when it is None).  A line
+    that is not JSON in the middle of a file raises TimingLogError naming
+    the file and line: that is damage, not a cut.
+    """
     files = timing_log_files(source) if isinstance(source, Path) else list(source)
     records: list[dict[str, Any]] = []
     loads = _fast_loads()
+    notes: list[str] = []
     # A million small dicts would trigger repeated full garbage collections
     # (more than half the read time); none of them is cyclic.
     collecting = gc.isenabled()
     gc.disable()
     try:
         for path in files:
-            with path.open("rb") as handle:
-                for number, line in enumerate(handle, 1):
-                    if line.strip():
-                        try:
-                            records.append(loads(line))
-                        except ValueError as exc:
-                            raise TimingLogError(f"{path}:{number} is not a JSON line ({exc}); is the file cut short?") from exc
+            _read_one(path, loads, records, notes)
             advance()
     finally:
         if collecting:
             gc.enable()
+    if skipped is not None:
+        skipped.extend(notes)
+    else:
+        for note in notes:
+            warnings.warn(note, VerlEventsWarning, stacklevel=2)
     return records
+
+
+def _read_one(path: Path, loads: Callable[[bytes], Any], records: list[dict[str, Any]], notes: list[str]) -> None:
+    with path.open("rb") as handle:
+        lines = handle.read().split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    foreign = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = loads(line)
+        except ValueError as exc:
+            if number - 1 == last:
+                notes.append(f"{path}:{number}: the last line is cut short and was skipped (the run stopped mid-write)")
+                continue
+            raise TimingLogError(f"{path}:{number} is not a JSON line ({exc}); the file is damaged") from exc
+        if isinstance(record, dict) and all(key in record for key in RECORD_KEYS):
+            records.append(record)
+        else:
+            foreign += 1
+    if foreign:
+        notes.append(f"{path}: {foreign} line(s) are not stage records of the timing observer and were skipped")
+
+
+def runs_in(records: Iterable[dict[str, Any]]) -> list[str]:
+    """The run ids the records name, in order of appearance (older logs name none)."""
+    return list(dict.fromkeys(r["run"] for r in records if isinstance(r.get("run"), str)))
 
 
 def profilers(record: dict[str, Any]) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from .overhead import (
     profiled_seconds,
     profilers,
     read_timing_records,
+    runs_in,
     timing_log_files,
 )
 
@@ -226,16 +228,37 @@ def report(
     if not run.is_dir():
         raise ReportError(f"{run} is not a directory; pass the save_path of a run")
     files = timing_files(run)
+    skipped: list[str] = []
     with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
         task = bar.add_task("reading timing logs", total=len(files))
-        records = read_timing_records(files, lambda: bar.advance(task))
+        records = read_timing_records(files, lambda: bar.advance(task), skipped)
+    for note in skipped + _mixed_runs(records):
+        print(f"warning: {note}", file=sys.stderr)
+    if not records:
+        raise ReportError(f"{run / TIMING_DIR} holds no stage records; nothing to report")
     rows = stage_steps(records)
     overhead = overhead_table(records, STAGE_ORDER)
     if plot is not None:
-        write_plot(overhead, plot)
+        write_plot(overhead, _output(plot, "--plot"))
     if trace is not None:
-        trace.write_text(json.dumps(chrome_trace(records)))
+        _output(trace, "--trace").write_text(json.dumps(chrome_trace(records)))
     if as_json_output:
         return as_json(run, records, rows, overhead)
     render(rows, overhead, console, multi_rank=len({r["rank"] for r in records}) > 1)
     return None
+
+
+def _mixed_runs(records: list[dict[str, Any]]) -> list[str]:
+    runs = runs_in(records)
+    if len(runs) < 2:
+        return []
+    return [f"the timing logs hold records of {len(runs)} runs ({', '.join(runs)}); their figures are mixed"]
+
+
+def _output(path: Path, flag: str) -> Path:
+    """``path`` with its parent directories created, or ReportError."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"{flag} {path}: its directory cannot be created ({exc.strerror or exc})") from exc
+    return path

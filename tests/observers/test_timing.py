@@ -122,3 +122,35 @@ def test_a_stage_nested_in_a_profiled_one_is_not_an_unprofiled_baseline(tmp_path
     overhead = {(row["stage"], tuple(row["profiled_by"])): row for row in json.loads(capsys.readouterr().out)["overhead"]}
     train_batch = overhead[("train_batch", (f"{slow} (around)",))]
     assert (train_batch["unprofiled_n"], train_batch["profiled_n"]) == (1, 1)
+
+
+def test_a_timing_log_of_another_run_is_refused_and_records_name_their_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}]}
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "first")
+    with verl_events.install(config):
+        with stage("critic_update", step=1):
+            pass
+    assert [line["run"] for line in read_lines(tmp_path / "timing/rank0.jsonl")] == ["first"]
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "second")
+    with pytest.raises(verl_events.ConfigError, match=r"already holds 1 timing log\(s\) from another run \(run 'first'; this is run 'second'\)"):
+        verl_events.install(config)
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "first")  # a process joining run "first" appends
+    with verl_events.install(config):
+        with stage("critic_update", step=2):
+            pass
+    assert [line["step"] for line in read_lines(tmp_path / "timing/rank0.jsonl")] == [1, 2]
+
+
+def test_a_run_started_beside_another_on_one_save_path_writes_no_timing_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Both installed before either wrote: the second to write is refused at its first record."""
+    config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}]}
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "late")
+    late = verl_events.install(config)
+    log = tmp_path / "timing/rank0.jsonl"
+    log.write_text(json.dumps({"run": "early", "stage": "critic_update", "step": 1, "rank": 0, "elapsed_s": 0.1, "profiled": False}) + "\n")
+    (tmp_path / "run.json").write_text('{"run_id": "early"}')
+    with late:
+        with stage("critic_update", step=1):
+            pass
+    assert [line["run"] for line in read_lines(log)] == ["early"]
+    assert "from another run (run 'early'; this is run 'late')" in caplog.text
