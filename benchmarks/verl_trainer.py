@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from verl_events.verl_cpu.job import JobFiles, _merge_overrides, _run_in_own_session, prepare, trainer_args, trainer_env
+from verl_events.verl_cpu.job import JobFiles, merge_overrides, prepare, run_trainer, trainer_args, trainer_env
 
 VARIANTS = ("none", "verl", "ours")
 PROFILED_STEPS = (1, 2)
@@ -81,13 +81,11 @@ def variant_setup(variant: str, save: Path) -> tuple[list[str], dict[str, str]]:
 def run_once(variant: str, files: JobFiles, steps: int, save: Path) -> tuple[dict[int, float], float, int]:
     """One main_ppo run: (seconds per step, wall seconds, number of dump.json files)."""
     overrides, extra_env = variant_setup(variant, save)
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
-           *_merge_overrides(trainer_args(files, steps=steps, save_path=save), overrides)]
+    cmd = merge_overrides(trainer_args(files, steps=steps, save_path=save), overrides)
     env = trainer_env({k: v for k, v in os.environ.items() if k != "VERL_EVENTS_CONFIG"} | extra_env)
     log = save.with_suffix(".log")
-    # The trainer's (and its Ray workers') output goes to the log; the session is reaped by PID.
     started = time.perf_counter()
-    rc = _run_in_own_session(["sh", "-c", 'exec "$@" >"$0" 2>&1', str(log), *cmd], env)
+    rc = run_trainer(cmd, env, log=log)
     wall = time.perf_counter() - started
     text = log.read_text(errors="replace")
     times = {int(m[1]): float(m[2]) for m in STEP_LINE.finditer(text)}

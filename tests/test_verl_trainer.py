@@ -66,7 +66,7 @@ def run_doc_command(command: DocCommand, root: Path, files: job.JobFiles, name: 
     doc_args = [on(root, arg) for arg in command.argv[3:]]
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {k: on(root, v) for k, v in command.env.items()}
-    overrides = job._merge_overrides(job.trainer_args(files, steps=3), doc_args)
+    overrides = job.merge_overrides(job.trainer_args(files, steps=3), doc_args)
     log = root / f"{name}.log"
     code = job.run_trainer(overrides, env, log=log)
     assert code == 0, f"{name}: main_ppo exited {code}:\n{log.read_text()[-6000:]}"

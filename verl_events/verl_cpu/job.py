@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["JobFiles", "main", "prepare", "run_trainer", "trainer_args", "trainer_env"]
+__all__ = ["JobFiles", "main", "merge_overrides", "prepare", "run_trainer", "trainer_args", "trainer_env"]
 
 #: Module verl must import in each process (``VERL_USE_EXTERNAL_MODULES``).
 SHIM_MODULE = "verl_events.verl_cpu.shim"
@@ -301,9 +301,12 @@ def _override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def _merge_overrides(defaults: Sequence[str], extra: Sequence[str]) -> list[str]:
-    # The caller's overrides replace the job's: Hydra would apply both in order, and refuses
-    # a "+key=" append for a key an earlier "+key=" already added.
+def merge_overrides(defaults: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``defaults`` without the keys ``extra`` sets, then ``extra``.
+
+    The caller's overrides replace the job's: Hydra would apply both in order, and refuses
+    a "+key=" append for a key an earlier "+key=" already added.
+    """
     replaced = {_override_key(o) for o in extra}
     return [o for o in defaults if _override_key(o) not in replaced] + list(extra)
 
@@ -316,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     workdir, extra = Path(args[0]), args[1:]
     files = prepare(workdir)
-    overrides = _merge_overrides(trainer_args(files), extra)
+    overrides = merge_overrides(trainer_args(files), extra)
     return run_trainer(overrides, trainer_env())
 
 
