@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -54,7 +55,9 @@ class MsprobeObserver(Observer):
     """Dump precision data with msprobe (``mindstudio-probe``) for selected stages.
 
     Options: ``config_path`` (an msprobe config.json; default statistics at
-    level L1), ``quiet`` (default True: silence msprobe's stdout chatter) and
+    level L1), ``quiet`` (default True: silence msprobe's stdout chatter),
+    ``warm_up`` (default True: run one throw-away session at install, so the
+    first dumped stage does not pay msprobe's one-off set-up, about a second) and
     ``keep_api_hooks`` (default False: remove msprobe's torch API wrappers
     between sessions; True leaves them in place as verl does, saving about
     a millisecond per dumped stage at the cost of slower torch calls in
@@ -65,10 +68,13 @@ class MsprobeObserver(Observer):
 
     exclusive_resources = frozenset({"msprobe"})
 
-    def __init__(self, config_path: str | None = None, quiet: bool = True, keep_api_hooks: bool = False) -> None:
+    def __init__(
+        self, config_path: str | None = None, quiet: bool = True, keep_api_hooks: bool = False, warm_up: bool = True
+    ) -> None:
         self.settings: MsprobeSettings = read_msprobe_config(config_path)
         self.quiet = quiet
         self.keep_api_hooks = keep_api_hooks
+        self.warm_up = warm_up
         self.needs_model = self.settings.needs_model
         self.available = False
         self._root = Path()
@@ -96,6 +102,8 @@ class MsprobeObserver(Observer):
         except SavePathTaken as exc:
             raise ConfigError(str(exc)) from None
         self._debugger = _debugger_with(self.settings, context.save_path, self.quiet, self.keep_api_hooks)
+        if self.warm_up:
+            self._warm_up(context.save_path)
         self.available = True
 
     def on_stage_begin(self, event: StageEvent) -> None:
@@ -143,6 +151,23 @@ class MsprobeObserver(Observer):
 
     # -- msprobe calls ------------------------------------------------------
 
+    def _warm_up(self, save_path: Path) -> None:
+        """One throw-away session on a tiny model, so that msprobe's one-off
+        set-up (about a second on CPU, at the first start of a process) is paid
+        here rather than inside the first dumped stage."""
+        import torch
+
+        scratch = Path(tempfile.mkdtemp(prefix=".msprobe-warm-up-", dir=save_path))
+        try:
+            tiny = torch.nn.Linear(2, 2)
+            self._start(scratch, 0, tiny, 0)
+            try:
+                tiny(torch.ones(1, 2)).sum().backward()
+            finally:
+                self._stop()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
     def _start(self, dump_dir: Path, call: int, model: Any, rank: int) -> None:
         debugger = self._debugger
         service = debugger.service
@@ -150,6 +175,12 @@ class MsprobeObserver(Observer):
         type(debugger).set_init_step(call)  # msprobe's inner step{k} directory
         if self._unwraps(service):
             service.api_register.register_all_api()
+        if not service.first_start:
+            # msprobe takes rank_id at its first start only; this stage's rank
+            # may differ (the warm-up ran before torch.distributed was up).
+            from msprobe.core.common.runtime import Runtime
+
+            service.current_rank = Runtime.current_rank = rank
         try:
             type(debugger).start(model=model, rank_id=rank)
         except BaseException:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import verl_events
-from verl_events import Observer, ObserverError, ObserverSetupError, install, stage
+from verl_events import ConfigError, Observer, ObserverError, ObserverSetupError, VerlEventsWarning, install, stage
 from verl_events.testing import RecordingObserver
 
 
@@ -140,3 +141,15 @@ def test_two_msprobe_observers_on_the_same_steps_are_rejected(tmp_path: Path) ->
     config = {"save_path": str(tmp_path), "observers": [{"name": "msprobe", "steps": [1]}, {"name": "msprobe", "steps": [1, 2]}]}
     with pytest.raises(verl_events.ConfigError, match=r"observers 'msprobe' and 'msprobe#2' both need 'msprobe'"):
         install(config)
+
+
+def test_an_empty_config_file_says_nothing_will_be_observed(tmp_path: Path) -> None:
+    empty = tmp_path / "observers.yaml"
+    empty.write_text("")
+    with pytest.warns(VerlEventsWarning, match=rf"config '{re.escape(str(empty))}' has no observers; nothing will be observed"):
+        verl_events.install(empty).close()
+
+
+def test_an_empty_config_is_an_error_when_strict() -> None:
+    with pytest.raises(ConfigError, match=r"the config has no observers; nothing will be observed"):
+        verl_events.install({"strict": True})

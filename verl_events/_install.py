@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
 from ._bus import Dispatcher
 from ._config import Config, load_config
-from ._errors import ConfigError, ObserverError
+from ._errors import ConfigError, ObserverError, VerlEventsWarning
 from ._observer import InstallContext, Observer
 from ._registry import build_observer, setup_observer
 
@@ -115,6 +117,8 @@ def install(
                 observer.name = observer.name or type(observer).__name__
                 setup_observer(observer, context, where=f"observer {observer.name!r}")
                 built.append(observer)
+            if not built:
+                _nothing_to_observe(config, strict=cfg.strict)
             _make_names_unique(built)
             check_exclusive_resources(built)
         except BaseException:
@@ -125,6 +129,15 @@ def install(
         _current = installation
     atexit.register(installation.close)
     return installation
+
+
+def _nothing_to_observe(config: Any, *, strict: bool) -> None:
+    """An empty config would install nothing without a word: say so (raise when strict)."""
+    where = f"config {str(config)!r}" if isinstance(config, (str, os.PathLike)) else "the config"
+    message = f"{where} has no observers; nothing will be observed (list them under observers:, or verl's global_profiler)"
+    if strict:
+        raise ConfigError(message)
+    warnings.warn(message, VerlEventsWarning, stacklevel=3)
 
 
 def _make_names_unique(observers: list[Observer]) -> None:

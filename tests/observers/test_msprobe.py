@@ -356,3 +356,34 @@ print("done")
     assert "MSPROBE_LOG_LEVEL" not in os.environ  # quieting msprobe must not leak into child processes
     chatter = [line for line in result.stdout.splitlines() if line != "done"]
     assert (chatter == []) is quiet, chatter
+
+
+@pytest.mark.parametrize("level", ["L1", "L0", "mix"])
+def test_the_warm_up_session_at_install_leaves_no_trace(tmp_path: Path, model: Small, level: str) -> None:
+    """msprobe's one-off set-up is paid at install, in a throw-away session: nothing of it
+    stays on disk, and the first real dump holds the same entries as without it."""
+    entries = {}
+    for warm_up in (True, False):
+        out = tmp_path / f"warm_up_{warm_up}"
+        config_path = write_msprobe_config(out.with_suffix(".json"), level=level)
+        config = {"save_path": str(out), "observers": [{"name": "msprobe", "config_path": str(config_path), "warm_up": warm_up}]}
+        with verl_events.install(config):
+            assert sorted(p.name for p in out.iterdir()) == []
+            run_steps(model, range(1, 2), ["actor_update"])
+        assert sorted(p.name for p in out.iterdir()) == ["run.json", "step_1"]
+        entries[warm_up] = sorted(json.loads((out / "step_1/actor_update/step0/rank0/dump.json").read_text())["data"])
+    assert entries[True] == entries[False] and entries[True]
+
+
+def test_each_stage_dumps_under_its_own_rank_after_the_warm_up(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+    """msprobe fixes the rank at its first start, which is now the warm-up at install, when
+    a Ray worker may not know its rank yet; every stage still dumps under the rank it ran on."""
+    with verl_events.install(msprobe_config(tmp_path)):
+        monkeypatch.setenv("RANK", "3")
+        run_steps(model, range(1, 2), ["actor_update"])
+        monkeypatch.setenv("RANK", "5")
+        run_steps(model, range(2, 3), ["actor_update"])
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("dump.json")) == [
+        "step_1/actor_update/step0/rank3/dump.json",
+        "step_2/actor_update/step0/rank5/dump.json",
+    ]
