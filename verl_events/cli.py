@@ -85,7 +85,7 @@ def _compare(args: argparse.Namespace) -> int:
     """Find where two msprobe dumps first diverge."""
     import json
 
-    from .compare import CompareInputError, Pick, compare_dumps, resolve_dump, summary, write_csv
+    from .compare import STATS, CompareInputError, Pick, compare_dumps, resolve_dump, resolve_tolerances, summary, write_csv
     from .report import terminal_console
 
     b_root = Path(args.b) if args.b else Path(args.a)
@@ -99,12 +99,18 @@ def _compare(args: argparse.Namespace) -> int:
         rank=args.vs_rank if args.vs_rank is not None else args.rank,
         call=args.call,
     )
-    rtol = {stat: value for stat, value in (("max", args.max_rtol), ("min", args.min_rtol), ("mean", args.mean_rtol), ("norm", args.norm_rtol)) if value is not None}
+    try:
+        tolerances = resolve_tolerances(
+            {stat: getattr(args, f"{stat}_rtol") for stat in STATS}, {stat: getattr(args, f"{stat}_atol") for stat in STATS}
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     console = terminal_console(stderr=True, quiet=args.quiet or args.json)
     try:
         a, b = resolve_dump(Path(args.a), pick_a), resolve_dump(b_root, pick_b)
         with console.status(f"msprobe compare {a} vs {b}"):
-            comparison = compare_dumps(a, b, rtol)
+            comparison = compare_dumps(a, b, tolerances)
     except CompareInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -129,11 +135,11 @@ def _print_comparison(result: dict[str, object], csv_path: str | None) -> None:
         print(f"  {first['entry']}: {first['reason']}")
     else:
         print("MATCH: every entry is matched and within tolerance")
-    worst = [item for item in result["worst"] if item["worst_rel_err"] > 0]  # type: ignore[attr-defined]
+    worst = [item for item in result["worst"] if item["over_tol"] > 0]  # type: ignore[attr-defined]
     if worst:
-        print("Largest relative errors:")
+        print("Furthest from tolerance (|a-b| / tolerance; above 1 diverged):")
         for item in worst:
-            print(f"  {item['worst_rel_err']:>10.3%}  {item['entry']}{'  (' + item['reason'] + ')' if item['reason'] else ''}")
+            print(f"  {item['over_tol']:>10.3g}  {item['entry']}{'  (' + item['reason'] + ')' if item['reason'] else ''}")
     if csv_path:
         print(f"Full table: {csv_path}")
 
@@ -181,8 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--call", type=int, default=0, help="msprobe inner step, for a stage run more than once per step (default 0)")
     cmp.add_argument("--vs-step", type=int, help="step for B (default: --step)")
     cmp.add_argument("--vs-rank", type=int, help="rank for B (default: --rank)")
-    for stat, default in (("max", 0.01), ("min", 0.01), ("mean", 0.1), ("norm", 0.001)):
-        cmp.add_argument(f"--{stat}-rtol", type=float, help=f"relative tolerance of {stat} (default {default})")
+    from .compare import DEFAULT_TOLERANCES  # stdlib only at import: the parser stays cheap
+
+    for stat, default in DEFAULT_TOLERANCES.items():
+        cmp.add_argument(f"--{stat}-rtol", type=float, help=f"relative tolerance of {stat}, a fraction of B's {stat} (default {default.rtol:g})")
+        cmp.add_argument(
+            f"--{stat}-atol", type=float,
+            help=f"absolute tolerance of {stat}, a fraction of the tensor's largest |value| in B (default {default.atol:g})",
+        )
     cmp.add_argument("--top", type=int, default=5, help="how many of the worst entries to list (default 5)")
     cmp.add_argument("--csv", help="write the full judged table to this CSV")
     cmp.add_argument("--json", action="store_true", help="print the summary as JSON")
