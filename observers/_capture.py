@@ -51,6 +51,8 @@ class Capture:
 class CaptureObserver(Observer):
     """Base class; subclasses set ``tool`` and implement the four tool hooks."""
 
+    captures = True
+
     tool: ClassVar[str] = "capture"
 
     def __init__(self, discrete: bool = True) -> None:

@@ -67,6 +67,7 @@ class MsprobeObserver(Observer):
     """
 
     exclusive_resources = frozenset({"msprobe"})
+    captures = True
 
     def __init__(
         self, config_path: str | None = None, quiet: bool = True, keep_api_hooks: bool = False, warm_up: bool = True

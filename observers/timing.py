@@ -15,9 +15,9 @@ another run's timing logs is refused, as msprobe's dumps are, so a log
 never mixes runs.  ``end_unix`` is the wall clock when the line was written, just after the
 last end hook; ``hook_begin_s`` / ``hook_end_s`` split each observer's hook
 time, so a timeline can be rebuilt.  ``observers`` lists every observer
-that received the stage, ``profiled_by``
-those besides this one, ``enclosed_by`` those besides this one that held an
-enclosing stage open (verl's ``train_batch`` runs inside ``actor_update``:
+that received the stage, ``profiled_by`` those besides this one that are
+not passive (a watcher does not make a stage profiled), ``enclosed_by`` the
+non-passive ones that held an enclosing stage open (verl's ``train_batch`` runs inside ``actor_update``:
 an msprobe session around it slows it too), and ``profiled`` says whether
 either list has any.  ``hook_s`` is each observer's own
 time in its begin and end hooks (outside ``elapsed_s``); ``overhead_s`` sums
@@ -54,6 +54,7 @@ class TimingObserver(Observer):
 
     priority = 1000
     wants_timings = True
+    passive = True
 
     def __init__(self, console: bool = False) -> None:
         self.console = console
@@ -102,9 +103,9 @@ class TimingObserver(Observer):
 
     def on_stage_report(self, report: StageReport) -> None:
         event = report.event
-        others = [name for name in report.observers if name != self.name]
+        others = [name for name in report.observers if name != self.name and name not in report.passive]
         around = [name for name in report.enclosing if name != self.name]
-        overhead = sum(report.hook_seconds.get(name, 0.0) for name in others)
+        overhead = sum(report.hook_seconds.get(name, 0.0) for name in report.observers if name != self.name)
         fields = {
             "stage": event.stage,
             "role": event.role,

@@ -282,3 +282,26 @@ def test_no_word_about_unknown_steps_when_no_observer_selects_steps(caplog: pyte
         with verl_events.stage("critic_update"):
             pass
     assert "unknown step" not in caplog.text
+
+
+def test_capture_observers_are_innermost_whatever_their_priority() -> None:
+    order: list[str] = []
+
+    class Named(Observer):
+        def on_stage_begin(self, event: StageEvent) -> None:
+            order.append(f"{self.name} begin")
+
+        def on_stage_end(self, event: StageEnd) -> None:
+            order.append(f"{self.name} end")
+
+    class Capture(Named):
+        captures = True
+
+    capture, low, high = Capture(), Named(), Named()
+    capture.name, capture.priority = "capture", 100
+    low.name, low.priority = "low", -5
+    high.name, high.priority = "high", 50
+    with verl_events.install(observers=[capture, low, high]):
+        with stage("actor_update", step=1):
+            pass
+    assert order == ["high begin", "low begin", "capture begin", "capture end", "low end", "high end"]

@@ -57,14 +57,15 @@ def _around(frames: list[_Frame]) -> tuple[str, ...]:
     if not frames:
         return ()
     inner = frames[-1]
-    return tuple(dict.fromkeys(inner.enclosing + tuple(o.name for o in inner.delivered)))
+    return tuple(dict.fromkeys(inner.enclosing + tuple(o.name for o in inner.delivered if not o.passive)))
 
 
 class Dispatcher:
     """Delivers stage events to a fixed, ordered set of observers.
 
-    * Begin hooks run by descending priority, then in the given order; end
-      hooks run in the reverse order of the begins actually delivered.
+    * Begin hooks run by descending priority, then in the given order, with
+      capture observers (``captures``) after all others; end hooks run in
+      the reverse order of the begins actually delivered.
     * An observer whose begin hook was called gets exactly one end hook,
       even if its own begin raised.
     * A hook raising ``Exception`` is logged (observer, hook, stage, step,
@@ -81,8 +82,9 @@ class Dispatcher:
     """
 
     def __init__(self, observers: Sequence[Observer], *, strict: bool, max_failures: int | None = None) -> None:
-        # sorted() is stable, so equal priorities keep install order.
-        self.observers: tuple[Observer, ...] = tuple(sorted(observers, key=lambda o: -o.priority))
+        # Captures innermost, then by priority; sorted() is stable, so equal
+        # priorities keep install order.
+        self.observers: tuple[Observer, ...] = tuple(sorted(observers, key=lambda o: (o.captures, -o.priority)))
         self.strict = strict
         self._timed = any(o.wants_timings for o in self.observers)
         self._by_stage: dict[str, tuple[Observer, ...]] = {}
@@ -163,6 +165,7 @@ class Dispatcher:
         report = StageReport(
             event=event,
             observers=tuple(o.name for o in frame.delivered),
+            passive=frozenset(o.name for o in frame.delivered if o.passive),
             hook_seconds=MappingProxyType({name: begin.get(name, 0.0) + end.get(name, 0.0) for name in begin.keys() | end.keys()}),
             begin_seconds=MappingProxyType(begin),
             end_seconds=MappingProxyType(end),

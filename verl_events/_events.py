@@ -124,9 +124,11 @@ class StageReport:
     time spent in its begin and end hook, ``hook_seconds`` to their sum.
     Hooks run one after another, begins in ``observers`` order and ends in
     reverse, so the stage's timeline can be rebuilt from these.
-    ``enclosing`` names the observers that held an enclosing stage open on
-    this thread (verl's ``train_batch`` runs inside ``actor_update``): a
-    capture around the stage slows it although it did not receive it.
+    ``enclosing`` names the non-passive observers that held an enclosing
+    stage open on this thread (verl's ``train_batch`` runs inside
+    ``actor_update``): a capture around the stage slows it although it did
+    not receive it.  ``passive`` names the observers in ``observers`` that
+    only watch, so their presence does not make the stage profiled.
     """
 
     event: StageEnd
@@ -135,3 +137,4 @@ class StageReport:
     begin_seconds: Mapping[str, float] = field(default_factory=dict)
     end_seconds: Mapping[str, float] = field(default_factory=dict)
     enclosing: tuple[str, ...] = ()
+    passive: frozenset[str] = frozenset()

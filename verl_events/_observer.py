@@ -49,7 +49,13 @@ class Observer:
     * ``exclusive_resources``: names of things only one observer may use at
       a time (``"kineto"``, ``"cuda_profiler_api"``, ``"msprobe"``).  Install
       rejects two observers claiming one resource on overlapping
-      selections.
+      selections;
+    * ``captures``: the observer records what runs (msprobe, torch.profiler,
+      nsys, npu).  Capture observers are innermost whatever the priorities:
+      they begin after, and end before, every other observer, so no other
+      observer's work lands in a capture;
+    * ``passive``: the observer only watches (a clock, a logger).  A stage
+      it receives does not count as profiled in the timing log.
     """
 
     name: str = ""
@@ -58,6 +64,8 @@ class Observer:
     needs_model: bool = False
     wants_timings: bool = False
     exclusive_resources: frozenset[str] = frozenset()
+    captures: bool = False
+    passive: bool = False
 
     def setup(self, context: InstallContext) -> None:
         """Called once at install; raise here (ConfigError for bad options)

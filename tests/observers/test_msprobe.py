@@ -387,3 +387,22 @@ def test_each_stage_dumps_under_its_own_rank_after_the_warm_up(tmp_path: Path, m
         "step_1/actor_update/step0/rank3/dump.json",
         "step_2/actor_update/step0/rank5/dump.json",
     ]
+
+
+class TorchWorkOnEnd(verl_events.Observer):
+    """An observer doing torch work in its hooks, at the default priority."""
+
+    def on_stage_begin(self, event: verl_events.StageEvent) -> None:
+        torch.ones(3).cumsum(0)
+
+    def on_stage_end(self, event: verl_events.StageEnd) -> None:
+        torch.ones(3).cumsum(0)
+
+
+def test_another_observers_torch_work_never_lands_in_the_dump(tmp_path: Path, model: Small) -> None:
+    config = msprobe_config(tmp_path)
+    config["observers"].append({"_target_": "tests.observers.test_msprobe:TorchWorkOnEnd"})  # type: ignore[attr-defined]
+    with verl_events.install(config):
+        run_steps(model, range(1, 2), ["actor_update"])
+    entries = json.loads((tmp_path / "out/step_1/actor_update/step0/rank0/dump.json").read_text())["data"]
+    assert entries and not [name for name in entries if "cumsum" in name]

@@ -154,3 +154,23 @@ def test_a_run_started_beside_another_on_one_save_path_writes_no_timing_line(tmp
             pass
     assert [line["run"] for line in read_lines(log)] == ["early"]
     assert "from another run (run 'early'; this is run 'late')" in caplog.text
+
+
+class Clock(Observer):
+    passive = True
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        time.sleep(0.001)
+
+
+def test_a_passive_observer_does_not_make_a_stage_profiled(tmp_path: Path) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}, {"_target_": "tests.observers.test_timing:Clock"}]}
+    with verl_events.install(config):
+        with stage("actor_update", step=1), stage("train_batch", step=1):
+            pass
+    lines = read_lines(tmp_path / "timing/rank0.jsonl")
+    assert [(r["stage"], r["profiled"], r["profiled_by"], r["enclosed_by"]) for r in lines] == [
+        ("train_batch", False, [], []),
+        ("actor_update", False, [], []),
+    ]
+    assert all(r["hook_s"]["tests.observers.test_timing:Clock"] > 0 for r in lines)  # its cost is still measured
