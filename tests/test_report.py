@@ -114,3 +114,14 @@ def test_outputs_go_into_directories_that_do_not_exist_yet(demo_runs: dict[str, 
     trace = tmp_path / "new/deeper/trace.json"
     assert main(["report", str(demo_runs["a"]), "--trace", str(trace), "--quiet"]) == 0
     assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_each_observers_own_hook_time_is_shown_per_stage(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    result = report_json(capsys, demo_runs["a"])
+    hooks = {(row["observer"], row["stage"]): row for row in result["observer_hooks"]}
+    assert {stage for observer, stage in hooks if observer == "msprobe"} == {"actor_compute_log_prob", "ref_compute_log_prob", "actor_update"}
+    assert {stage for observer, stage in hooks if observer == "timing"} == STAGES
+    msprobe = hooks[("msprobe", "actor_update")]
+    assert msprobe["n"] == 2 and 0 < msprobe["median_s"] <= msprobe["max_s"]
+    assert main(["report", str(demo_runs["a"])]) == 0
+    assert "Each observer's own hook time per stage" in capsys.readouterr().out

@@ -185,3 +185,26 @@ def _row(
         dump_bytes=dumped,
         dump_bytes_per_step=dumped / len(steps) if steps else 0.0,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ObserverHooks:
+    """One observer's own cost on one stage: its begin plus end hook time,
+    median and maximum over the records (all ranks and steps) it received."""
+
+    observer: str
+    stage: str
+    median_s: float
+    max_s: float
+    n: int
+
+
+def observer_hooks(records: Iterable[dict[str, Any]], stage_order: Iterable[str] = ()) -> list[ObserverHooks]:
+    """Per observer and stage, that observer's hook time (from ``hook_s``)."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        for name, seconds in record.get("hook_s", {}).items():
+            times.setdefault((name, record["stage"]), []).append(float(seconds))
+    order = {stage: index for index, stage in enumerate(stage_order)}
+    keys = sorted(times, key=lambda k: (k[0], order.get(k[1], len(order)), k[1]))
+    return [ObserverHooks(name, stage, statistics.median(times[(name, stage)]), max(times[(name, stage)]), len(times[(name, stage)])) for name, stage in keys]

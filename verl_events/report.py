@@ -16,8 +16,10 @@ from typing import Any
 from ._events import STAGE_ORDER
 from ._paths import TIMING_DIR
 from .overhead import (
+    ObserverHooks,
     StageOverhead,
     TimingLogError,
+    observer_hooks,
     overhead_table,
     profiled_seconds,
     profilers,
@@ -25,6 +27,7 @@ from .overhead import (
     runs_in,
     timing_log_files,
 )
+
 
 class ReportError(TimingLogError):
     """The run directory cannot be reported on (the message says why)."""
@@ -156,12 +159,15 @@ def as_json(run: Path, records: list[dict[str, Any]], rows: list[StageStep], ove
             "ranks": sorted({r["rank"] for r in records}),
             "stage_steps": [asdict(row) for row in rows],
             "overhead": [asdict(row) for row in overhead],
+            "observer_hooks": [asdict(row) for row in observer_hooks(records, STAGE_ORDER)],
         },
         indent=1,
     )
 
 
-def render(rows: list[StageStep], overhead: list[StageOverhead], console: Any, multi_rank: bool) -> None:
+def render(
+    rows: list[StageStep], overhead: list[StageOverhead], hooks: list[ObserverHooks], console: Any, multi_rank: bool
+) -> None:
     from rich.table import Table
 
     table = Table(title="Stages by step (times in ms; slowest rank)")
@@ -185,6 +191,19 @@ def render(rows: list[StageStep], overhead: list[StageOverhead], console: Any, m
         table.add_row(*cells)
     console.print(table)
     render_overhead(overhead, console)
+    render_observer_hooks(hooks, console)
+
+
+def render_observer_hooks(hooks: list[ObserverHooks], console: Any) -> None:
+    """Each observer's own hook time per stage: who costs what."""
+    from rich.table import Table
+
+    table = Table(title="Each observer's own hook time per stage (begin + end, ms; all ranks and steps)")
+    for column in ("observer", "stage", "median", "max", "n"):
+        table.add_column(column, justify="left" if column in ("observer", "stage") else "right")
+    for row in hooks:
+        table.add_row(row.observer, row.stage, f"{row.median_s * 1e3:.3f}", f"{row.max_s * 1e3:.3f}", str(row.n))
+    console.print(table)
 
 
 def render_overhead(overhead: list[StageOverhead], console: Any, title: str = "") -> None:
@@ -244,7 +263,7 @@ def report(
         _output(trace, "--trace").write_text(json.dumps(chrome_trace(records)))
     if as_json_output:
         return as_json(run, records, rows, overhead)
-    render(rows, overhead, console, multi_rank=len({r["rank"] for r in records}) > 1)
+    render(rows, overhead, observer_hooks(records, STAGE_ORDER), console, multi_rank=len({r["rank"] for r in records}) > 1)
     return None
 
 
