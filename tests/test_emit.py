@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from types import SimpleNamespace
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
@@ -95,10 +97,44 @@ def test_step_falls_back_to_the_announced_step_then_none() -> None:
     assert [e.step for e in begins(events)] == [None, 12]
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "3", True])
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True, torch.tensor(True)])
 def test_set_step_rejects_non_steps(bad: Any) -> None:
     with pytest.raises(ValueError, match="is not a step"):
         verl_events.set_step(bad)
+
+
+@pytest.mark.parametrize("bad", ["x", -3, True, 1.5])
+def test_stage_refuses_a_bad_step_with_set_steps_sentence(bad: Any) -> None:
+    sentence = f"{bad!r} is not a step; use a non-negative int, or None for no step"
+    with pytest.raises(ValueError, match=re.escape(f"set_step: {sentence}")):
+        verl_events.set_step(bad)
+    body_ran = False
+    with capture_events() as events:
+        with pytest.raises(ValueError, match=re.escape(f"stage('actor_update', step=...): {sentence}")):
+            with stage("actor_update", step=bad):
+                body_ran = True
+    assert (events, body_ran) == ([], False)
+
+
+@pytest.mark.parametrize("step", [numpy.int64(3), torch.tensor(3), 3])
+def test_stage_takes_numpy_and_tensor_integer_steps_as_plain_ints(step: Any) -> None:
+    with capture_events() as events:
+        with stage("actor_update", step=step):
+            pass
+    assert [(type(e.step), e.step) for e in events] == [(int, 3), (int, 3)]
+
+
+def test_a_bad_step_is_not_checked_when_nothing_listens() -> None:
+    with stage("actor_update", step="x") as event:
+        assert event is None
+
+
+@pytest.mark.parametrize("bad", [-3, True, "2"])
+def test_a_found_value_that_is_not_a_step_is_passed_over(bad: Any) -> None:
+    verl_events.set_step(12)
+    with capture_events() as events:
+        Worker().update_actor(DataProtoLike(bad))
+    assert begins(events)[0].step == 12
 
 
 def test_rank_comes_from_the_environment_without_torch_distributed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ._bus import stage_begin, stage_end
 from ._events import EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
-from ._resolve import current_step, find_model, find_rank, find_step
+from ._resolve import check_step, current_step, find_model, find_rank, find_step
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -133,7 +133,10 @@ class stage:
     ``with stage("actor_update", role="actor", step=3, model=m) as event: ...``
 
     ``role`` defaults to the role verl runs the stage in; ``step`` to the
-    step announced with :func:`set_step`.  Extra keywords become
+    step announced with :func:`set_step`.  A ``step`` follows set_step's
+    rule (a non-negative int, numpy and 0-d tensor ints included, or None):
+    anything else raises ValueError with set_step's sentence when the stage
+    is entered and something listens.  Extra keywords become
     ``event.meta``.  ``event`` is the :class:`StageEvent`, or None when no
     receiver listens for this stage.  The block runs exactly once and its
     exception propagates unchanged.  Use a fresh object for each ``with``.
@@ -163,7 +166,7 @@ class stage:
             return None
         name = check_stage_name(self._name)
         role = self._role if self._role is not None else STAGE_ROLES.get(name)
-        step = self._step if self._step is not None else current_step()
+        step = check_step(self._step, "stage", name) if self._step is not None else current_step()
         event = _new_event(name, role, step, self._model, self._meta, ())
         self._started = _open(event)
         self._event = event
@@ -186,9 +189,9 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
     Like verl's ``DistProfiler.annotate(role=...)``.  On each call where
     something listens, it resolves the step (argument ``meta_info`` or dict
     ``"global_steps"``, worker ``global_step`` / ``_global_step``, then
-    :func:`set_step`), the rank (torch.distributed, env ``RANK``, 0) and the
-    model (per-role attribute paths on the worker, see
-    :func:`add_model_paths`).  The method runs exactly once per call and its
+    :func:`set_step`; a value set_step would refuse is passed over), the
+    rank (torch.distributed, env ``RANK``, 0) and the model (per-role
+    attribute paths on the worker, see :func:`add_model_paths`).  The method runs exactly once per call and its
     exception propagates unchanged.
     """
     check_stage_name(name, where="emits_stage")

@@ -110,10 +110,35 @@ def find_model(worker: Any, role: str | None) -> tuple[Any, tuple[str, ...]]:
 
 
 def _as_step(value: Any) -> int | None:
+    """``value`` as a step, or None if it is not one.
+
+    The one rule for steps: a non-negative integer (``operator.index``, so
+    numpy ints and 0-d integer tensors count); bool is not a step.
+    """
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) == "torch.bool":
+        return None  # operator.index accepts a 0-d bool tensor
     try:
-        return operator.index(value)  # ints, numpy ints, 0-d integer tensors
+        step = operator.index(value)
     except TypeError:
         return None
+    return step if step >= 0 else None
+
+
+def check_step(step: Any, where: str, stage: str | None = None) -> int | None:
+    """``step`` as a plain int, None kept; ValueError for anything else.
+
+    Shared by :func:`set_step` (``where="set_step"``) and ``stage(step=...)``
+    (``where="stage"`` and the stage's name, put into the message only when
+    it is raised) so both refuse the same values with the same sentence.
+    """
+    if step is None:
+        return None
+    checked = _as_step(step)
+    if checked is None:
+        if stage is not None:
+            where = f"{where}({stage!r}, step=...)"
+        raise ValueError(f"{where}: {step!r} is not a step; use a non-negative int, or None for no step")
+    return checked
 
 
 def find_step(worker: Any, args: Iterable[Any], kwargs: Mapping[str, Any]) -> int | None:
@@ -121,10 +146,10 @@ def find_step(worker: Any, args: Iterable[Any], kwargs: Mapping[str, Any]) -> in
     a dict argument's ``"global_steps"``, the worker's ``global_step`` /
     ``_global_step``, then the step announced with :func:`set_step`.
 
-    Only a single integer counts.  verl 0.9's engine workers get a TensorDict
+    Only a step counts (see :func:`check_step`); anything else is passed
+    over and the search goes on.  verl 0.9's engine workers get a TensorDict
     whose ``"global_steps"`` is a per-sample list of the rollout's weight
-    version (one behind the trainer's step): it is passed over, and the
-    search goes on.
+    version (one behind the trainer's step): it is passed over.
     """
     for value in itertools.chain(args, kwargs.values()):
         if isinstance(value, Mapping):
@@ -149,11 +174,10 @@ def set_step(step: int | None) -> None:
     """Announce the current global step for stages that cannot find one.
 
     Process-wide (a trainer announces it for all threads); None clears it.
+    ValueError for anything that is not a step (see :func:`check_step`).
     """
     global _announced_step
-    if step is not None and (isinstance(step, bool) or _as_step(step) is None or step < 0):
-        raise ValueError(f"set_step: {step!r} is not a step; use a non-negative int, or None to clear")
-    _announced_step = None if step is None else operator.index(step)
+    _announced_step = check_step(step, "set_step")
 
 
 def current_step() -> int | None:
