@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import pytest
 
 import verl_events
 from verl_events import ConfigError, ObserverSetupError, install
 from verl_events.testing import RecordingObserver
+
+if TYPE_CHECKING:
+    from decimal import Decimal  # only for the type checker: get_type_hints cannot resolve it
 
 
 def add_distribution(root: Path, dist: str, entry_points: str, modules: dict[str, str]) -> None:
@@ -114,3 +118,114 @@ def test_an_observer_whose_init_raises_is_named_at_install(strict: bool) -> None
 def test_a_config_error_from_an_observer_keeps_its_type_and_gains_its_location() -> None:
     with pytest.raises(ConfigError, match=r"observers\[0\] \(tests.test_registry:BadOption\): level: 'L9' is not allowed"):
         install({"observers": [{"_target_": "tests.test_registry:BadOption", "level": "L9"}]})
+
+
+class Options(verl_events.Observer):
+    """A third-party observer with one option of each annotation kind the registry checks."""
+
+    def __init__(
+        self,
+        flag: bool = False,
+        count: int = 1,
+        ratio: float = 0.5,
+        label: str = "x",
+        names: list[str] | None = None,
+        level: Literal["L0", "L1", "L2"] = "L1",
+        limit: Optional[int] = None,
+        pair: tuple[str, ...] = (),
+        anything: Any = None,
+        untyped=None,  # type: ignore[no-untyped-def]
+    ) -> None:
+        self.given = dict(flag=flag, count=count, ratio=ratio, label=label, names=names, level=level, limit=limit, pair=pair, anything=anything, untyped=untyped)
+
+
+class ForwardOnly(verl_events.Observer):
+    def __init__(self, amount: Decimal | None = None, flag: bool = False) -> None:
+        self.amount, self.flag = amount, flag
+
+
+def build_options(**options: Any) -> Options:
+    with install({"observers": [{"_target_": "tests.test_registry:Options", **options}]}) as inst:
+        [observer] = inst.observers
+    assert isinstance(observer, Options)
+    return observer
+
+
+@pytest.mark.parametrize(
+    ("options", "pattern"),
+    [
+        ({"flag": "no"}, r"option flag: 'no' is not allowed; use true or false$"),
+        ({"flag": 0}, r"option flag: 0 is not allowed; use true or false$"),
+        ({"count": True}, r"option count: True is not allowed; use an integer$"),
+        ({"count": 2.5}, r"option count: 2.5 is not allowed; use an integer$"),
+        ({"count": "3"}, r"option count: '3' is not allowed; use an integer$"),
+        ({"ratio": False}, r"option ratio: False is not allowed; use a number$"),
+        ({"ratio": "0.1"}, r"option ratio: '0.1' is not allowed; use a number$"),
+        ({"label": 7}, r"option label: 7 is not allowed; use a string$"),
+        ({"names": "actor"}, r"option names: 'actor' is not allowed; use a list of strings or null$"),
+        ({"names": ["actor", 3]}, r"option names\[1\]: 3 is not allowed; use a string$"),
+        ({"level": "L9"}, r"option level: 'L9' is not allowed; use one of 'L0', 'L1', 'L2'$"),
+        ({"limit": "many"}, r"option limit: 'many' is not allowed; use an integer or null$"),
+        ({"pair": "ab"}, r"option pair: 'ab' is not allowed; use a list of strings$"),
+        ({"pair": ["a", None]}, r"option pair\[1\]: None is not allowed; use a string$"),
+    ],
+)
+def test_a_target_observers_options_are_checked_against_its_annotations(options: dict[str, Any], pattern: str) -> None:
+    with pytest.raises(ConfigError, match=r"^observers\[0\] \(tests.test_registry:Options\): " + pattern):
+        build_options(**options)
+    assert verl_events.current_installation() is None
+
+
+def test_options_that_fit_their_annotations_reach_the_constructor_unchanged() -> None:
+    options = dict(flag=True, count=3, ratio=2, label="y", names=["a", "b"], level="L0", limit=None, pair=["p", "q"])
+    assert build_options(**options).given == {**options, "anything": None, "untyped": None}
+
+
+def test_unannotated_and_any_options_are_not_checked() -> None:
+    given = build_options(anything={"free": "form"}, untyped="no").given
+    assert (given["anything"], given["untyped"]) == ({"free": "form"}, "no")
+
+
+def test_an_option_whose_annotation_cannot_be_resolved_is_not_checked_and_the_others_are() -> None:
+    target = "tests.test_registry:ForwardOnly"
+    with pytest.raises(ConfigError, match=r"option flag: 'no' is not allowed; use true or false$"):
+        install({"observers": [{"_target_": target, "amount": "1.5", "flag": "no"}]})
+    with install({"observers": [{"_target_": target, "amount": "1.5", "flag": True}]}) as inst:
+        [observer] = inst.observers
+    assert observer.amount == "1.5"  # type: ignore[attr-defined]
+
+
+def test_a_builtin_observers_options_are_checked_the_same_way(tmp_path: Path) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "recording"}, {"name": "timing", "console": "no"}]}
+    with pytest.raises(ConfigError, match=r"^observers\[1\] \(timing\): option console: 'no' is not allowed; use true or false$"):
+        install(config)
+    assert verl_events.current_installation() is None
+
+
+def test_a_third_party_entry_points_options_are_checked_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    add_distribution(
+        tmp_path,
+        "typed_obs",
+        "typed = typed_obs_mod:Typed\n",
+        {
+            "typed_obs_mod": """
+            from __future__ import annotations
+            from typing import Literal
+            from verl_events import Observer
+
+            class Typed(Observer):
+                def __init__(self, mode: Literal["fast", "full"] = "fast", every: int = 1) -> None:
+                    self.mode, self.every = mode, every
+            """
+        },
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^observers\[0\] \(typed\): option mode: 'slow' is not allowed; use one of 'fast', 'full'$"):
+        install({"observers": [{"name": "typed", "mode": "slow"}]})
+    with install({"observers": [{"name": "typed", "mode": "full", "every": 2}]}) as inst:
+        assert (inst.observers[0].mode, inst.observers[0].every) == ("full", 2)  # type: ignore[attr-defined]
+
+
+def test_unknown_options_are_refused_before_any_value_is_checked() -> None:
+    with pytest.raises(ConfigError, match=r"\(tests.test_registry:Options\): unknown option 'levle'; Options takes flag, count"):
+        build_options(levle="L9", flag="no")

@@ -3,14 +3,22 @@
 Built-in observers are registered in the same entry-point group
 (``verl_events.observers``) a third-party package uses, so this module never
 imports the ``observers`` package by name.
+
+Every option is checked against the constructor's annotation before the
+observer is created, the same way for built-in and third-party observers
+(see :func:`check_options`).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import importlib
 import inspect
+import types
+import typing
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, Literal, NamedTuple, Union
 
 from ._config import FRAMEWORK_KEYS, ObserverSpec
 from ._errors import ConfigError, ObserverSetupError
@@ -89,10 +97,162 @@ def _option_names(cls: type[Observer]) -> tuple[list[str], bool]:
     return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+class _Refusal(NamedTuple):
+    """Why a value does not fit an annotation: where inside the option
+    (``""`` or ``"[2]"``), the value found there, and what is allowed."""
+
+    path: str
+    value: Any
+    allowed: str
+
+
+_SEQUENCES: tuple[Any, ...] = (list, tuple, collections.abc.Sequence, collections.abc.MutableSequence)
+_SCALARS: dict[Any, tuple[str, str]] = {  # annotation: (allowed, plural for "a list of ...")
+    bool: ("true or false", "true/false values"),
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+    type(None): ("null", "nulls"),
+}
+
+
+def _is_scalar(value: Any, hint: Any) -> bool:
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return value is None
+
+
+def _checkable(hint: Any) -> bool:
+    """Whether :func:`_refusal` knows ``hint``; anything else accepts every value."""
+    origin = typing.get_origin(hint)
+    # Tuples, not sets or dicts: an annotation need not be hashable.
+    if hint in tuple(_SCALARS) or origin is Literal or hint in _SEQUENCES:
+        return True
+    if origin in (Union, types.UnionType):
+        return all(_checkable(member) for member in typing.get_args(hint))
+    if origin in _SEQUENCES:
+        args = typing.get_args(hint)
+        return all(_checkable(arg) for arg in args if arg is not Ellipsis)
+    return False
+
+
+def _describe(hint: Any, *, plural: bool = False) -> str:
+    origin = typing.get_origin(hint)
+    if hint in tuple(_SCALARS):
+        return _SCALARS[hint][plural]
+    if origin is Literal:
+        values = ", ".join(map(repr, typing.get_args(hint)))
+        return f"values from {values}" if plural else f"one of {values}"
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(member, plural=plural) for member in typing.get_args(hint))
+    args = [arg for arg in typing.get_args(hint) if arg is not Ellipsis]
+    if origin is tuple and args and len(typing.get_args(hint)) == len(args):
+        items = ", ".join(_describe(arg) for arg in args)
+        return f"lists of {len(args)} items ({items})" if plural else f"a list of {len(args)} items ({items})"
+    what = f"lists of {_describe(args[0], plural=True)}" if args else "lists"
+    return what if plural else "a list" + what[len("lists"):]
+
+
+def _refusal(value: Any, hint: Any) -> _Refusal | None:
+    """None if ``value`` fits ``hint`` (a :func:`_checkable` annotation), else why not."""
+    origin = typing.get_origin(hint)
+    if hint in tuple(_SCALARS):
+        return None if _is_scalar(value, hint) else _Refusal("", value, _describe(hint))
+    if origin is Literal:
+        # 1 == True, so a literal matches only a value of its own type.
+        if any(value == allowed and type(value) is type(allowed) for allowed in typing.get_args(hint)):
+            return None
+        return _Refusal("", value, _describe(hint))
+    if origin in (Union, types.UnionType):
+        refusals = []
+        for member in typing.get_args(hint):
+            refusal = _refusal(value, member)
+            if refusal is None:
+                return None
+            refusals.append(refusal)
+        # A list whose shape fits a member but one item does not: name the item.
+        inner = [r for r in refusals if r.path]
+        return inner[0] if len(inner) == 1 else _Refusal("", value, _describe(hint))
+    if not isinstance(value, (list, tuple)):
+        return _Refusal("", value, _describe(hint))
+    args = typing.get_args(hint)
+    if origin is tuple and args and Ellipsis not in args:
+        if len(value) != len(args):
+            return _Refusal("", value, _describe(hint))
+        item_hints = list(args)
+    else:
+        item_hints = [args[0] if args else Any] * len(value)
+    for index, (item, item_hint) in enumerate(zip(value, item_hints)):
+        refusal = _refusal(item, item_hint) if _checkable(item_hint) else None
+        if refusal is not None:
+            return refusal._replace(path=f"[{index}]{refusal.path}")
+    return None
+
+
+def _option_hints(cls: type[Observer]) -> dict[str, Any]:
+    """The constructor's annotations, resolved.  When one cannot be (a name
+    imported only under TYPE_CHECKING), the others are resolved one by one
+    and that option goes unchecked."""
+    init = cls.__init__
+    try:
+        return typing.get_type_hints(init)
+    except Exception:
+        pass
+    hints: dict[str, Any] = {}
+    module_globals = getattr(init, "__globals__", {})
+    for name, annotation in getattr(init, "__annotations__", {}).items():
+        try:
+            one = types.SimpleNamespace(__annotations__={name: annotation})
+            hints.update(typing.get_type_hints(one, module_globals))
+        except Exception:
+            continue
+    return hints
+
+
+def check_options(cls: type[Observer], options: Mapping[str, Any]) -> None:
+    """Check each option against the annotation of its constructor parameter.
+
+    bool takes only true/false; int an int, not a bool; float an int or a
+    float; str a string; ``list[X]``, ``tuple[X, ...]`` and ``Sequence[X]``
+    a list whose items check as X; ``Literal[...]`` one of its values; a
+    union any of its members.  None is accepted where the annotation allows
+    it or the parameter's default is None.  Anything else (no annotation,
+    ``Any``, a class, a mapping) is accepted unchecked.  Options that fall
+    into ``**kwargs`` are checked against its annotation.  ConfigError
+    names the option, the value and what is allowed.
+    """
+    hints = _option_hints(cls)
+    params = inspect.signature(cls).parameters
+    var_keyword = next((p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    for key, value in options.items():
+        param = params.get(key)
+        if param is not None and param.kind is not inspect.Parameter.POSITIONAL_ONLY:
+            hint, default = hints.get(key, Any), param.default
+        elif var_keyword is not None:
+            hint, default = hints.get(var_keyword, Any), inspect.Parameter.empty
+        else:
+            continue  # an unknown option: refused before this by build_observer
+        if not _checkable(hint) or (value is None and default is None):
+            continue
+        refusal = _refusal(value, hint)
+        if refusal is not None:
+            raise ConfigError(
+                f"option {key}{refusal.path}: {refusal.value!r} is not allowed; use {refusal.allowed}"
+            )
+
+
 def build_observer(spec: ObserverSpec, context: InstallContext) -> Observer:
     """Construct, configure and set up one observer.
 
-    ConfigError for bad options (naming the option and the allowed ones);
+    ConfigError for bad options (naming the option and the allowed ones),
+    unknown ones first, then each value against its annotation
+    (:func:`check_options`), before the constructor runs;
     ObserverSetupError, naming the observer, when its constructor or
     ``setup`` fails for another reason.
     """
@@ -106,6 +266,10 @@ def build_observer(spec: ObserverSpec, context: InstallContext) -> Observer:
             f"and every observer takes {', '.join(k for k in FRAMEWORK_KEYS if k != '_target_')}"
         )
     where = f"{spec.where} ({spec.label})"
+    try:
+        check_options(cls, spec.options)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     observer: Observer = _guarded(where, "could not be created", lambda: cls(**spec.options))
     observer.name = spec.label
     observer.selection = spec.selection
