@@ -92,10 +92,15 @@ class CaptureObserver(Observer):
             self.capture_steps = self.selection.steps
             self.selection = replace(self.selection, steps=None)
 
+    @property
+    def steps_captured(self) -> frozenset[int] | None:
+        """The steps this observer captures (None: every step), before or after setup."""
+        return self.capture_steps if self.capture_steps is not None else self.selection.steps
+
     def resource_selection(self) -> Selection:
         if self.discrete:
             return self.selection
-        return Selection(steps=self.capture_steps, ranks=self.selection.ranks)
+        return Selection(steps=self.steps_captured, ranks=self.selection.ranks)
 
     def on_stage_begin(self, event: StageEvent) -> None:
         if not self.active:

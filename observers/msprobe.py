@@ -41,6 +41,7 @@ from verl_events import (
     stage_output_dir,
 )
 
+from verl_events._paths import mark_complete, mark_incomplete
 from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs
 
 from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
@@ -84,6 +85,7 @@ class MsprobeObserver(Observer):
         self._calls: dict[tuple[int | None, str], int] = {}
         self._debugger: Any = None
         self._claimed = False
+        self._output = Path()  # the open session's rank directory
 
     def setup(self, context: InstallContext) -> None:
         self._root, self._strict = context.save_path, context.strict
@@ -136,13 +138,29 @@ class MsprobeObserver(Observer):
                     "Remove it or choose another save_path"
                 )
             self._calls[(event.step, event.stage)] = call + 1
-            self._start(dump_dir, call, model, event.rank)
+            # Until a clean stop, this session is not a whole stage: a kill -9,
+            # a crash or a full disk leaves the marker, and readers say so.
+            mark_incomplete(output, f"cut off during step {event.step} {event.stage} (rank {event.rank})")
+            try:
+                self._start(dump_dir, call, model, event.rank)
+            except BaseException:
+                shutil.rmtree(output, ignore_errors=True)  # nothing was dumped
+                raise
             self._slot.holder = event
+            self._output = output
 
     def on_stage_end(self, event: StageEnd) -> None:
         with self._slot.lock:
             if self._slot.release(event):
                 self._stop()
+                if event.error is None:
+                    mark_complete(self._output)
+                else:
+                    mark_incomplete(
+                        self._output,
+                        f"step {event.step} {event.stage} (rank {event.rank}) raised {type(event.error).__name__}; "
+                        "the dump holds the stage only up to there",
+                    )
 
     def close(self) -> None:
         with self._slot.lock:

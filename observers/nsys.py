@@ -99,8 +99,10 @@ class NsysObserver(CaptureObserver):
             logger.info("nsys: launch with: %s", self.command())
 
     def command(self) -> str:
-        steps = self.selection.steps if self.discrete else self.capture_steps
-        return nsys_command(steps, self.selection.stages, self.discrete)
+        return nsys_command(self.steps_captured, self.selection.stages, self.discrete)
+
+    def describe(self) -> str:
+        return f"launch with: {self.command()}"
 
     def start_capture(self, event: StageEvent) -> Any:
         if self.cuda_profiler is not None:

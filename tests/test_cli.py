@@ -28,3 +28,43 @@ def test_check_prints_the_nsys_launch_line(tmp_path: Path, capsys: pytest.Captur
     config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: nsys\n    discrete: false\n    steps: [1, 2, 5]\n")
     assert main(["check", str(config)]) == 0
     assert "launch with: nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=repeat-shutdown:2" in capsys.readouterr().out
+
+
+def test_check_writes_nothing_and_shows_where_each_observer_comes_from(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "not_yet"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {out}\nobservers:\n  - name: msprobe\n    steps: [1]\n    quiet: false\n  - name: timing\n")
+    assert main(["check", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert not out.exists()
+    assert "from entry point 'msprobe' -> observers.msprobe:MsprobeObserver, from verl-events " in printed
+    assert "options: quiet=False" in printed
+
+
+def test_check_after_a_run_notes_the_runs_files_and_cut_off_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rank_dir = tmp_path / "step_2/actor_update/step0/rank0"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "session.incomplete").write_text("cut off during step 2 actor_update (rank 0)\n")
+    (tmp_path / "run.json").write_text('{"run_id": "run-1"}')
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: timing\n")
+    assert main(["check", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: save_path holds 1 msprobe dump(s) and 0 timing log(s) of run 'run-1'; a new run there is refused" in printed
+    assert f"note: {rank_dir} is an incomplete msprobe session: cut off during step 2 actor_update (rank 0)" in printed
+
+
+def test_check_says_an_empty_config_observes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("")
+    assert main(["check", str(config)]) == 0
+    assert "has no observers; nothing will be observed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", ["observers.0.steps=[1", "observers.5.steps=1"])
+def test_a_bad_override_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("observers:\n  - name: timing\n")
+    assert main(["check", str(config), override]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: override {override!r}")

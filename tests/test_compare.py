@@ -325,3 +325,16 @@ def test_tolerances_can_be_loosened_until_a_perturbed_run_matches(demo_runs: dic
     code, result = compare(capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), "--step", "1", "--stage", "actor_compute_log_prob", *loose)
     assert code == 0 and result["verdict"] == "match" and result["first_divergence"] is None
     assert result["tolerances"]["norm"] == {"rtol": 1e9, "atol": 1e9}
+
+
+def test_a_session_cut_off_is_never_compared(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """kill -9 inside a dumped stage leaves the session's marker (and maybe a partial
+    dump.json): compare says incomplete and exits 2, never MATCH or DIVERGED."""
+    cut = tmp_path / "cut"
+    shutil.copytree(demo_runs["a"], cut)
+    rank_dir = cut / "step_2/actor_update/step0/rank0"
+    (rank_dir / "session.incomplete").write_text("cut off during step 2 actor_update (rank 0)\n")
+    for a, b in ((cut, demo_runs["a"]), (demo_runs["a"], cut), (cut, cut)):
+        assert main(["compare", str(a), str(b), "--step", "2", "--stage", "actor_update"]) == 2
+        assert "is an incomplete msprobe session, not a whole stage: cut off during step 2 actor_update (rank 0)" in capsys.readouterr().err
+    assert main(["compare", str(rank_dir / "dump.json"), str(demo_runs["a"] / "step_2/actor_update/step0/rank0/dump.json")]) == 2

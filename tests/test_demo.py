@@ -97,3 +97,14 @@ def test_the_stacked_example_runs_three_tools_in_one_run(tmp_path: Path) -> None
     assert traces == sorted(ALL_STAGES)
     profiled_by = {(r["step"], tuple(r["profiled_by"])) for r in read_timing_records(out) if r["profiled"]}
     assert profiled_by == {(1, ("msprobe",)), (2, ("msprobe",)), (3, ("torch_profiler",))}
+
+
+def test_a_bad_msprobe_config_with_two_processes_is_one_clean_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"task": "statistics", "level": "L9"}')
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path / 'run'}\nobservers:\n  - name: msprobe\n    config_path: {bad}\n")
+    result = verl_events_cli("demo", "--steps", "1", "--nproc", "2", "--config", str(config))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "ProcessRaisedException" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: observers[0] (msprobe): ")

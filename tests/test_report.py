@@ -125,3 +125,13 @@ def test_each_observers_own_hook_time_is_shown_per_stage(demo_runs: dict[str, Pa
     assert msprobe["n"] == 2 and 0 < msprobe["median_s"] <= msprobe["max_s"]
     assert main(["report", str(demo_runs["a"])]) == 0
     assert "Each observer's own hook time per stage" in capsys.readouterr().out
+
+
+def test_an_incomplete_session_is_named(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(demo_runs["a"], cut)
+    (cut / "step_1/actor_update/step0/rank0/session.incomplete").write_text("cut off during step 1 actor_update (rank 0)\n")
+    _, warnings = report_json_and_warnings(capsys, cut)
+    assert "step_1/actor_update/step0/rank0 is an incomplete msprobe session: cut off during step 1 actor_update (rank 0)" in warnings

@@ -401,3 +401,10 @@ def test_a_subclass_hook_verl_defines_is_kept_and_restored(monkeypatch: pytest.M
     finally:
         verl_events.uninstall_verl_bridge()
     assert verl_profiler.DistProfilerExtension.__dict__["__init_subclass__"] is hook
+
+
+def test_verls_form_is_checked_like_ours_and_a_string_is_not_a_bool() -> None:
+    raw = {"global_profiler": {"tool": "torch", "steps": [2]},
+           "actor_rollout_ref": {"actor": {"profiler": {"enable": True, "tool_config": {"torch": {"discrete": "no"}}}}}}
+    with pytest.raises(ConfigError, match=r"\(torch_profiler\): option discrete: 'no' is not allowed; use true or false"):
+        verl_events.install(raw)

@@ -139,7 +139,9 @@ def _apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             OmegaConf.update(cfg, key.strip(), value, merge=True, force_add=True)
         except (OmegaConfBaseException, IndexError, KeyError, ValueError) as exc:
-            raise ConfigError(f"override {item!r} cannot be applied: {exc}") from exc
+            # OmegaConf appends "full_key: ..." / "object_type=..." lines: keep its first line.
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"override {item!r} cannot be applied: {reason}") from exc
     result = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(result, dict)
     return {str(k): v for k, v in result.items()}

@@ -88,5 +88,10 @@ class Observer:
     def close(self) -> None:
         """Called once when the installation closes; release files and tools."""
 
+    def describe(self) -> str:
+        """One line a user should know about this observer beyond its options
+        (``verl-events check`` prints it), or ""."""
+        return ""
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name or '(unnamed)'}>"

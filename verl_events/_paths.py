@@ -44,3 +44,40 @@ def prepare_output_dir(path: Path, key: str = "save_path") -> Path:
     except OSError as exc:
         raise ConfigError(f"{key}: {str(path)!r} is not writable ({exc.strerror or exc}); use a writable directory") from exc
     return path
+
+
+#: Left in an msprobe session's rank directory while the session is open, and
+#: after it when the stage raised: a dump.json beside it is not a whole stage.
+INCOMPLETE_MARKER = "session.incomplete"
+
+
+def mark_incomplete(rank_dir: Path, why: str) -> None:
+    """Say why the session in ``rank_dir`` is not a whole stage (replacing any earlier word)."""
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    aside = rank_dir / f".{INCOMPLETE_MARKER}.tmp"
+    aside.write_text(why + "\n", encoding="utf-8")
+    os.replace(aside, rank_dir / INCOMPLETE_MARKER)
+
+
+def mark_complete(rank_dir: Path) -> None:
+    (rank_dir / INCOMPLETE_MARKER).unlink(missing_ok=True)
+
+
+def incomplete_reason(rank_dir: Path) -> str | None:
+    """Why the session in ``rank_dir`` is not a whole stage, or None when it is."""
+    try:
+        return (rank_dir / INCOMPLETE_MARKER).read_text(encoding="utf-8").strip() or "cut off"
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"its marker cannot be read ({exc.strerror or exc})"
+
+
+def incomplete_sessions(save_path: Path) -> list[tuple[Path, str]]:
+    """Every msprobe session under ``save_path`` that is not a whole stage, with why."""
+    found = []
+    for marker in sorted(save_path.glob(f"step_*/*/step*/rank*/{INCOMPLETE_MARKER}")):
+        reason = incomplete_reason(marker.parent)
+        if reason is not None:
+            found.append((marker.parent, reason))
+    return found

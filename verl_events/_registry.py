@@ -247,8 +247,19 @@ def check_options(cls: type[Observer], options: Mapping[str, Any]) -> None:
             )
 
 
-def build_observer(spec: ObserverSpec, context: InstallContext) -> Observer:
-    """Construct, configure and set up one observer.
+def observer_origin(spec: ObserverSpec) -> str:
+    """Where an ``observers:`` entry's class comes from, in words."""
+    if spec.name is None:
+        return f"_target_ {spec.target}"
+    ep = available_observers().get(spec.name)
+    if ep is None:
+        return f"entry point {spec.name!r} (not installed)"
+    dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an unknown distribution"
+    return f"entry point {spec.name!r} -> {ep.value}, from {dist}"
+
+
+def build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool = True) -> Observer:
+    """Construct, configure and (unless ``set_up`` is False) set up one observer.
 
     ConfigError for bad options (naming the option and the allowed ones),
     unknown ones first, then each value against its annotation
@@ -275,7 +286,8 @@ def build_observer(spec: ObserverSpec, context: InstallContext) -> Observer:
     observer.selection = spec.selection
     if spec.priority is not None:
         observer.priority = spec.priority
-    setup_observer(observer, context, where=where)
+    if set_up:
+        setup_observer(observer, context, where=where)
     return observer
 
 

@@ -95,15 +95,17 @@ def from_verl_config(raw: Mapping[str, Any]) -> dict[str, Any]:
         if not first.get("all_ranks"):
             selection["ranks"] = list(first.get("ranks") or [0])
         options = _block(first, "tool_config", tool)
+        # Values go through as verl's config holds them: the observers' option
+        # check then refuses a "no" where a bool belongs, as for our own form.
         if tool == "nsys":
             discrete = _block(tools, "nsys").get("discrete", options.get("discrete", False))
-            observer = {"name": "nsys", "discrete": bool(discrete), **selection}
+            observer = {"name": "nsys", "discrete": discrete, **selection}
         elif tool == "torch":
-            observer = {"name": "torch_profiler", "contents": list(options.get("contents") or []),
-                        "discrete": bool(options.get("discrete", False)), **selection}
+            observer = {"name": "torch_profiler", "contents": options.get("contents") or [],
+                        "discrete": options.get("discrete", False), **selection}
         else:
-            observer = {"name": "npu", "contents": list(options.get("contents") or []), "level": options.get("level", "level0"),
-                        "analysis": bool(options.get("analysis", True)), "discrete": bool(options.get("discrete", False)), **selection}
+            observer = {"name": "npu", "contents": options.get("contents") or [], "level": options.get("level", "level0"),
+                        "analysis": options.get("analysis", True), "discrete": options.get("discrete", False), **selection}
     ours["observers"] = [observer, *extra]
     return ours
 

@@ -14,26 +14,59 @@ from ._errors import ConfigError, ObserverSetupError
 
 
 def _check(args: argparse.Namespace) -> int:
-    """Validate a config and build its observers, as install() would."""
-    from ._install import install
+    """Validate a config and build its observers as install() would, without
+    setting them up: nothing is written, no tool is started."""
+    from ._install import check_exclusive_resources
+    from ._observer import InstallContext
+    from ._registry import build_observer, observer_origin
 
     try:
         config = load_config(args.config, args.overrides)
-        with install(config) as installation:
-            print(f"save_path: {config.save_path}  strict: {config.strict}")
-            for observer in installation.observers:
-                sel = observer.selection
-                print(
-                    f"  {observer.name:<20} priority={observer.priority:<4} steps={_fmt(sel.steps)} "
-                    f"stages={_fmt(sel.stages)} roles={_fmt(sel.roles)} ranks={_fmt(sel.ranks)}"
-                )
-                command = getattr(observer, "command", None)
-                if callable(command):  # nsys: the launch line matching this selection
-                    print(f"    launch with: {command()}")
+        context = InstallContext(save_path=config.save_path, strict=config.strict)
+        specs = [spec for spec in config.observers if spec.enabled]
+        built = [build_observer(spec, context, set_up=False) for spec in specs]
+        check_exclusive_resources(built)
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(f"save_path: {config.save_path}  strict: {config.strict}")
+    if not built:
+        print(f"warning: config {args.config!r} has no observers; nothing will be observed", file=sys.stderr)
+    for spec, observer in zip(specs, built):
+        sel = observer.selection
+        print(
+            f"  {observer.name:<20} priority={observer.priority:<4} steps={_fmt(sel.steps)} "
+            f"stages={_fmt(sel.stages)} roles={_fmt(sel.roles)} ranks={_fmt(sel.ranks)}"
+        )
+        print(f"    from {observer_origin(spec)}")
+        if spec.options:
+            print("    options: " + ", ".join(f"{key}={value!r}" for key, value in spec.options.items()))
+        described = observer.describe()
+        if described:
+            print(f"    {described}")
+    for note in _save_path_notes(config.save_path):
+        print(f"note: {note}")
     return 0
+
+
+def _save_path_notes(save_path: Path) -> list[str]:
+    """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
+    from ._paths import incomplete_sessions
+    from ._run import owner_of
+    from .overhead import timing_log_files
+
+    notes = []
+    dumps = sorted(save_path.glob("step_*/*/step*/rank*"))
+    logs = timing_log_files(save_path)
+    if dumps or logs:
+        owner = owner_of(save_path)
+        notes.append(
+            f"save_path holds {len(dumps)} msprobe dump(s) and {len(logs)} timing log(s) of "
+            f"{f'run {owner!r}' if owner else 'an earlier run'}; a new run there is refused, "
+            "a process of that run may join it"
+        )
+    notes += [f"{path} is an incomplete msprobe session: {why}" for path, why in incomplete_sessions(save_path)]
+    return notes
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -47,18 +80,29 @@ def _demo(args: argparse.Namespace) -> int:
         if value < 1:
             print(f"error: {flag} {value} is not allowed; use 1 or more", file=sys.stderr)
             return 2
+    from .demo import DemoOptions, DemoRankError, default_config, run_demo
+
     try:
         raw = _to_dict(args.config) if args.config else None
         save_path = args.save_path or (raw or {}).get("save_path") or time.strftime("outputs/demo-%Y%m%d-%H%M%S")
-        from .demo import DemoOptions, default_config, run_demo
 
         config = dict(raw) if raw is not None else default_config(save_path)
         config["save_path"] = str(save_path)
-        load_config(config)  # fail here, once, rather than in every process
+        if args.nproc > 1:
+            # Every observer's files (an msprobe config.json, the save_path) are
+            # checked here, once: a spawned rank would fail with a traceback.
+            from ._install import install
+
+            install(config).close()
+        else:
+            load_config(config)
         run_demo(DemoOptions(config=config, steps=steps, nproc=args.nproc, seed=0 if args.seed is None else args.seed, perturb=args.perturb))
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except DemoRankError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -205,7 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run_command(args))
+    try:
+        return int(args.run_command(args))
+    except KeyboardInterrupt:
+        # The bus has already closed every open stage: sessions cut short are
+        # marked incomplete on disk.  One line, no traceback.
+        print("verl-events: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ._paths import incomplete_reason
+
 STATS = ("max", "min", "mean", "norm")
 
 _CSV_NPU = {"max": "NPU max", "min": "NPU min", "mean": "NPU mean", "norm": "NPU l2norm"}
@@ -64,11 +66,9 @@ def resolve_dump(path: Path, pick: Pick) -> Path:
     if path.is_file():
         if path.name != "dump.json":
             raise CompareInputError(f"{path} is not an msprobe dump.json")
-        return path
+        path = path.parent
     if not path.is_dir():
         raise CompareInputError(f"{path} does not exist")
-    if (path / "dump.json").is_file():
-        return path / "dump.json"
     if any(path.glob("step_*")):  # a run directory
         if pick.step is None or pick.stage is None:
             steps = sorted({p.name for p in path.glob("step_*")})
@@ -95,6 +95,12 @@ def resolve_dump(path: Path, pick: Pick) -> Path:
             f"pass the dump.json itself, e.g. {procs[0] / 'dump.json'}"
         )
     dump = path / "dump.json"
+    reason = incomplete_reason(path)
+    if reason is not None:
+        raise CompareInputError(
+            f"{path} is an incomplete msprobe session, not a whole stage: {reason}; "
+            "compare needs two whole stages (dump this step again)"
+        )
     if not dump.is_file():
         raise CompareInputError(
             f"{path} has no dump.json: the stage was not dumped here, or the run stopped before msprobe "

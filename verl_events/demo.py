@@ -284,6 +284,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class DemoRankError(RuntimeError):
+    """A spawned demo rank raised; the message is its error's last line."""
+
+
 def run_demo(options: DemoOptions) -> Path:
     """Run all ranks, show progress, print the overhead table; return save_path."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -300,7 +304,11 @@ def run_demo(options: DemoOptions) -> Path:
         console.print(f"demo: {options.steps} steps on {options.nproc} processes (gloo) ...")
         run_id()  # made up here and inherited, so that the ranks agree on their run
         with_port = DemoOptions(options.config, options.steps, options.nproc, options.seed, options.perturb, _free_port())
-        mp.spawn(_spawned, args=(with_port,), nprocs=options.nproc)  # type: ignore[attr-defined]
+        try:
+            mp.spawn(_spawned, args=(with_port,), nprocs=options.nproc)  # type: ignore[attr-defined]
+        except mp.ProcessRaisedException as exc:  # type: ignore[attr-defined]
+            # Its message is the rank's whole traceback; its last line says what happened.
+            raise DemoRankError(f"a demo rank failed: {str(exc).strip().splitlines()[-1]}") from exc
     else:
         columns = (TextColumn("[bold]step {task.fields[step]}[/] {task.fields[stage]:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console) as bar:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._events import STAGE_ORDER
-from ._paths import TIMING_DIR
+from ._paths import TIMING_DIR, incomplete_sessions
 from .overhead import (
     ObserverHooks,
     StageOverhead,
@@ -251,7 +251,8 @@ def report(
     with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
         task = bar.add_task("reading timing logs", total=len(files))
         records = read_timing_records(files, lambda: bar.advance(task), skipped)
-    for note in skipped + _mixed_runs(records):
+    incomplete = [f"{path} is an incomplete msprobe session: {why}" for path, why in incomplete_sessions(run)]
+    for note in skipped + _mixed_runs(records) + incomplete:
         print(f"warning: {note}", file=sys.stderr)
     if not records:
         raise ReportError(f"{run / TIMING_DIR} holds no stage records; nothing to report")

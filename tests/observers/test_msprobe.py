@@ -311,6 +311,11 @@ def test_a_raising_stage_body_closes_the_session_and_the_next_stage_dumps(tmp_pa
     first = dump_entries(tmp_path / "out/step_1/actor_update/step0/rank0/dump.json")
     second = dump_entries(tmp_path / "out/step_2/actor_update/step0/rank0/dump.json")
     assert first.keys() == second.keys()
+    # The dump of the raising stage is kept, and marked: it is not a whole stage.
+    assert (tmp_path / "out/step_1/actor_update/step0/rank0/session.incomplete").read_text() == (
+        "step 1 actor_update (rank 0) raised ZeroDivisionError; the dump holds the stage only up to there\n"
+    )
+    assert not (tmp_path / "out/step_2/actor_update/step0/rank0/session.incomplete").exists()
 
 
 def test_a_second_installation_applies_its_own_config_to_msprobes_singleton(tmp_path: Path, model: Small) -> None:
