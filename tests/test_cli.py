@@ -68,3 +68,13 @@ def test_a_bad_override_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["check", str(config), override]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: override {override!r}")
+
+
+def test_an_unwritable_output_is_one_error_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    (tmp_path / "timing").mkdir()
+    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "actor_update", "step": 1, "rank": 0, "elapsed_s": 0.1, "profiled": false}\n')
+    assert main(["report", str(tmp_path), "--trace", str(blocker / "trace.json"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --trace ") and "cannot be created" in err and len(err.strip().splitlines()) == 1

@@ -159,6 +159,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         write_csv(comparison, Path(args.csv))
     result = summary(comparison, args.top)
     if args.json:
@@ -256,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # marked incomplete on disk.  One line, no traceback.
         print("verl-events: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a full disk, a path that cannot be written: the environment, not a bug
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
