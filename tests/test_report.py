@@ -135,3 +135,11 @@ def test_an_incomplete_session_is_named(demo_runs: dict[str, Path], capsys: pyte
     (cut / "step_1/actor_update/step0/rank0/session.incomplete").write_text("cut off during step 1 actor_update (rank 0)\n")
     _, warnings = report_json_and_warnings(capsys, cut)
     assert "step_1/actor_update/step0/rank0 is an incomplete msprobe session: cut off during step 1 actor_update (rank 0)" in warnings
+
+
+def test_plot_without_matplotlib_names_the_extra(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without it gives
+    assert main(["report", str(demo_runs["a"]), "--plot", str(tmp_path / "p.png"), "--quiet"]) == 2
+    assert "--plot needs matplotlib: pip install 'verl-events[plot]'" in capsys.readouterr().err

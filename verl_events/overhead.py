@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ._errors import VerlEventsWarning
 from ._paths import TIMING_DIR
 
@@ -28,21 +30,13 @@ def timing_log_files(save_path: Path) -> list[Path]:
     return sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl"))
 
 
-def _fast_loads() -> Callable[[bytes], Any]:
-    """orjson when installed (about 4x faster on these lines), else json."""
+def _loads(line: bytes) -> Any:
+    """orjson (a dependency; about 4x faster on these lines), falling back to json
+    for the bare NaN/Infinity that orjson refuses."""
     try:
-        import orjson
-    except ImportError:
-        return json.loads
-    strict: Callable[[bytes], Any] = orjson.loads
-
-    def loads(line: bytes) -> Any:
-        try:
-            return strict(line)
-        except orjson.JSONDecodeError:
-            return json.loads(line)  # bare NaN/Infinity, which orjson refuses
-
-    return loads
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 #: The keys every reader relies on; a line without them is not a stage record.
@@ -66,7 +60,7 @@ def read_timing_records(
     """
     files = timing_log_files(source) if isinstance(source, Path) else list(source)
     records: list[dict[str, Any]] = []
-    loads = _fast_loads()
+    loads = _loads
     notes: list[str] = []
     # A million small dicts would trigger repeated full garbage collections
     # (more than half the read time); none of them is cyclic.

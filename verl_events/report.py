@@ -129,7 +129,10 @@ def chrome_trace(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_plot(overhead: list[StageOverhead], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("--plot needs matplotlib: pip install 'verl-events[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
