@@ -41,7 +41,7 @@ from verl_events import (
     stage_output_dir,
 )
 
-from verl_events._paths import mark_complete, mark_incomplete
+from verl_events._paths import mark_complete, mark_incomplete, run_files
 from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs
 
 from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
@@ -126,17 +126,19 @@ class MsprobeObserver(Observer):
             if not self._claimed:
                 # Claimed at the first dump, not at install: a process that
                 # dumps nothing (verl's driver) must not claim the save_path.
-                claim_save_path(self._root)
+                claim_save_path(self._root, run_files(self._root))
                 self._claimed = True
             dump_dir = stage_output_dir(self._root, event)
             call = self._calls.get((event.step, event.stage), 0)
             output = dump_dir / f"step{call}" / f"rank{event.rank}"
-            if output.exists():
+            try:
+                output.mkdir(parents=True)  # atomic: of two processes, one gets it
+            except FileExistsError:
                 raise FileExistsError(
                     f"{output} already exists; stage {event.stage!r} of step "
                     f"{event.step} is not dumped so that two runs never mix in one dump.json. "
                     "Remove it or choose another save_path"
-                )
+                ) from None
             self._calls[(event.step, event.stage)] = call + 1
             # Until a clean stop, this session is not a whole stage: a kill -9,
             # a crash or a full disk leaves the marker, and readers say so.
@@ -290,12 +292,35 @@ def _debugger_with(settings: MsprobeSettings, save_path: Path, quiet: bool, keep
     finally:
         os.unlink(config_file)
     PrecisionDebugger.set_init_step(0)
+    _guard_periodic_save(debugger.service)
     if _uses_api_hooks(debugger.service):
         if keep_api_hooks:
             debugger.service.api_register.register_all_api()  # an earlier installation may have removed them
         else:
             debugger.service.api_register.restore_all_api()
     return debugger
+
+
+def _guard_periodic_save(service: Any) -> None:
+    """msprobe rewrites dump.json every 1000 entries from inside its torch API
+    wrappers, that is inside the stage body: a failing write (a full disk)
+    would raise into training.  Log it instead.  The data stays in msprobe's
+    cache; the stop at the end of the stage writes it all again, and a
+    failure there is an observer failure like any other (the session stays
+    marked incomplete)."""
+    writer = service.data_collector.data_writer
+    flush = writer.flush_data_periodically
+    if getattr(flush, "verl_events_guard", False):
+        return
+
+    def guarded() -> None:
+        try:
+            flush()
+        except Exception as exc:
+            logger.error("msprobe's periodic save of dump.json failed; the stage goes on: %s: %s", type(exc).__name__, exc)
+
+    guarded.verl_events_guard = True  # type: ignore[attr-defined]
+    writer.flush_data_periodically = guarded
 
 
 def _apply_config(debugger: Any, config_file: str) -> None:

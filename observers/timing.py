@@ -39,7 +39,7 @@ from typing import IO, Any
 import structlog
 
 from verl_events import ConfigError, InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
-from verl_events._paths import TIMING_DIR, timing_log_path
+from verl_events._paths import TIMING_DIR, run_files, timing_log_path
 from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs, run_id
 from verl_events.overhead import timing_log_files
 
@@ -88,7 +88,7 @@ class TimingObserver(Observer):
                 # stage (verl's driver) must not claim the save_path.  Checked
                 # again here, for a run started at the same time as this one.
                 refuse_other_runs(self._root, timing_log_files(self._root), "timing log(s)")
-                claim_save_path(self._root)
+                claim_save_path(self._root, run_files(self._root))
                 self._run = run_id()
             handle = timing_log_path(self._root, rank).open("a", encoding="utf-8", buffering=1)
             self._files[rank] = handle

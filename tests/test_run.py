@@ -55,7 +55,7 @@ def test_a_made_up_id_is_inherited_by_the_processes_this_one_starts() -> None:
 
 def test_files_of_another_run_are_refused_and_this_runs_are_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "a")
-    claim_save_path(tmp_path)
+    claim_save_path(tmp_path, [])
     dump = tmp_path / "step_1/actor_update/step0/rank0"
     refuse_other_runs(tmp_path, [dump], "dumps")  # this run's own files
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "b")
@@ -67,10 +67,24 @@ def test_files_of_another_run_are_refused_and_this_runs_are_not(tmp_path: Path, 
 
 
 def test_a_stale_claim_is_replaced_and_an_unreadable_one_names_no_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stale: made before this process started, by a run that wrote nothing here."""
     (tmp_path / RUN_FILE).write_text('{"run_id": "old"}')
+    os.utime(tmp_path / RUN_FILE, (1_000_000_000, 1_000_000_000))
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "new")
-    claim_save_path(tmp_path)
+    claim_save_path(tmp_path, [])
     assert owner_of(tmp_path) == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == [RUN_FILE]  # nothing left aside
     (tmp_path / RUN_FILE).write_text("{cut sh")
     assert owner_of(tmp_path) is None
+
+
+def test_the_first_claim_wins_over_a_run_started_beside_it_or_holding_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "first")
+    claim_save_path(tmp_path, [])
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "second")
+    with pytest.raises(SavePathTaken, match=r"is taken by run 'first' .*; this is run 'second'"):
+        claim_save_path(tmp_path, [])  # claimed since this process started: a run beside it
+    os.utime(tmp_path / RUN_FILE, (1_000_000_000, 1_000_000_000))
+    with pytest.raises(SavePathTaken, match=r"is taken by run 'first'"):
+        claim_save_path(tmp_path, [tmp_path / "timing/rank0.jsonl"])  # an old claim, but its files are there
+    assert owner_of(tmp_path) == "first"

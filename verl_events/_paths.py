@@ -54,9 +54,14 @@ INCOMPLETE_MARKER = "session.incomplete"
 def mark_incomplete(rank_dir: Path, why: str) -> None:
     """Say why the session in ``rank_dir`` is not a whole stage (replacing any earlier word)."""
     rank_dir.mkdir(parents=True, exist_ok=True)
-    aside = rank_dir / f".{INCOMPLETE_MARKER}.tmp"
-    aside.write_text(why + "\n", encoding="utf-8")
-    os.replace(aside, rank_dir / INCOMPLETE_MARKER)
+    fd, aside = tempfile.mkstemp(dir=rank_dir, prefix=f".{INCOMPLETE_MARKER}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(why + "\n")
+        os.replace(aside, rank_dir / INCOMPLETE_MARKER)
+    except BaseException:
+        Path(aside).unlink(missing_ok=True)
+        raise
 
 
 def mark_complete(rank_dir: Path) -> None:
@@ -81,3 +86,8 @@ def incomplete_sessions(save_path: Path) -> list[tuple[Path, str]]:
         if reason is not None:
             found.append((marker.parent, reason))
     return found
+
+
+def run_files(save_path: Path) -> list[Path]:
+    """What a run leaves in ``save_path``: msprobe session directories and timing logs."""
+    return sorted(save_path.glob("step_*/*/step*/rank*")) + sorted((save_path / TIMING_DIR).glob("rank*.jsonl"))

@@ -15,7 +15,7 @@ An observer whose files must never mix with another run's checks
 :func:`refuse_other_runs` at install and calls :func:`claim_save_path` before
 its first write: the first process of the run that writes leaves
 ``{save_path}/run.json`` naming the run, and a process of another run is
-refused while files of the first one are there.
+refused while the claim or the files of the first one are there.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -79,13 +80,17 @@ def refuse_other_runs(save_path: Path, existing: list[Path], what: str) -> None:
     )
 
 
-def claim_save_path(save_path: Path) -> None:
-    """Make ``{save_path}/run.json`` name this run (call :func:`refuse_other_runs` first).
+def claim_save_path(save_path: Path, others_files: list[Path]) -> None:
+    """Make ``{save_path}/run.json`` name this run, or raise SavePathTaken.
 
-    Safe against processes of one run claiming at once: the file appears
-    complete or not at all (written aside, then hard-linked into place).  A
-    claim of another run is replaced: the caller has checked that none of its
-    files are there.
+    The first run to claim wins; its files and its claim keep every other
+    run out.  ``others_files`` are the files already there that a claiming
+    run would write (dumps, timing logs).  Another run's claim is replaced
+    only when it is stale: made before this process started, and none of
+    those files are there (a run that stopped before writing anything).  A
+    claim made since this process started is a run started beside this one,
+    and it wins.  The file appears complete or not at all (written aside,
+    then hard-linked into place), so processes of one run may claim at once.
     """
     mine = run_id()
     if owner_of(save_path) == mine:
@@ -97,9 +102,27 @@ def claim_save_path(save_path: Path) -> None:
         try:
             os.link(aside, save_path / RUN_FILE)
         except FileExistsError:
-            if owner_of(save_path) != mine:
-                os.replace(aside, save_path / RUN_FILE)
-                aside = ""
+            owner = owner_of(save_path)
+            if owner == mine:
+                return
+            if others_files or _claimed_since_this_process_started(save_path):
+                raise SavePathTaken(
+                    f"save_path: {str(save_path)!r} is taken by run {owner!r} ({save_path / RUN_FILE}), "
+                    f"which started beside or before this one; this is run {mine!r}. Two runs never share "
+                    "a save_path: give each its own, or remove the other run's files and run.json"
+                ) from None
+            os.replace(aside, save_path / RUN_FILE)
+            aside = ""
     finally:
         if aside:
             os.unlink(aside)
+
+
+_PROCESS_STARTED = time.time()
+
+
+def _claimed_since_this_process_started(save_path: Path) -> bool:
+    try:
+        return (save_path / RUN_FILE).stat().st_mtime >= _PROCESS_STARTED
+    except OSError:
+        return False
