@@ -10,13 +10,17 @@ run into a fresh save path:
 - ``verl``: ``global_profiler.tool=precision_debugger``, msprobe statistics L1 on steps 1-2;
 - ``ours``: the same settings in a ``VERL_EVENTS_CONFIG`` file (no timing observer).
 
-Each step's time is verl's own ``timing_s/step`` from the console metrics line the trainer
-prints per step. Profiled steps are 1-2, unprofiled steps 3 onwards; nothing is skipped, so
-step 1 includes the trainer's warm-up in every variant alike (and, in both profiled variants,
-msprobe's first session). verl imports msprobe and builds its debugger inside step 1's first
-dumped stage; ours does both at ``import verl`` in every process, which shows in the total wall.
-The last line: ``ours_vs_verl_profiled_step=<ours/verl> ours_unprofiled_vs_none=<ours/none>``
-(ratios of medians over all runs of a variant).
+Two figures per step, both from the console metrics line verl's trainer prints each step:
+the whole step (``timing_s/step``) and the time of the three stages a profiler touches
+(``timing_s/old_log_prob + timing_s/ref + timing_s/update_actor``, the trainer's own timers
+around those worker calls).  The whole step also holds generation and reward, which neither
+profiler touches and which vary by a second or more on step 1 (HF generate warming up), so
+the stages are the figure that compares the profilers.  Profiled steps are 1-2, unprofiled
+steps 3 onwards; nothing is skipped, so step 1 includes the trainer's warm-up in every
+variant alike.  verl starts msprobe inside step 1's first dumped stage; ours imports it and
+runs a warm-up session at ``import verl`` in every process, which shows in the total wall.
+The last line: ``ours_vs_verl_profiled_step=<ours/verl> ours_unprofiled_vs_none=<ours/none>``,
+ratios of the medians of the stages' time over all runs of a variant.
 """
 
 from __future__ import annotations
@@ -40,19 +44,25 @@ PROFILED_STEPS = (1, 2)
 STAGES = ["actor_compute_log_prob", "ref_compute_log_prob", "actor_update"]
 STATS_L1 = Path(__file__).resolve().parents[1] / "examples" / "msprobe" / "statistics_L1.json"
 # verl's console logger: "step:3 - key:value - ... - timing_s/step:0.21 - ..." (a Ray prefix may precede it).
-STEP_LINE = re.compile(r"\bstep:(\d+) - .*?\btiming_s/step:([0-9.eE+-]+)")
+STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)")
+TIMER = re.compile(r"\btiming_s/([a-z_]+):([0-9.eE+-]+)")
+#: The trainer's timers around the stages the profilers dump.
+STAGE_TIMERS = ("old_log_prob", "ref", "update_actor")
 
 
 @dataclass
 class Runs:
-    """One variant's runs: seconds per step (keyed by step), wall seconds, dump counts."""
+    """One variant's runs: per step (keyed by step) the whole step's and the stages' seconds,
+    wall seconds, dump counts."""
 
     steps: list[dict[int, float]] = field(default_factory=list)
+    stages: list[dict[int, float]] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)
     dumps: list[int] = field(default_factory=list)
 
-    def median(self, profiled: bool) -> float:
-        return statistics.median(t for run in self.steps for s, t in run.items() if (s in PROFILED_STEPS) == profiled)
+    def median(self, profiled: bool, of: str = "stages") -> float:
+        runs = self.stages if of == "stages" else self.steps
+        return statistics.median(t for run in runs for s, t in run.items() if (s in PROFILED_STEPS) == profiled)
 
 
 def variant_setup(variant: str, save: Path) -> tuple[list[str], dict[str, str]]:
@@ -78,8 +88,9 @@ def variant_setup(variant: str, save: Path) -> tuple[list[str], dict[str, str]]:
     return [], {}
 
 
-def run_once(variant: str, files: JobFiles, steps: int, save: Path) -> tuple[dict[int, float], float, int]:
-    """One main_ppo run: (seconds per step, wall seconds, number of dump.json files)."""
+def run_once(variant: str, files: JobFiles, steps: int, save: Path) -> tuple[dict[int, float], dict[int, float], float, int]:
+    """One main_ppo run: (seconds per step, seconds of the stages per step, wall seconds,
+    number of dump.json files)."""
     overrides, extra_env = variant_setup(variant, save)
     cmd = merge_overrides(trainer_args(files, steps=steps, save_path=save), overrides)
     env = trainer_env({k: v for k, v in os.environ.items() if k != "VERL_EVENTS_CONFIG"} | extra_env)
@@ -88,13 +99,16 @@ def run_once(variant: str, files: JobFiles, steps: int, save: Path) -> tuple[dic
     rc = run_trainer(cmd, env, log=log)
     wall = time.perf_counter() - started
     text = log.read_text(errors="replace")
-    times = {int(m[1]): float(m[2]) for m in STEP_LINE.finditer(text)}
+    timers = {int(m[1]): {k: float(v) for k, v in TIMER.findall(m[2])} for m in STEP_LINE.finditer(text)}
+    timers = {step: found for step, found in timers.items() if "step" in found}
+    times = {step: found["step"] for step, found in timers.items()}
+    stages = {step: sum(found.get(name, 0.0) for name in STAGE_TIMERS) for step, found in timers.items()}
     dumps = len(list(save.rglob("dump.json")))
     if rc != 0 or sorted(times) != list(range(1, steps + 1)) or (variant != "none") != (dumps > 0):
         tail = "\n".join(text.splitlines()[-40:])
         sys.exit(f"{variant}: main_ppo exited {rc}, step times for steps {sorted(times)} of 1..{steps}, "
                  f"{dumps} dump.json files; last lines of {log}:\n{tail}")
-    return times, wall, dumps
+    return times, stages, wall, dumps
 
 
 def main() -> None:
@@ -109,22 +123,25 @@ def main() -> None:
         files = prepare(Path(scratch) / "job")
         for round_index in range(1, args.rounds + 1):
             for variant in VARIANTS:
-                times, wall, dumps = run_once(variant, files, args.steps, Path(scratch) / f"{variant}_{round_index}")
+                times, stages, wall, dumps = run_once(variant, files, args.steps, Path(scratch) / f"{variant}_{round_index}")
                 runs[variant].steps.append(times)
+                runs[variant].stages.append(stages)
                 runs[variant].walls.append(wall)
                 runs[variant].dumps.append(dumps)
                 print(f"round {round_index} {variant:<4} wall {wall:5.1f} s  dumps {dumps:3d}  step s: "
-                      + " ".join(f"{times[s]:.3f}" for s in sorted(times)), flush=True)
+                      + " ".join(f"{times[s]:.3f}" for s in sorted(times))
+                      + "  stages s: " + " ".join(f"{stages[s]:.3f}" for s in sorted(stages)), flush=True)
     if len({*runs["verl"].dumps, *runs["ours"].dumps}) != 1:
         print(f"warning: verl and ours dumped different numbers of files: {runs['verl'].dumps} {runs['ours'].dumps}")
-    print(f"\n{'variant':<8} {'profiled step s (1-2)':>22} {'unprofiled step s (3-' + str(args.steps) + ')':>24}"
-          f" {'total wall s':>13} {'dumps/run':>10}")
+    unprofiled = f"3-{args.steps}"
+    print(f"\n{'variant':<8} {'stages s, 1-2':>14} {'stages s, ' + unprofiled:>14} {'step s, 1-2':>12}"
+          f" {'step s, ' + unprofiled:>12} {'total wall s':>13} {'dumps/run':>10}")
     for variant, r in runs.items():
-        print(f"{variant:<8} {r.median(True):22.3f} {r.median(False):24.3f}"
-              f" {statistics.median(r.walls):13.1f} {statistics.median(r.dumps):10.0f}")
-    step2 = {v: statistics.median(run[2] for run in r.steps) for v, r in runs.items()}
-    print(f"step 2 alone (past msprobe's first start): none {step2['none']:.3f} s, verl {step2['verl']:.3f} s, "
-          f"ours {step2['ours']:.3f} s, ours/verl {step2['ours'] / step2['verl']:.3f}")
+        print(f"{variant:<8} {r.median(True):14.3f} {r.median(False):14.3f} {r.median(True, 'step'):12.3f}"
+              f" {r.median(False, 'step'):12.3f} {statistics.median(r.walls):13.1f} {statistics.median(r.dumps):10.0f}")
+    step2 = {v: statistics.median(run[2] for run in r.stages) for v, r in runs.items()}
+    print(f"stages of step 2 alone (past msprobe's first session): none {step2['none']:.3f} s, "
+          f"verl {step2['verl']:.3f} s, ours {step2['ours']:.3f} s, ours/verl {step2['ours'] / step2['verl']:.3f}")
     print(f"ours_vs_verl_profiled_step={runs['ours'].median(True) / runs['verl'].median(True):.3f} "
           f"ours_unprofiled_vs_none={runs['ours'].median(False) / runs['none'].median(False):.3f}")
 
