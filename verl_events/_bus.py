@@ -42,7 +42,7 @@ stage_begin = signals.signal(
 stage_end = signals.signal("stage_end", doc="Sent with the stage name as sender and event=StageEnd.")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # frames are told apart by identity
 class _Frame:
     """One open stage: who got its begin, and their hook times so far."""
 

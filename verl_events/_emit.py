@@ -33,7 +33,6 @@ _local = threading.local()
 _seq = itertools.count(1)  # next() on a count is atomic under the GIL
 
 
-
 class _Listeners:
     """What the disabled path asks: does anything receive ``stage_begin``, and for this stage?
 
@@ -191,8 +190,8 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
     ``"global_steps"``, worker ``global_step`` / ``_global_step``, then
     :func:`set_step`; a value set_step would refuse is passed over), the
     rank (torch.distributed, env ``RANK``, 0) and the model (per-role
-    attribute paths on the worker, see :func:`add_model_paths`).  The method runs exactly once per call and its
-    exception propagates unchanged.
+    attribute paths on the worker, see :func:`add_model_paths`).  The
+    method runs exactly once per call and its exception propagates unchanged.
     """
     check_stage_name(name, where="emits_stage")
     stage_role = role if role is not None else STAGE_ROLES.get(name)
