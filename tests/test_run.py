@@ -14,8 +14,8 @@ from verl_events._run import RUN_FILE, SavePathTaken, claim_save_path, owner_of,
 
 @pytest.fixture(autouse=True)
 def no_inherited_ids(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VERL_EVENTS_RUN_ID", raising=False)
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    for name in ("VERL_EVENTS_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_in_ray_the_session_and_job_name_the_run() -> None:
@@ -41,6 +41,15 @@ def test_torchruns_rendezvous_id_names_the_run(monkeypatch: pytest.MonkeyPatch) 
     assert run_id() == "torchrun-abc"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default --rdzv-id
     assert run_id() == f"torchrun-agent{os.getppid()}"
+
+
+def test_ranks_started_by_one_parent_share_the_parent_and_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = run_id()  # before torch.distributed is set up: made up here
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    assert run_id() == f"ranks-{os.getppid()}-127.0.0.1:29511" != made
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "named")  # a launcher's name wins
+    assert run_id() == "named"
 
 
 def test_a_made_up_id_is_inherited_by_the_processes_this_one_starts() -> None:

@@ -5,10 +5,14 @@ torchrun's ranks, the demo's spawned ranks.  They agree on :func:`run_id`:
 
 1. Ray's session name and job id, in a process connected to Ray (every
    worker of a job, on every node);
-2. ``$VERL_EVENTS_RUN_ID``, for a launcher that names its runs;
+2. ``$VERL_EVENTS_RUN_ID``, set by a launcher that names its runs, or
+   inherited from the process that started this one;
 3. torchrun's ``$TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``; when that is the
    default ``none``, the local ranks' common parent, the elastic agent);
-4. otherwise a new id, put into ``$VERL_EVENTS_RUN_ID`` so that the
+4. ranks started together by one parent (``torch.multiprocessing.spawn`` or
+   a launcher of your own; ``$MASTER_PORT`` is set): that parent and the
+   rendezvous address;
+5. otherwise a new id, put into ``$VERL_EVENTS_RUN_ID`` so that the
    processes this one starts (and a Ray cluster it starts) inherit it.
 
 An observer whose files must never mix with another run's checks
@@ -39,15 +43,26 @@ def run_id() -> str:
         # The job id alone repeats: every fresh local cluster numbers its first job 01000000.
         context = ray.get_runtime_context()
         return f"ray-{context.get_session_name()}-{context.get_job_id()}"
+    global _made_here
     own = os.environ.get(RUN_ID_ENV)
-    if own:
+    if own and own != _made_here:
         return own
     torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
     if torchrun:
         return f"torchrun-{torchrun}" if torchrun != "none" else f"torchrun-agent{os.getppid()}"
-    made = f"run-{uuid.uuid4().hex[:12]}"
-    os.environ[RUN_ID_ENV] = made
-    return made
+    port = os.environ.get("MASTER_PORT")
+    if port:
+        return f"ranks-{os.getppid()}-{os.environ.get('MASTER_ADDR', '')}:{port}"
+    if own:
+        return own
+    _made_here = f"run-{uuid.uuid4().hex[:12]}"
+    os.environ[RUN_ID_ENV] = _made_here
+    return _made_here
+
+
+# The id this process made up (step 5): it is exported for child processes,
+# but a rendezvous set up later in this process (step 4) still takes precedence.
+_made_here: str | None = None
 
 
 class SavePathTaken(FileExistsError):
