@@ -100,15 +100,7 @@ def preflight(config: dict[str, Any]) -> None:
     fail (msprobe missing, a save path holding another run's files) stops the demo
     before the trainer starts.  Raises :class:`ConfigError` or :class:`ObserverSetupError`."""
     from ._install import install
-    from .overhead import timing_log_files
 
-    save_path = Path(config["save_path"])
-    logs = timing_log_files(save_path)
-    if logs:
-        raise ConfigError(
-            f"save_path: {str(save_path)!r} already holds timing logs of another run, e.g. {logs[0]}; "
-            "choose another --save-path"
-        )
     with install(config):
         pass
 
@@ -164,9 +156,5 @@ def command(args: argparse.Namespace) -> int:
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        return run(config, steps)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    return run(config, steps)  # Ctrl-C: the CLI's one line
 
