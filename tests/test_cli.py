@@ -37,7 +37,7 @@ def test_check_writes_nothing_and_shows_where_each_observer_comes_from(tmp_path:
     assert main(["check", str(config)]) == 0
     printed = capsys.readouterr().out
     assert not out.exists()
-    assert "from entry point 'msprobe' -> observers.msprobe:MsprobeObserver, from verl-events " in printed
+    assert "from entry point 'msprobe' -> verl_events.observers.msprobe:MsprobeObserver, from verl-events " in printed
     assert "options: quiet=False" in printed
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch.cuda.profiler
 
 import verl_events
-from observers.nsys import NsysObserver, capture_ranges, nsys_command
+from verl_events.observers.nsys import NsysObserver, capture_ranges, nsys_command
 from verl_events import ConfigError, ObserverSetupError, Selection, VerlEventsWarning, stage
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import verl_events
-from observers.timing import rank_bytes
+from verl_events.observers.timing import rank_bytes
 from verl_events import Observer, StageEvent, stage
 
 from .conftest import Small, run_model
