@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import verl_events
-from verl_events import _resolve
 from verl_events._run import RUN_ID_ENV
+from verl_events.testing import reset
 
 
 @pytest.fixture(autouse=True)
@@ -27,13 +27,8 @@ def _own_run_id() -> Iterator[None]:
 def _clean_bus() -> Iterator[None]:
     """Every test starts and ends with nothing installed and no announced step."""
     yield
-    current = verl_events.current_installation()
-    if current is not None:
-        current.close()
-    verl_events.set_step(None)
-    verl_events.reset_model_paths()
+    reset()
     assert not verl_events.stage_begin.receivers, "a test left a receiver connected"
-    _resolve._bad_env_warned.clear()
 
 
 @pytest.fixture(scope="session")

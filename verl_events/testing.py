@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,7 +26,26 @@ from ._bus import stage_begin, stage_end
 from ._events import StageEnd, StageEvent, StageReport
 from ._observer import Observer
 
-__all__ = ["RecordingObserver", "capture_events"]
+__all__ = ["RecordingObserver", "capture_events", "reset"]
+
+
+def reset() -> None:
+    """Put verl_events back as a fresh process has it: no installation, no
+    announced step, no added model paths, no warnings remembered, and no run
+    id made up by this process (so the next run here gets a new one).  For
+    test fixtures; the verl bridge is left as it is."""
+    from . import _resolve, _run
+    from ._install import current_installation
+
+    current = current_installation()
+    if current is not None:
+        current.close()
+    _resolve.set_step(None)
+    _resolve.reset_model_paths()
+    _resolve._bad_env_warned.clear()
+    if _run._made_here is not None and os.environ.get(_run.RUN_ID_ENV) == _run._made_here:
+        del os.environ[_run.RUN_ID_ENV]
+    _run._made_here = None
 
 
 @contextmanager

@@ -1,0 +1,29 @@
+"""verl_events.testing: what a user's tests get from us."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import verl_events
+from verl_events._run import RUN_ID_ENV, run_id
+from verl_events.testing import RecordingObserver, reset
+
+
+def test_reset_leaves_the_process_as_fresh() -> None:
+    verl_events.install(observers=[RecordingObserver()])
+    verl_events.set_step(4)
+    verl_events.add_model_paths("actor", "policy.net")
+    made = run_id()
+    reset()
+    assert verl_events.current_installation() is None
+    assert verl_events.current_step() is None
+    assert verl_events._resolve.model_paths("actor")[0] != "policy.net"
+    assert RUN_ID_ENV not in os.environ and run_id() != made
+
+
+def test_reset_keeps_a_run_id_someone_else_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RUN_ID_ENV, "from-the-launcher")
+    reset()
+    assert run_id() == "from-the-launcher"
