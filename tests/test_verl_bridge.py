@@ -130,7 +130,7 @@ def test_bridged_worker_classes_pickle_for_ray_and_emit_where_they_land(bridge: 
     def local_worker_class() -> type:
         class MyActorWorker(ActorRolloutRefWorker):
             @DistProfiler.annotate(color="red", role="actor_update")
-            def update_actor(self, data: DataProto) -> float:
+            def update_actor(self, data: Any) -> float:
                 return 1.5
 
         return MyActorWorker
