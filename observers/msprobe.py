@@ -41,7 +41,7 @@ from verl_events import (
     stage_output_dir,
 )
 
-from verl_events._paths import mark_complete, mark_incomplete, run_files
+from verl_events._paths import mark_complete, mark_incomplete, run_files, session_dirs
 from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs
 
 from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
@@ -101,7 +101,7 @@ class MsprobeObserver(Observer):
             warnings.warn(message, VerlEventsWarning, stacklevel=2)
             return
         try:
-            refuse_other_runs(context.save_path, _dumps_under(context.save_path), "msprobe dump(s)")
+            refuse_other_runs(context.save_path, session_dirs(context.save_path), "msprobe dump(s)")
         except SavePathTaken as exc:
             raise ConfigError(str(exc)) from None
         self._debugger = _debugger_with(self.settings, context.save_path, self.quiet, self.keep_api_hooks)
@@ -236,11 +236,6 @@ def _reset(service: Any, *, running: bool, unwrap: bool) -> None:
     service.reset_status()
     if unwrap:
         service.api_register.restore_all_api()
-
-
-def _dumps_under(save_path: Path) -> list[Path]:
-    """Every rank directory of every dump session under ``save_path``."""
-    return sorted(save_path.glob("step_*/*/step*/rank*"))
 
 
 def _quiet_msprobe() -> None:

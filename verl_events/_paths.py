@@ -88,6 +88,16 @@ def incomplete_sessions(save_path: Path) -> list[tuple[Path, str]]:
     return found
 
 
+def session_dirs(save_path: Path) -> list[Path]:
+    """The rank directory of every msprobe session under ``save_path``."""
+    return sorted(save_path.glob("step_*/*/step*/rank*"))
+
+
+def timing_log_files(save_path: Path) -> list[Path]:
+    """Every rank's timing log of a run, by rank file name."""
+    return sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl"))
+
+
 def run_files(save_path: Path) -> list[Path]:
     """What a run leaves in ``save_path``: msprobe session directories and timing logs."""
-    return sorted(save_path.glob("step_*/*/step*/rank*")) + sorted((save_path / TIMING_DIR).glob("rank*.jsonl"))
+    return session_dirs(save_path) + timing_log_files(save_path)

@@ -51,12 +51,11 @@ def _check(args: argparse.Namespace) -> int:
 
 def _save_path_notes(save_path: Path) -> list[str]:
     """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
-    from ._paths import incomplete_sessions
+    from ._paths import incomplete_sessions, session_dirs, timing_log_files
     from ._run import owner_of
-    from .overhead import timing_log_files
 
     notes = []
-    dumps = sorted(save_path.glob("step_*/*/step*/rank*"))
+    dumps = session_dirs(save_path)
     logs = timing_log_files(save_path)
     if dumps or logs:
         owner = owner_of(save_path)

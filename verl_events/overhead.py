@@ -18,16 +18,11 @@ from typing import Any
 import orjson
 
 from ._errors import VerlEventsWarning
-from ._paths import TIMING_DIR
+from ._paths import timing_log_files
 
 
 class TimingLogError(ValueError):
     """A timing log cannot be read; the message names the file and line."""
-
-
-def timing_log_files(save_path: Path) -> list[Path]:
-    """Every rank's timing log of a run, by rank file name."""
-    return sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl"))
 
 
 def _loads(line: bytes) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._events import STAGE_ORDER
-from ._paths import TIMING_DIR, incomplete_sessions
+from ._paths import TIMING_DIR, incomplete_sessions, timing_log_files
 from .overhead import (
     ObserverHooks,
     StageOverhead,
@@ -25,7 +25,6 @@ from .overhead import (
     profilers,
     read_timing_records,
     runs_in,
-    timing_log_files,
 )
 
 
