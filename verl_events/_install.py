@@ -131,10 +131,15 @@ def install(
     return installation
 
 
+def nothing_to_observe(config: Any) -> str:
+    """What install and check say about a config that builds no observer."""
+    where = f"config {str(config)!r}" if isinstance(config, (str, os.PathLike)) else "the config"
+    return f"{where} has no observers; nothing will be observed (list them under observers:, or verl's global_profiler)"
+
+
 def _nothing_to_observe(config: Any, *, strict: bool) -> None:
     """An empty config would install nothing without a word: say so (raise when strict)."""
-    where = f"config {str(config)!r}" if isinstance(config, (str, os.PathLike)) else "the config"
-    message = f"{where} has no observers; nothing will be observed (list them under observers:, or verl's global_profiler)"
+    message = nothing_to_observe(config)
     if strict:
         raise ConfigError(message)
     warnings.warn(message, VerlEventsWarning, stacklevel=3)

@@ -16,7 +16,7 @@ from ._errors import ConfigError, ObserverSetupError
 def _check(args: argparse.Namespace) -> int:
     """Validate a config and build its observers as install() would, without
     setting them up: nothing is written, no tool is started."""
-    from ._install import check_exclusive_resources
+    from ._install import check_exclusive_resources, nothing_to_observe
     from ._observer import InstallContext
     from ._registry import build_observer, observer_origin
 
@@ -31,7 +31,7 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     print(f"save_path: {config.save_path}  strict: {config.strict}")
     if not built:
-        print(f"warning: config {args.config!r} has no observers; nothing will be observed", file=sys.stderr)
+        print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
     for spec, observer in zip(specs, built):
         sel = observer.selection
         print(
