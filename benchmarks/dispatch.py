@@ -66,7 +66,7 @@ def main() -> None:
     a = ns_per_call(lambda: bare.update_actor(1), args.number, args.repeat)
     b = ns_per_call(lambda: emitting.update_actor(1), args.number, args.repeat)
 
-    others = [name for name in sorted(verl_events.KNOWN_STAGES) if name != "actor_update"]
+    others = [name for name in verl_events.STAGE_ROLES if name != "actor_update"]
     observers = []
     for i in range(10):
         observer = Observer()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from verl_events.report import report
+from verl_events.apps.report import report
 
 STAGES = ("rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update")
 

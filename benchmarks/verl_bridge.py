@@ -75,8 +75,9 @@ def run_mode(mode: str, iters: int, root: Path) -> list[float]:
         worker = make_worker(DistProfiler(rank=0, config=config, tool_config=tool))
     else:
         import verl_events
+        from verl_events.verl_bridge import install_verl_bridge
 
-        verl_events.install_verl_bridge()
+        install_verl_bridge()
         verl_events.install({"save_path": str(root / "out"), "observers": [
             {"name": "msprobe", "config_path": str(config_path), "stages": ["actor_update"],
              "keep_api_hooks": mode == "ours_keep_api_hooks"}]})
@@ -97,7 +98,7 @@ def disabled_path_ns(number: int = 100_000) -> tuple[float, float]:
     """ns per call of an annotated method with profiling off: plain verl, then bridged."""
     from verl.utils.profiler import DistProfiler, DistProfilerExtension
 
-    import verl_events
+    from verl_events.verl_bridge import install_verl_bridge, uninstall_verl_bridge
 
     class Worker(DistProfilerExtension):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -109,11 +110,11 @@ def disabled_path_ns(number: int = 100_000) -> tuple[float, float]:
 
     worker = Worker()
     plain = min(timeit.repeat(worker.update_actor, number=number, repeat=7)) / number * 1e9
-    verl_events.install_verl_bridge()  # wraps Worker.update_actor in place
+    install_verl_bridge()  # wraps Worker.update_actor in place
     try:
         bridged = min(timeit.repeat(worker.update_actor, number=number, repeat=7)) / number * 1e9
     finally:
-        verl_events.uninstall_verl_bridge()
+        uninstall_verl_bridge()
     return plain, bridged
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/verl_trainer.py [--rounds 2] [--steps 6]
 
-The tiny CPU job of :mod:`verl_events.verl_cpu.job` (``python -m verl.trainer.main_ppo``)
+The tiny CPU job of :mod:`verl_events.apps.verl_cpu.job` (``python -m verl.trainer.main_ppo``)
 runs ``--steps`` steps in three variants, alternating, ``--rounds`` times, each a whole
 run into a fresh save path:
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from verl_events.verl_cpu.job import JobFiles, merge_overrides, prepare, run_trainer, trainer_args, trainer_env
+from verl_events.apps.verl_cpu.job import JobFiles, merge_overrides, prepare, run_trainer, trainer_args, trainer_env
 
 VARIANTS = ("none", "verl", "ours")
 PROFILED_STEPS = (1, 2)

@@ -32,8 +32,8 @@ from verl_events import (
     find_rank,
     prepare_output_dir,
     stage_output_dir,
-    step_dir_name,
 )
+from verl_events.layout import step_dir_name
 
 from ._session import SessionSlot
 

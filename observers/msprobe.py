@@ -41,8 +41,15 @@ from verl_events import (
     stage_output_dir,
 )
 
-from verl_events._paths import mark_complete, mark_incomplete, run_files, session_dirs
-from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs
+from verl_events.layout import (
+    SavePathTaken,
+    claim_save_path,
+    mark_complete,
+    mark_incomplete,
+    refuse_other_runs,
+    run_files,
+    session_dirs,
+)
 
 from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
 from ._session import SessionSlot

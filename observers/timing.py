@@ -39,8 +39,16 @@ from typing import IO, Any
 import structlog
 
 from verl_events import ConfigError, InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
-from verl_events._paths import TIMING_DIR, run_files, timing_log_files, timing_log_path
-from verl_events._run import SavePathTaken, claim_save_path, refuse_other_runs, run_id
+from verl_events.layout import (
+    TIMING_DIR,
+    SavePathTaken,
+    claim_save_path,
+    refuse_other_runs,
+    run_files,
+    run_id,
+    timing_log_files,
+    timing_log_path,
+)
 
 
 class TimingObserver(Observer):

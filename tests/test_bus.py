@@ -13,7 +13,7 @@ from verl_events import Observer, ObserverError, Selection, StageEnd, StageEvent
 from verl_events._bus import Dispatcher
 from verl_events.testing import RecordingObserver, capture_events
 
-from .test_events import make_event
+from .support import make_event
 
 
 class Journal(Observer):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_events.cli import main
+from verl_events.apps.cli import main
 
 
 def test_check_lists_the_observers_a_config_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

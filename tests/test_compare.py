@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_events.cli import main
-from verl_events.compare import (
+from verl_events.apps.cli import main
+from verl_events.apps.compare import (
     DEFAULT_TOLERANCES,
     STATS,
     Row,

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_events import ConfigError, load_config
+from verl_events import ConfigError
+from verl_events.config import load_config
 
 YAML = """
 save_path: out/profile

@@ -55,7 +55,7 @@ def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_installe
 
 def test_the_example_observer_is_listed_once_installed(nanwatch_installed: None) -> None:
     listed = subprocess.run(
-        [sys.executable, "-c", "import verl_events; print(sorted(verl_events.available_observers()))"],
+        [sys.executable, "-c", "from verl_events.config import available_observers; print(sorted(available_observers()))"],
         capture_output=True, text=True, check=True,
     ).stdout
     assert "'nan_watch'" in listed

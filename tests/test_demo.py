@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_events.overhead import read_timing_records
+from verl_events.apps.overhead import read_timing_records
 
 ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
 ALL_STAGES = {"rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update"}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_events import cli, demo_verl
-from verl_events.overhead import read_timing_records
+from verl_events.apps import cli, demo_verl
+from verl_events.apps.overhead import read_timing_records
 
 ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
 REPO = Path(__file__).resolve().parent.parent

@@ -7,11 +7,7 @@ import pytest
 from verl_events import ConfigError, StageEnd, StageEvent
 from verl_events._events import check_stage_name
 
-
-def make_event(**overrides: object) -> StageEvent:
-    fields = dict(stage="actor_update", role="actor", step=1, rank=0, world_size=1)
-    fields.update(overrides)
-    return StageEvent(**fields)  # type: ignore[arg-type]
+from .support import make_event
 
 
 def test_stage_event_is_frozen() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from verl_events import VerlEventsWarning
-from verl_events.overhead import overhead_table, read_timing_records
+from verl_events.apps.overhead import overhead_table, read_timing_records
 
 
 def record(stage: str, step: int, elapsed: float, overhead: float = 0.0, dump: int = 0, rank: int = 0, by: str = "msprobe") -> dict[str, object]:

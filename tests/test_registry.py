@@ -25,7 +25,7 @@ def add_distribution(root: Path, dist: str, entry_points: str, modules: dict[str
 
 
 def test_builtin_entry_points_resolve_by_name() -> None:
-    assert "recording" in verl_events.available_observers()
+    assert "recording" in verl_events.config.available_observers()
     with install({"observers": [{"name": "recording", "stages": ["actor_update"], "priority": 5}]}) as inst:
         [observer] = inst.observers
     assert isinstance(observer, RecordingObserver)

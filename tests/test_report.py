@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from verl_events.observers.timing import rank_bytes
-from verl_events.cli import main
+from verl_events.apps.cli import main
 
 STAGES = {"rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update"}
 

@@ -5,7 +5,7 @@ import pytest
 from verl_events import ConfigError, Selection, VerlEventsWarning
 from verl_events._selection import parse_numbers
 
-from .test_events import make_event
+from .support import make_event
 
 
 def test_ranges_and_ints_compile_to_one_set() -> None:

@@ -18,7 +18,7 @@ def test_reset_leaves_the_process_as_fresh() -> None:
     made = run_id()
     reset()
     assert verl_events.current_installation() is None
-    assert verl_events.current_step() is None
+    assert verl_events._resolve.current_step() is None
     assert verl_events._resolve.model_paths("actor")[0] != "policy.net"
     assert RUN_ID_ENV not in os.environ and run_id() != made
 

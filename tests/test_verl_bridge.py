@@ -19,10 +19,12 @@ from verl.utils.profiler import DistProfiler, ProfilerConfig
 from verl.utils.profiler.config import TorchProfilerToolConfig
 
 import verl_events
-from verl_events import ConfigError, StageEnd, VerlBridgeError, VerlEventsWarning
+from verl_events import ConfigError, StageEnd, VerlEventsWarning
+from verl_events.config import load_config
+from verl_events.verl_bridge import VerlBridgeError, install_verl_bridge, uninstall_verl_bridge
 from verl_events.testing import RecordingObserver, capture_events
 
-from .observers.conftest import write_msprobe_config
+from .observers.support import write_msprobe_config
 from .verl_workers import ActorRolloutRefWorker, CriticWorker, batch, train_step
 
 REPO = Path(__file__).parent.parent
@@ -32,9 +34,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarnin
 
 @pytest.fixture
 def bridge() -> Any:
-    verl_events.install_verl_bridge()
+    install_verl_bridge()
     yield
-    verl_events.uninstall_verl_bridge()
+    uninstall_verl_bridge()
 
 
 def begins(events: list[Any]) -> list[Any]:
@@ -148,15 +150,15 @@ def test_bridged_worker_classes_pickle_for_ray_and_emit_where_they_land(bridge: 
 def test_install_is_idempotent_and_uninstall_restores_verl_exactly() -> None:
     originals = {name: ActorRolloutRefWorker.__dict__[name] for name in ("update_actor", "compute_log_prob")}
     start, stop = DistProfiler.__dict__["start"], DistProfiler.__dict__["stop"]
-    verl_events.install_verl_bridge()
-    verl_events.install_verl_bridge()
+    install_verl_bridge()
+    install_verl_bridge()
     try:
         with capture_events() as events:
             ActorRolloutRefWorker().update_actor(batch(1))
         assert len(events) == 2  # one begin, one end: not wrapped twice
     finally:
-        verl_events.uninstall_verl_bridge()
-        verl_events.uninstall_verl_bridge()
+        uninstall_verl_bridge()
+        uninstall_verl_bridge()
     assert {name: ActorRolloutRefWorker.__dict__[name] for name in originals} == originals
     assert (DistProfiler.__dict__["start"], DistProfiler.__dict__["stop"]) == (start, stop)
     assert "__init_subclass__" not in verl_profiler.DistProfilerExtension.__dict__
@@ -201,7 +203,7 @@ def test_a_verl_without_what_the_bridge_needs_is_a_clear_error(monkeypatch: pyte
     monkeypatch.delattr(owner, name)
     version = re.escape(verl.__version__)
     with pytest.raises(VerlBridgeError, match=rf"verl {version} lacks verl\.utils\.profiler\.(DistProfiler\.)?{name}, which the verl_events bridge relies on"):
-        verl_events.install_verl_bridge()
+        install_verl_bridge()
     assert not verl_events.verl_bridge.verl_bridge_installed()
 
 
@@ -263,7 +265,7 @@ def test_deprecated_precision_debugger_steps_warns_as_verl_does(tmp_path: Path) 
                                "global_tool_config": {"precision_debugger": {"steps": [1, 2]}}},
            "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}}
     with pytest.warns(VerlEventsWarning, match="precision_debugger.steps is deprecated and ignored, as in verl"):
-        config = verl_events.load_config(raw)
+        config = load_config(raw)
     assert config.observers[0].selection.steps == {1}
 
 
@@ -272,19 +274,19 @@ def test_rollout_generate_in_stages_is_dropped_with_a_warning(tmp_path: Path) ->
                                "global_tool_config": {"precision_debugger": {"stages": ["rollout_generate", "actor_update"]}}},
            "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}}
     with pytest.warns(VerlEventsWarning, match="rollout_generate is skipped, as in verl"):
-        config = verl_events.load_config(raw)
+        config = load_config(raw)
     assert config.observers[0].selection.stages == {"actor_update"}
 
 
 @pytest.mark.parametrize("tool", ["torch_memory", "nsight"])
 def test_tools_without_an_observer_are_a_clear_error(tool: str) -> None:
     with pytest.raises(ConfigError, match=rf"global_profiler.tool: '{tool}' has no verl_events observer; supported: precision_debugger, nsys, npu, torch"):
-        verl_events.load_config({"global_profiler": {"tool": tool, "steps": [1]}})
+        load_config({"global_profiler": {"tool": tool, "steps": [1]}})
 
 
 def test_null_steps_profile_nothing_as_in_verl() -> None:
     with pytest.warns(VerlEventsWarning, match="global_profiler.steps is null, so precision_debugger profiles nothing"):
-        config = verl_events.load_config({"global_profiler": {"tool": "precision_debugger", "steps": None},
+        config = load_config({"global_profiler": {"tool": "precision_debugger", "steps": None},
                                           "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}})
     assert config.observers == ()
 
@@ -293,7 +295,7 @@ def test_verl_torch_tool_maps_to_our_torch_profiler_with_verls_rank_rule() -> No
     raw = {"global_profiler": {"tool": "torch", "steps": [2]},
            "actor_rollout_ref": {"actor": {"profiler": {"enable": True, "ranks": [1], "tool_config": {"torch": {"contents": ["cpu"], "discrete": True}}}}},
            "observers": [{"name": "timing"}]}
-    torch_profiler, timing = verl_events.load_config(raw).observers
+    torch_profiler, timing = load_config(raw).observers
     assert torch_profiler.name == "torch_profiler" and dict(torch_profiler.options) == {"contents": ["cpu"], "discrete": True}
     assert torch_profiler.selection.ranks == {1} and torch_profiler.selection.roles == {"actor"}
     assert timing.name == "timing"
@@ -314,8 +316,9 @@ def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> Non
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
             dist.init_process_group("gloo", rank=rank, world_size=2)
             import verl_events
+            from verl_events.verl_bridge import install_verl_bridge
             from tests.verl_workers import ActorRolloutRefWorker, train_step
-            verl_events.install_verl_bridge()
+            install_verl_bridge()
             with verl_events.install({str(config)!r}):
                 worker = ActorRolloutRefWorker(rank=rank)
                 for step in (1, 2, 3):
@@ -324,7 +327,7 @@ def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> Non
             dist.destroy_process_group()
             import multiprocessing.util
             multiprocessing.util._exit_function()
-            os._exit(0)  # skip interpreter teardown, as the demo does (see verl_events/demo.py)
+            os._exit(0)  # skip interpreter teardown, as the demo does (see verl_events/apps/demo.py)
 
         if __name__ == "__main__":
             mp.spawn(rank_main, nprocs=2)
@@ -390,7 +393,7 @@ def test_a_subclass_hook_verl_defines_is_kept_and_restored(monkeypatch: pytest.M
 
     hook = classmethod(verl_hook)
     monkeypatch.setattr(verl_profiler.DistProfilerExtension, "__init_subclass__", hook, raising=False)
-    verl_events.install_verl_bridge()
+    install_verl_bridge()
     try:
         class Later(verl_profiler.DistProfilerExtension):  # type: ignore[misc]
             @DistProfiler.annotate(role="actor_update")
@@ -399,7 +402,7 @@ def test_a_subclass_hook_verl_defines_is_kept_and_restored(monkeypatch: pytest.M
         assert seen == ["Later"]
         assert hasattr(Later.__dict__["update_actor"], "__verl_events_bridged__")
     finally:
-        verl_events.uninstall_verl_bridge()
+        uninstall_verl_bridge()
     assert verl_profiler.DistProfilerExtension.__dict__["__init_subclass__"] is hook
 
 

@@ -1,7 +1,7 @@
 """verl 0.9.1's real trainer — ``python -m verl.trainer.main_ppo`` under Ray, FSDP2 on gloo,
 on CPU — with the switches exactly as docs/verl.md writes them.
 
-The job is verl_events.verl_cpu.job: a tiny random Qwen2 model, an offline byte-level BPE
+The job is verl_events.apps.verl_cpu.job: a tiny random Qwen2 model, an offline byte-level BPE
 tokenizer, a 32-row parquet, a custom reward, 3 steps, repeatable (reinforce_plus_plus,
 rollout.n=1, seeded).  docs/verl.md's YAML is the config and its commands are run as
 written, with ``/shared/`` pointing into a temporary directory and ``...your usual
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_events.cli import main as verl_events_main
-from verl_events.verl_cpu import job
+from verl_events.apps.cli import main as verl_events_main
+from verl_events.apps.verl_cpu import job
 
 REPO = Path(__file__).parent.parent
 DOC = (REPO / "docs/verl.md").read_text()

@@ -73,14 +73,15 @@ class Config:
 def load_config(source: Any = None, overrides: Iterable[str] = ()) -> Config:
     """Build a :class:`Config` from a YAML path, a mapping or an OmegaConf
     object (None means an empty config), then apply dotlist overrides."""
-    raw = _to_dict(source)
+    raw = read_config(source)
     overrides = list(overrides)
     if overrides:
         raw = _apply_overrides(raw, overrides)
     return parse_config(raw)
 
 
-def _to_dict(source: Any) -> dict[str, Any]:
+def read_config(source: Any) -> dict[str, Any]:
+    """The raw mapping of a YAML path, a mapping or an OmegaConf object, not yet checked."""
     if source is None:
         return {}
     if isinstance(source, (str, os.PathLike)):

@@ -10,7 +10,8 @@ from typing import Any
 
 from ._errors import ConfigError
 
-#: Stages verl's workers run, mapped to the role that runs them.  verl 0.9's
+#: Stages verl's workers run, in the order they run within a step (tables
+#: list stages this way), mapped to the role that runs them.  verl 0.9's
 #: engine workers add ``train_batch`` (the critic's and trainer's update) and
 #: ``forward_backward``; they have no fixed role.
 STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
@@ -20,24 +21,11 @@ STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
         "actor_compute_log_prob": "actor",
         "compute_values": "critic",
         "critic_update": "critic",
-        "actor_update": "actor",
         "compute_rm_score": "reward_model",
+        "actor_update": "actor",
         "train_batch": None,
         "forward_backward": None,
     }
-)
-KNOWN_STAGES: frozenset[str] = frozenset(STAGE_ROLES)
-#: The order verl runs its stages within a step; tables list stages this way.
-STAGE_ORDER: tuple[str, ...] = (
-    "rollout_generate",
-    "ref_compute_log_prob",
-    "actor_compute_log_prob",
-    "compute_values",
-    "critic_update",
-    "compute_rm_score",
-    "actor_update",
-    "train_batch",
-    "forward_backward",
 )
 
 EMPTY_META: Mapping[str, Any] = MappingProxyType({})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ConfigError, VerlEventsWarning
-from ._events import KNOWN_STAGES, StageEvent, check_stage_name
+from ._events import STAGE_ROLES, StageEvent, check_stage_name
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 _NUMBER = re.compile(r"^\s*(\d+)\s*$")
@@ -131,13 +131,13 @@ ALL = Selection()
 
 
 def _check_known(names: Iterable[str], key: str, strict: bool) -> None:
-    unknown = sorted(set(names) - KNOWN_STAGES)
+    unknown = sorted(set(names) - STAGE_ROLES.keys())
     if not unknown:
         return
     message = (
         f"{key}: {', '.join(map(repr, unknown))} "
         f"{'is not a stage' if len(unknown) == 1 else 'are not stages'} verl runs; "
-        f"known stages: {', '.join(sorted(KNOWN_STAGES))}. "
+        f"known stages: {', '.join(STAGE_ROLES)}. "
         "Custom stages emitted by your own code are fine"
     )
     if strict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import driver, entries, log_records, marker, session, timing_lines
+from .processes import driver, entries, log_records, marker, session, timing_lines
 
 NAME = "fault_observers:AlwaysFails"
 FAILURE = re.compile(rf"ERROR verl_events: observer '{NAME}' failed in (\w+) for stage '(\w+)' \(step (\d+), rank 0\)")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Child, check_save_path, cli, driver, entries, log_records, marker, session, timing_lines
+from .processes import Child, check_save_path, cli, driver, entries, log_records, marker, session, timing_lines
 
 WAYS = ("tmpfs", "file size limit")
 STEPS = {"tmpfs": 8, "file size limit": 2}

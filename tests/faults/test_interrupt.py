@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Child, check_save_path, cli, entries, marker, markers_under, session, verl_events_exe
+from .processes import Child, check_save_path, cli, entries, marker, markers_under, session, verl_events_exe
 
 CONFIG = """\
 observers:

@@ -17,7 +17,7 @@ import pytest
 import verl_events
 from verl_events import ConfigError
 
-from .conftest import check_save_path, cli, driver, entries, marker, markers_under, session
+from .processes import check_save_path, cli, driver, entries, marker, markers_under, session
 
 CUT = "cut off during step 1 actor_update (rank 0)"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cli, driver, entries, marker, markers_under, session, timing_lines
+from .processes import cli, driver, entries, marker, markers_under, session, timing_lines
 
 RAISED = "step 1 actor_update (rank 0) raised Boom; the dump holds the stage only up to there"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Child, driver, entries, log_records, marker
+from .processes import Child, driver, entries, log_records, marker
 
 BATCH = {"run-alpha": 4, "run-beta": 6}
 SESSIONS = [f"step_{step}/{stage}/step0/rank0" for step in (1, 2) for stage in ("actor_compute_log_prob", "actor_update")]

@@ -17,7 +17,7 @@ import verl_events
 from verl_events import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning, stage
 from verl_events.testing import RecordingObserver
 
-from .conftest import Small, dump_entries, run_model, write_msprobe_config
+from .support import Small, dump_entries, run_model, write_msprobe_config
 
 ACTOR_STAGES = ["actor_compute_log_prob", "actor_update"]
 # L0 hooks make torch warn about full backward hooks when an input has no grad.

@@ -12,7 +12,7 @@ import verl_events
 from verl_events.observers.timing import rank_bytes
 from verl_events import Observer, StageEvent, stage
 
-from .conftest import Small, run_model
+from .support import Small, run_model
 
 
 class SlowBegin(Observer):
@@ -102,7 +102,7 @@ def test_each_rank_writes_its_own_file(tmp_path: Path, monkeypatch: pytest.Monke
 def test_a_stage_nested_in_a_profiled_one_is_not_an_unprofiled_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """verl's train_batch runs inside actor_update: when a tool holds actor_update,
     train_batch runs under it too, and must not count as an unprofiled run."""
-    from verl_events.cli import main
+    from verl_events.apps.cli import main
 
     config = {
         "save_path": str(tmp_path),

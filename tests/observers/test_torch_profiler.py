@@ -11,7 +11,7 @@ import pytest
 import verl_events
 from verl_events import ConfigError, stage
 
-from .conftest import Small, run_model
+from .support import Small, run_model
 
 
 def trace_names(path: Path) -> set[str]:

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import time
 
-from ._config import _to_dict, load_config
-from ._errors import ConfigError, ObserverSetupError
+from verl_events.config import load_config, read_config
+from verl_events import ConfigError, ObserverSetupError
 
 
 def _check(args: argparse.Namespace) -> int:
     """Validate a config and build its observers as install() would, without
     setting them up: nothing is written, no tool is started."""
-    from ._install import check_exclusive_resources, nothing_to_observe
-    from ._observer import InstallContext
-    from ._registry import build_observer, observer_origin
+    from verl_events.config import check_exclusive_resources, nothing_to_observe
+    from verl_events import InstallContext
+    from verl_events.config import build_observer, observer_origin
 
     try:
         config = load_config(args.config, args.overrides)
@@ -51,8 +51,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _save_path_notes(save_path: Path) -> list[str]:
     """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
-    from ._paths import incomplete_sessions, session_dirs, timing_log_files
-    from ._run import owner_of
+    from verl_events.layout import incomplete_sessions, session_dirs, timing_log_files
+    from verl_events.layout import owner_of
 
     notes = []
     dumps = session_dirs(save_path)
@@ -82,7 +82,7 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoOptions, DemoRankError, default_config, run_demo
 
     try:
-        raw = _to_dict(args.config) if args.config else None
+        raw = read_config(args.config) if args.config else None
         save_path = args.save_path or (raw or {}).get("save_path") or time.strftime("outputs/demo-%Y%m%d-%H%M%S")
 
         config = dict(raw) if raw is not None else default_config(save_path)
@@ -90,7 +90,7 @@ def _demo(args: argparse.Namespace) -> int:
         if args.nproc > 1:
             # Every observer's files (an msprobe config.json, the save_path) are
             # checked here, once: a spawned rank would fail with a traceback.
-            from ._install import install
+            from verl_events import install
 
             install(config).close()
         else:

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from ._errors import VerlEventsWarning
-from ._paths import timing_log_files
+from verl_events import VerlEventsWarning
+from verl_events.layout import timing_log_files
 
 
 class TimingLogError(ValueError):

@@ -1,14 +1,14 @@
 """``verl-events demo --engine verl``: verl 0.9.1's real PPO trainer on CPU, observed.
 
 Runs ``python -m verl.trainer.main_ppo`` on the tiny offline job of
-:mod:`verl_events.verl_cpu.job` (a random 2-layer Qwen2 model, FSDP2 on gloo,
+:mod:`verl_events.apps.verl_cpu.job` (a random 2-layer Qwen2 model, FSDP2 on gloo,
 a local Ray cluster) with three tools stacked: msprobe statistics at L1 on
 steps 1-2 for the actor and ref stages, torch.profiler (CPU) on step 2's
 ``actor_update``, and timing on every stage.  The observers reach every
 process verl starts the way they would in a real job: our verl plugin reads
 ``$VERL_EVENTS_CONFIG``, which points at ``{save_path}/observers.yaml``, a copy
 of the config with absolute paths.  Afterwards it prints the same overhead
-table and dump count as the fast demo (:func:`verl_events.demo.print_summary`).
+table and dump count as the fast demo (:func:`verl_events.apps.demo.print_summary`).
 
 The job's model, tokenizer and data are built once, under ``outputs/verl-job``
 of the working directory, and reused.
@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from ._config import _to_dict, load_config
-from ._errors import ConfigError, ObserverSetupError
-from ._verl_config import from_verl_config, is_verl_config
+from verl_events.config import load_config, read_config
+from verl_events import ConfigError, ObserverSetupError
+from verl_events.config import from_verl_config, is_verl_config
 
 __all__ = ["DEFAULT_STEPS", "JOB_DIR", "command", "default_config", "missing_modules", "prepare_config", "run"]
 
@@ -62,7 +62,7 @@ def _unsupported(args: argparse.Namespace) -> tuple[str, str] | None:
     if args.perturb:
         return "--perturb", "it changes the tiny engine's model, not verl's"
     if args.seed is not None:
-        return "--seed", "the job seeds itself, see verl_events.verl_cpu.job"
+        return "--seed", "the job seeds itself, see verl_events.apps.verl_cpu.job"
     return None
 
 
@@ -84,7 +84,7 @@ def prepare_config(config_file: str | None, save_path: str | None) -> dict[str, 
     default, with the save path (``save_path``, the file's, or a fresh
     ``outputs/verl-demo-<time>``) and other paths absolute.  Validated; raises
     :class:`ConfigError`."""
-    raw = _to_dict(config_file) if config_file else None
+    raw = read_config(config_file) if config_file else None
     if raw is not None and is_verl_config(raw):
         raw = from_verl_config(raw)
     chosen = save_path or (raw or {}).get("save_path") or time.strftime("outputs/verl-demo-%Y%m%d-%H%M%S")
@@ -99,7 +99,7 @@ def preflight(config: dict[str, Any]) -> None:
     """Build the observers once here and close them, so that a config that would
     fail (msprobe missing, a save path holding another run's files) stops the demo
     before the trainer starts.  Raises :class:`ConfigError` or :class:`ObserverSetupError`."""
-    from ._install import install
+    from verl_events import install
 
     with install(config):
         pass
@@ -110,7 +110,7 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     print the summary; return the trainer's exit code."""
     from .demo import print_summary
     from .report import terminal_console
-    from .verl_bridge import CONFIG_ENV
+    from verl_events.verl_bridge import CONFIG_ENV
     from .verl_cpu.job import prepare, run_trainer, trainer_args, trainer_env
 
     console = terminal_console(stderr=True)

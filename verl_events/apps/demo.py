@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import verl_events
-from verl_events import emits_stage
-from verl_events._events import STAGE_ORDER
-from verl_events.overhead import TimingLogError, overhead_table, read_timing_records
+from verl_events import STAGE_ROLES, emits_stage
+from verl_events.apps.overhead import TimingLogError, overhead_table, read_timing_records
+
+STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
 #: The stages the demo runs each step, in verl's order.
 DEMO_STAGES = tuple(s for s in STAGE_ORDER if s not in ("compute_rm_score", "train_batch", "forward_backward"))
@@ -292,7 +293,7 @@ def run_demo(options: DemoOptions) -> Path:
     """Run all ranks, show progress, print the overhead table; return save_path."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ._run import run_id
+    from verl_events.layout import run_id
     from .report import terminal_console
 
     console = terminal_console(stderr=True)

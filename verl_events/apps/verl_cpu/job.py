@@ -4,9 +4,9 @@
 a random 2-layer Qwen2 model, a byte-level BPE tokenizer with a Qwen-style chat template,
 a 32-row parquet in verl's RL format. :func:`trainer_args` and :func:`trainer_env` give the
 Hydra overrides and environment that run verl's own trainer on it with the CPU shim
-(:mod:`verl_events.verl_cpu.shim`)::
+(:mod:`verl_events.apps.verl_cpu.shim`)::
 
-    python -m verl_events.verl_cpu.job WORKDIR [hydra overrides...]
+    python -m verl_events.apps.verl_cpu.job WORKDIR [hydra overrides...]
 
 Two runs with the same overrides compute the same numbers: the model init, the data
 order (``data.seed``), the rollout sampling (seeded per request) and the mini-batch
@@ -32,7 +32,7 @@ from typing import IO, Any
 __all__ = ["JobFiles", "main", "merge_overrides", "prepare", "run_trainer", "trainer_args", "trainer_env"]
 
 #: Module verl must import in each process (``VERL_USE_EXTERNAL_MODULES``).
-SHIM_MODULE = "verl_events.verl_cpu.shim"
+SHIM_MODULE = "verl_events.apps.verl_cpu.shim"
 
 _SEED = 42
 _NUM_ROWS = 32
@@ -312,7 +312,7 @@ def merge_overrides(defaults: Sequence[str], extra: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m verl_events.verl_cpu.job WORKDIR [hydra overrides...]``: prepare and train."""
+    """``python -m verl_events.apps.verl_cpu.job WORKDIR [hydra overrides...]``: prepare and train."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help"}:
         print(__doc__)

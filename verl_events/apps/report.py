@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._events import STAGE_ORDER
-from ._paths import TIMING_DIR, incomplete_sessions, timing_log_files
+from verl_events import STAGE_ROLES
+from verl_events.layout import TIMING_DIR, incomplete_sessions, timing_log_files
 from .overhead import (
     ObserverHooks,
     StageOverhead,
@@ -26,6 +26,8 @@ from .overhead import (
     read_timing_records,
     runs_in,
 )
+
+STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
 
 class ReportError(TimingLogError):

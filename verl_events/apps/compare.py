@@ -35,7 +35,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ._paths import incomplete_reason
+from verl_events.layout import incomplete_reason
 
 STATS = ("max", "min", "mean", "norm")
 

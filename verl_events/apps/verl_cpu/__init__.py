@@ -3,14 +3,14 @@
 verl 0.9.1 has no CPU path. This subpackage supplies what the demo and the integration
 test need to drive the unmodified trainer end to end on CPU, without editing any verl file:
 
-- :mod:`verl_events.verl_cpu.shim` is loaded by verl itself in every process it starts
-  (``VERL_USE_EXTERNAL_MODULES=verl_events.verl_cpu.shim``). It registers a ``cpu``
+- :mod:`verl_events.apps.verl_cpu.shim` is loaded by verl itself in every process it starts
+  (``VERL_USE_EXTERNAL_MODULES=verl_events.apps.verl_cpu.shim``). It registers a ``cpu``
   platform (``VERL_PLATFORM=cpu``), an ``hf`` rollout (HF ``generate`` in a Ray actor,
-  see :mod:`verl_events.verl_cpu.hf_rollout`) and a few small patches.
-- :mod:`verl_events.verl_cpu.job` builds a tiny offline job (random Qwen2 model, byte-level
+  see :mod:`verl_events.apps.verl_cpu.hf_rollout`) and a few small patches.
+- :mod:`verl_events.apps.verl_cpu.job` builds a tiny offline job (random Qwen2 model, byte-level
   BPE tokenizer, RL parquet, reward function) and the Hydra overrides and environment that
-  run it: ``python -m verl_events.verl_cpu.job WORKDIR [overrides...]``.
-- :mod:`verl_events.verl_cpu.reward` holds the job's reward function.
+  run it: ``python -m verl_events.apps.verl_cpu.job WORKDIR [overrides...]``.
+- :mod:`verl_events.apps.verl_cpu.reward` holds the job's reward function.
 
 Test-only: nothing here is meant for real training.
 """

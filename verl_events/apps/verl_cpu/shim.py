@@ -14,7 +14,7 @@ What it does, each tied to the verl 0.9.1 line it gets past:
 - makes the worker process group gloo-only and FSDP2's CPU offload unpinned.
 
 The FSDP engine itself is selected with ``VERL_ENGINE_DEVICE=cuda`` (``workers/engine/base.py:405``);
-see :func:`verl_events.verl_cpu.job.trainer_env`.
+see :func:`verl_events.apps.verl_cpu.job.trainer_env`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class CPUDeviceModule(types.ModuleType):
     Event = torch.cpu.Event
 
     def __init__(self) -> None:
-        super().__init__("verl_events.verl_cpu.device")
+        super().__init__("verl_events.apps.verl_cpu.device")
 
     def is_available(self) -> bool:
         return True
@@ -259,7 +259,7 @@ def _register_hf_rollout() -> None:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    rollout_base._ROLLOUT_REGISTRY[(HF_ROLLOUT, "async")] = "verl_events.verl_cpu.hf_rollout.HFServerAdapter"
+    rollout_base._ROLLOUT_REGISTRY[(HF_ROLLOUT, "async")] = "verl_events.apps.verl_cpu.hf_rollout.HFServerAdapter"
     RolloutReplicaRegistry.register(HF_ROLLOUT, _load_hf_replica)
 
 

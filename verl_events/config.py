@@ -1,0 +1,28 @@
+"""Turning a config into observers, without installing them.
+
+What tools that check or show a config need (``verl-events check``, the
+demos): read and validate a config, list and build observers, and find the
+conflicts :func:`verl_events.install` would refuse.  Training code needs
+none of this; it calls :func:`verl_events.install`.
+"""
+
+from __future__ import annotations
+
+from ._config import Config, ObserverSpec, load_config, read_config
+from ._install import check_exclusive_resources, nothing_to_observe
+from ._registry import available_observers, build_observer, observer_origin
+from ._verl_config import from_verl_config, is_verl_config
+
+__all__ = [
+    "Config",
+    "ObserverSpec",
+    "available_observers",
+    "build_observer",
+    "check_exclusive_resources",
+    "from_verl_config",
+    "is_verl_config",
+    "load_config",
+    "nothing_to_observe",
+    "observer_origin",
+    "read_config",
+]
