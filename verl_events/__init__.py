@@ -60,6 +60,9 @@ _HOMES = {
     "Selection": "._selection",
 }
 
+# verl_events.config.load_config(...) works without importing the submodule first.
+_SUBMODULES = frozenset({"config", "layout", "verl_bridge", "testing", "observers", "apps"})
+
 # Names this package exported before 0.2, and where they live now.  They
 # still resolve, with a DeprecationWarning, until 0.3.
 _MOVED = {
@@ -108,6 +111,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(home, __name__), name)
         globals()[name] = value  # the next lookup is a plain attribute read
         return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     moved = _MOVED.get(name)
     if moved is not None:
         warnings.warn(

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from ._arming import TRIGGER_KEYS, Trigger, parse_trigger
 from ._errors import ConfigError
 from ._selection import Selection
 from ._verl_config import from_verl_config, is_verl_config
@@ -41,7 +42,7 @@ DEFAULT_SAVE_PATH = "outputs/profile"
 DEFAULT_MAX_FAILURES = 5
 TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "observers")
 SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
-FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled")
+FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled", *TRIGGER_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,7 @@ class ObserverSpec:
     priority: int | None
     enabled: bool
     options: Mapping[str, Any] = field(default_factory=dict)
+    trigger: Trigger | None = None  # trigger: anomaly, see _arming
 
     @property
     def label(self) -> str:
@@ -202,6 +204,7 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
         **{key: entry.get(key) for key in SELECTION_KEYS}, where=where, strict=strict
     )
     options = {str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS}
+    trigger = parse_trigger(entry, where)
     return ObserverSpec(
         where=where,
         name=name,
@@ -210,4 +213,5 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
         priority=priority,
         enabled=enabled,
         options=MappingProxyType(options),
+        trigger=trigger,
     )

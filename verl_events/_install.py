@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+from ._arming import TriggerClock, arm
 from ._bus import Dispatcher
 from ._config import Config, load_config
 from ._errors import ConfigError, ObserverError, VerlEventsWarning
@@ -32,9 +33,10 @@ class Installation:
     context manager.
     """
 
-    def __init__(self, config: Config, observers: Sequence[Observer]) -> None:
+    def __init__(self, config: Config, observers: Sequence[Observer], clock: TriggerClock | None = None) -> None:
         self.config = config
         self.dispatcher = Dispatcher(observers, strict=config.strict, max_failures=config.max_failures)
+        self.clock = clock  # the armed observers' anomaly clock, if any observer is armed
         self.closed = False
 
     @property
@@ -52,6 +54,8 @@ class Installation:
                 _current = None
         atexit.unregister(self.close)
         self.dispatcher.disconnect()
+        if self.clock is not None:
+            self.clock.disconnect()
         failed = _close_all(self.dispatcher.observers)
         if failed is not None and self.config.strict:
             raise ObserverError(f"observer {failed[0].name!r} failed to close") from failed[1]
@@ -121,11 +125,14 @@ def install(
                 _nothing_to_observe(config, strict=cfg.strict)
             _make_names_unique(built)
             check_exclusive_resources(built)
+            clock = arm(built)
         except BaseException:
             _close_all(built)
             raise
-        installation = Installation(cfg, built)
+        installation = Installation(cfg, built, clock)
         installation.dispatcher.connect()
+        if clock is not None:
+            clock.connect()
         _current = installation
     atexit.register(installation.close)
     return installation

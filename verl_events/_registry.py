@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal, NamedTuple, Union
 
+from ._arming import ArmedSelection
 from ._config import FRAMEWORK_KEYS, ObserverSpec
 from ._errors import ConfigError, ObserverSetupError
 from ._observer import InstallContext, Observer
@@ -284,6 +285,13 @@ def build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool 
     observer: Observer = _guarded(where, "could not be created", lambda: cls(**spec.options))
     observer.name = spec.label
     observer.selection = spec.selection
+    if spec.trigger is not None:
+        if not observer.captures:
+            raise ConfigError(
+                f"{where}: trigger: anomaly arms capture observers (msprobe, torch_profiler, nsys, npu, "
+                f"or one whose class sets captures = True); {spec.label!r} does not capture"
+            )
+        observer.selection = ArmedSelection.wrap(spec.selection, spec.trigger, spec.label)
     if spec.priority is not None:
         observer.priority = spec.priority
     if set_up:

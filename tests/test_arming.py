@@ -1,0 +1,171 @@
+"""Armed capture: ``trigger: anomaly`` observers capture the steps after an anomaly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import verl_events
+from verl_events import ConfigError
+from verl_events._anomaly import AnomalyEvent, anomaly
+
+from .support import Capturing, run_steps
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def armed_entry(**keys: object) -> dict[str, object]:
+    return {"_target_": "tests.support:Capturing", "trigger": "anomaly", **keys}
+
+
+def watcher_entry(bad_steps: list[int]) -> dict[str, object]:
+    return {"_target_": "tests.support:Watcher", "bad_steps": bad_steps}
+
+
+def captured_steps(installation: verl_events._install.Installation) -> list[int | None]:
+    (armed,) = [o for o in installation.observers if isinstance(o, Capturing)]
+    return sorted({step for hook, _, step in armed.calls if hook == "begin"})  # type: ignore[type-var]
+
+
+def test_the_step_after_an_anomaly_is_captured_and_no_other(tmp_path: Path) -> None:
+    config = {"save_path": str(tmp_path), "observers": [watcher_entry([3]), armed_entry()]}
+    with verl_events.install(config) as installation:
+        run_steps(range(1, 7))
+    assert captured_steps(installation) == [4]
+
+
+def test_capture_steps_and_fixed_steps_add_up(tmp_path: Path) -> None:
+    config = {"save_path": str(tmp_path), "observers": [watcher_entry([2]), armed_entry(steps=[1], capture_steps=2)]}
+    with verl_events.install(config) as installation:
+        run_steps(range(1, 7))
+    assert captured_steps(installation) == [1, 3, 4]
+
+
+def test_max_captures_bounds_the_captures_and_says_so_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = {"save_path": str(tmp_path), "observers": [watcher_entry([1, 3, 5]), armed_entry(max_captures=2)]}
+    with caplog.at_level(logging.INFO, logger="verl_events"), verl_events.install(config) as installation:
+        run_steps(range(1, 8))
+    assert captured_steps(installation) == [2, 4]
+    reached = [r.getMessage() for r in caplog.records if "max_captures" in r.getMessage()]
+    assert len(reached) == 1 and "step 5" in reached[0]
+
+
+def test_an_anomaly_seen_in_the_middle_of_a_step_arms_the_next_step_from_its_first_stage(tmp_path: Path) -> None:
+    """The watcher fires at the first stage's end; the rest of that step is not captured."""
+    config = {"save_path": str(tmp_path), "observers": [watcher_entry([2]), armed_entry()]}
+    with verl_events.install(config) as installation:
+        run_steps(range(1, 4), stages=("rollout_generate", "actor_update", "critic_update"))
+    (armed,) = [o for o in installation.observers if isinstance(o, Capturing)]
+    assert [(s, step) for hook, s, step in armed.calls if hook == "begin"] == [
+        ("rollout_generate", 3),
+        ("actor_update", 3),
+        ("critic_update", 3),
+    ]
+
+
+def test_an_anomaly_at_an_unknown_step_arms_nothing_and_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = {"save_path": str(tmp_path), "observers": [watcher_entry([]), armed_entry()]}
+    with verl_events.install(config) as installation:
+        anomaly.send("actor_update", event=AnomalyEvent(None, "actor_update", 0, "loss", 1e9, "above", 10.0))
+        anomaly.send("actor_update", event=AnomalyEvent(None, "actor_update", 0, "loss", 1e9, "above", 10.0))
+        run_steps(range(1, 3))
+    assert captured_steps(installation) == []
+    assert len([r for r in caplog.records if "unknown step" in r.getMessage()]) == 1
+
+
+def test_closing_stops_listening_to_anomalies(tmp_path: Path) -> None:
+    config = {"save_path": str(tmp_path), "observers": [watcher_entry([]), armed_entry()]}
+    before = len(anomaly.receivers)
+    with verl_events.install(config):
+        assert len(anomaly.receivers) == before + 1
+    assert len(anomaly.receivers) == before
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"trigger": "nan"}, r"observers\[0\].trigger: 'nan' is not allowed; use anomaly"),
+        ({"trigger": "anomaly", "capture_steps": 0}, r"capture_steps: 0 is not allowed; use an integer >= 1"),
+        ({"trigger": "anomaly", "capture_steps": True}, r"capture_steps: True is not allowed"),
+        ({"trigger": "anomaly", "max_captures": "3"}, r"max_captures: '3' is not allowed; use an integer >= 1, or null"),
+        ({"capture_steps": 2}, r"capture_steps: only applies with trigger: anomaly"),
+    ],
+)
+def test_bad_trigger_keys_are_named(keys: dict[str, object], message: str) -> None:
+    entry = {"_target_": "tests.support:Capturing", **keys}
+    with pytest.raises(ConfigError, match=message):
+        verl_events.config.load_config({"observers": [entry]})
+
+
+def test_an_armed_observer_without_anything_sending_anomalies_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"observer 'tests.support:Capturing' has trigger: anomaly, but no "
+                       r"installed observer sends anomalies.*- name: sentinel"):
+        verl_events.install({"save_path": str(tmp_path), "observers": [armed_entry()]})
+    assert verl_events.current_installation() is None
+
+
+def test_only_capture_observers_can_be_armed(tmp_path: Path) -> None:
+    entry = {"name": "recording", "trigger": "anomaly"}
+    with pytest.raises(ConfigError, match=r"trigger: anomaly arms capture observers .*'recording' does not capture"):
+        verl_events.install({"save_path": str(tmp_path), "observers": [watcher_entry([]), entry]})
+
+
+def test_armed_observers_still_meet_the_exclusive_resource_check(tmp_path: Path) -> None:
+    """An armed msprobe may dump on any step, so it overlaps a step-selected one."""
+    config_path = tmp_path / "dump.json"
+    config_path.write_text(json.dumps({"task": "statistics", "level": "L1"}))
+    observers = [
+        watcher_entry([]),
+        {"name": "msprobe", "config_path": str(config_path), "trigger": "anomaly", "warm_up": False},
+        {"name": "msprobe", "config_path": str(config_path), "steps": [1], "warm_up": False},
+    ]
+    with pytest.raises(ConfigError, match="both need 'msprobe'"):
+        verl_events.install({"save_path": str(tmp_path), "observers": observers})
+
+
+def test_an_anomaly_on_one_rank_arms_every_rank_for_the_same_step(tmp_path: Path) -> None:
+    """Two gloo ranks; only rank 1 sees the anomaly at step 2; both capture step 3."""
+    script = textwrap.dedent(
+        f"""
+        import json, os, sys
+        import torch.distributed as dist, torch.multiprocessing as mp
+        sys.path.insert(0, {str(REPO)!r})
+
+        def rank_main(rank):
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+            dist.init_process_group("gloo", rank=rank, world_size=2)
+            import verl_events
+            from tests.support import run_steps
+            config = {{"save_path": {str(tmp_path)!r}, "observers": [
+                {{"_target_": "tests.support:Watcher", "bad_steps": [2] if rank == 1 else []}},
+                {{"_target_": "tests.support:Capturing", "trigger": "anomaly"}},
+            ]}}
+            with verl_events.install(config) as installation:
+                run_steps(range(1, 6))
+            armed = [o for o in installation.observers if o.captures][0]
+            steps = sorted({{step for hook, _, step in armed.calls if hook == "begin"}})
+            with open(os.path.join({str(tmp_path)!r}, f"rank{{rank}}.json"), "w") as f:
+                json.dump(steps, f)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            mp.spawn(rank_main, nprocs=2)
+        """
+    )
+    (tmp_path / "two_ranks.py").write_text(script)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    result = subprocess.run(
+        [sys.executable, "two_ranks.py", port], cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "rank0.json").read_text()) == [3]
+    assert json.loads((tmp_path / "rank1.json").read_text()) == [3]
