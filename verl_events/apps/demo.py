@@ -13,6 +13,7 @@ Imported only by the CLI: the core package never imports torch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import socket
 import sys
@@ -38,6 +39,9 @@ DEMO_STAGES = tuple(s for s in STAGE_ORDER if s not in ("compute_rm_score", "tra
 VOCAB, DIM, HEADS, LAYERS = 128, 64, 4, 2
 PROMPT_LEN, RESPONSE_LEN, BATCH = 8, 16, 16
 TARGET_TOKEN = 7  # the toy reward: how often the response says 7
+GRAD_CLIP = 1.0  # verl's actor default
+INJECTED_WEIGHT = "blocks.1.mlp.0.weight"  # what --perturb and --inject change
+SPIKE_SCALE = 50.0
 
 
 def default_config(save_path: str) -> dict[str, Any]:
@@ -101,6 +105,15 @@ class Batch:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
 
+def sampling_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Next-token probabilities.  A broken model (NaN logits) still samples,
+    uniformly, as a rollout engine keeps generating: the run goes on, so
+    that the steps after an anomaly can be captured."""
+    probs = torch.nan_to_num(torch.softmax(logits, -1), nan=0.0)
+    dead = probs.sum(-1, keepdim=True) <= 0
+    return torch.where(dead, torch.full_like(probs, 1.0 / probs.shape[-1]), probs)
+
+
 def response_log_probs(model: nn.Module, sequences: torch.Tensor) -> torch.Tensor:
     logits = model(sequences[:, :-1])[:, PROMPT_LEN - 1 :]
     return torch.log_softmax(logits, dim=-1).gather(-1, sequences[:, PROMPT_LEN:, None]).squeeze(-1)
@@ -117,10 +130,11 @@ def average_gradients(model: nn.Module) -> None:
 class ActorRolloutRefWorker:
     """Attribute names follow verl's, so the model resolver finds them."""
 
-    def __init__(self, actor: nn.Module, ref: nn.Module) -> None:
+    def __init__(self, actor: nn.Module, ref: nn.Module, inject: Injection | None = None) -> None:
         self.actor_module = actor
         self.ref_module = ref
         self.optimizer = torch.optim.AdamW(actor.parameters(), lr=3e-4)
+        self.inject = inject
 
     @emits_stage("rollout_generate")
     def generate_sequences(self, prompts: Batch) -> Batch:
@@ -128,7 +142,7 @@ class ActorRolloutRefWorker:
         with torch.no_grad():
             for _ in range(RESPONSE_LEN):
                 logits = self.actor_module(sequences)[:, -1]
-                next_token = torch.multinomial(torch.softmax(logits, -1), 1)
+                next_token = torch.multinomial(sampling_probs(logits), 1)
                 sequences = torch.cat([sequences, next_token], dim=1)
         return Batch({"sequences": sequences}, dict(prompts.meta_info))
 
@@ -145,7 +159,10 @@ class ActorRolloutRefWorker:
         return data
 
     @emits_stage("actor_update")
-    def update_actor(self, data: Batch) -> float:
+    def update_actor(self, data: Batch) -> dict[str, float]:
+        """One PPO update; returns metrics named as verl's actor names them."""
+        if self.inject is not None and data.meta_info.get("global_steps") == self.inject.step:
+            self.inject.apply(self.actor_module)
         t = data.tensors
         log_prob = response_log_probs(self.actor_module, t["sequences"])
         ratio = torch.exp(log_prob - t["old_log_prob"])
@@ -156,8 +173,10 @@ class ActorRolloutRefWorker:
         self.optimizer.zero_grad()
         loss.backward()
         average_gradients(self.actor_module)
-        self.optimizer.step()
-        return loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.actor_module.parameters(), max_norm=GRAD_CLIP)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()  # like verl, skip the update when the gradient is not finite
+        return {"actor/pg_loss": policy_loss.item(), "actor/kl": kl.item(), "actor/grad_norm": grad_norm.item()}
 
 
 class CriticWorker:
@@ -205,6 +224,35 @@ def compute_advantages(data: Batch, gamma: float = 1.0, lam: float = 0.95) -> No
 
 
 @dataclass(frozen=True)
+class Injection:
+    """A fault put into one actor weight (``INJECTED_WEIGHT``) at the start of
+    ``step``'s actor update: ``nan`` sets one element to NaN; ``spike``
+    multiplies the weight by ``SPIKE_SCALE``.  For ``verl-events demo --inject``."""
+
+    kind: str
+    step: int
+
+    KINDS = ("nan", "spike")
+
+    @classmethod
+    def parse(cls, text: str, steps: int) -> Injection:
+        kind, _, step = text.partition("@")
+        if kind not in cls.KINDS or not step.isdigit() or not 1 <= int(step) <= steps:
+            raise ValueError(
+                f"--inject: {text!r} is not allowed; use nan@STEP or spike@STEP with STEP from 1 to {steps} (--steps)"
+            )
+        return cls(kind, int(step))
+
+    def apply(self, actor: nn.Module) -> None:
+        with torch.no_grad():
+            weight = actor.get_parameter(INJECTED_WEIGHT)
+            if self.kind == "nan":
+                weight[0, 0] = float("nan")
+            else:
+                weight.mul_(SPIKE_SCALE)
+
+
+@dataclass(frozen=True)
 class DemoOptions:
     config: dict[str, Any]
     steps: int
@@ -212,6 +260,7 @@ class DemoOptions:
     seed: int
     perturb: float = 0.0
     port: int = 0
+    inject: Injection | None = None
 
 
 def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], None] | None = None) -> None:
@@ -227,9 +276,12 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
         # One actor weight off by a relative `perturb`, to try `verl-events compare`:
         # the first divergence is the first op that reads it.
         with torch.no_grad():
-            actor.get_parameter("blocks.1.mlp.0.weight").mul_(1 + options.perturb)
+            actor.get_parameter(INJECTED_WEIGHT).mul_(1 + options.perturb)
     critic = TinyCausalLM(out_dim=1)
-    actor_worker, critic_worker = ActorRolloutRefWorker(actor, ref), CriticWorker(critic)
+    # The fault goes into the last rank only: the other ranks see it through
+    # the averaged gradients, or not at all.
+    inject = options.inject if rank == options.nproc - 1 else None
+    actor_worker, critic_worker = ActorRolloutRefWorker(actor, ref, inject), CriticWorker(critic)
     data_rng = torch.Generator().manual_seed(options.seed * 1000 + rank)
     try:
         with verl_events.install(options.config):
@@ -304,7 +356,7 @@ def run_demo(options: DemoOptions) -> Path:
 
         console.print(f"demo: {options.steps} steps on {options.nproc} processes (gloo) ...")
         run_id()  # made up here and inherited, so that the ranks agree on their run
-        with_port = DemoOptions(options.config, options.steps, options.nproc, options.seed, options.perturb, _free_port())
+        with_port = dataclasses.replace(options, port=_free_port())
         try:
             mp.spawn(_spawned, args=(with_port,), nprocs=options.nproc)  # type: ignore[attr-defined]
         except mp.ProcessRaisedException as exc:  # type: ignore[attr-defined]
