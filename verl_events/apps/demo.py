@@ -130,11 +130,10 @@ def average_gradients(model: nn.Module) -> None:
 class ActorRolloutRefWorker:
     """Attribute names follow verl's, so the model resolver finds them."""
 
-    def __init__(self, actor: nn.Module, ref: nn.Module, inject: Injection | None = None) -> None:
+    def __init__(self, actor: nn.Module, ref: nn.Module) -> None:
         self.actor_module = actor
         self.ref_module = ref
         self.optimizer = torch.optim.AdamW(actor.parameters(), lr=3e-4)
-        self.inject = inject
 
     @emits_stage("rollout_generate")
     def generate_sequences(self, prompts: Batch) -> Batch:
@@ -161,8 +160,6 @@ class ActorRolloutRefWorker:
     @emits_stage("actor_update")
     def update_actor(self, data: Batch) -> dict[str, float]:
         """One PPO update; returns metrics named as verl's actor names them."""
-        if self.inject is not None and data.meta_info.get("global_steps") == self.inject.step:
-            self.inject.apply(self.actor_module)
         t = data.tensors
         log_prob = response_log_probs(self.actor_module, t["sequences"])
         ratio = torch.exp(log_prob - t["old_log_prob"])
@@ -225,9 +222,9 @@ def compute_advantages(data: Batch, gamma: float = 1.0, lam: float = 0.95) -> No
 
 @dataclass(frozen=True)
 class Injection:
-    """A fault put into one actor weight (``INJECTED_WEIGHT``) at the start of
-    ``step``'s actor update: ``nan`` sets one element to NaN; ``spike``
-    multiplies the weight by ``SPIKE_SCALE``.  For ``verl-events demo --inject``."""
+    """``--inject KIND@STEP``: corrupt ``INJECTED_WEIGHT`` of the actor on the last rank
+    at the begin of ``step``'s actor update (nan: one element; spike: times
+    ``SPIKE_SCALE``), through the :class:`~verl_events.apps.inject.WeightFault` observer."""
 
     kind: str
     step: int
@@ -243,13 +240,17 @@ class Injection:
             )
         return cls(kind, int(step))
 
-    def apply(self, actor: nn.Module) -> None:
-        with torch.no_grad():
-            weight = actor.get_parameter(INJECTED_WEIGHT)
-            if self.kind == "nan":
-                weight[0, 0] = float("nan")
-            else:
-                weight.mul_(SPIKE_SCALE)
+    def observer_entry(self, nproc: int) -> dict[str, Any]:
+        # The last rank only: the others see the fault through the averaged gradients.
+        return {
+            "_target_": "verl_events.apps.inject:WeightFault",
+            "kind": self.kind,
+            "step": self.step,
+            "parameter": INJECTED_WEIGHT,
+            "scale": SPIKE_SCALE,
+            "stages": ["actor_update"],
+            "ranks": [nproc - 1],
+        }
 
 
 @dataclass(frozen=True)
@@ -278,13 +279,13 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
         with torch.no_grad():
             actor.get_parameter(INJECTED_WEIGHT).mul_(1 + options.perturb)
     critic = TinyCausalLM(out_dim=1)
-    # The fault goes into the last rank only: the other ranks see it through
-    # the averaged gradients, or not at all.
-    inject = options.inject if rank == options.nproc - 1 else None
-    actor_worker, critic_worker = ActorRolloutRefWorker(actor, ref, inject), CriticWorker(critic)
+    actor_worker, critic_worker = ActorRolloutRefWorker(actor, ref), CriticWorker(critic)
     data_rng = torch.Generator().manual_seed(options.seed * 1000 + rank)
     try:
-        with verl_events.install(options.config):
+        config = options.config
+        if options.inject is not None:
+            config = {**config, "observers": [*config.get("observers", []), options.inject.observer_entry(options.nproc)]}
+        with verl_events.install(config):
             for step in range(1, options.steps + 1):
                 prompts = torch.randint(0, VOCAB, (BATCH, PROMPT_LEN), generator=data_rng)
                 torch.manual_seed(options.seed * 100_000 + rank * 1000 + step)  # sampling

@@ -118,6 +118,9 @@ class HFRolloutServer:
             pad_token_id=self.pad_token_id,
             output_scores=True,
             return_dict_in_generate=True,
+            # A broken model (NaN weights) keeps generating, as vLLM does, instead of failing
+            # in sampling: the steps after an anomaly must still run to be captured.
+            remove_invalid_values=True,
         )
         torch.manual_seed(_request_seed(self.config.seed, self.global_steps, prompt_ids))
         input_ids = torch.tensor([prompt_ids], dtype=torch.long)

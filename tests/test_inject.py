@@ -1,0 +1,57 @@
+"""The weight-fault observer that the demo's --inject and the real-verl sentinel test use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import verl_events  # noqa: E402
+from verl_events import ConfigError, stage  # noqa: E402
+from verl_events.apps.demo import INJECTED_WEIGHT, Injection, TinyCausalLM  # noqa: E402
+
+
+def fault_entry(**keys: object) -> dict[str, object]:
+    return {"_target_": "verl_events.apps.inject:WeightFault", "stages": ["actor_update"], **keys}
+
+
+def run(model: torch.nn.Module, tmp_path: Path, steps: range, **keys: object) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [fault_entry(**keys)]}):
+        for step in steps:
+            with stage("actor_update", step=step, model=model):
+                pass
+
+
+def test_nan_goes_into_one_element_at_the_step_and_only_once(tmp_path: Path) -> None:
+    model = TinyCausalLM()
+    run(model, tmp_path, range(1, 3), kind="nan", step=2, parameter=INJECTED_WEIGHT)
+    weight = model.get_parameter(INJECTED_WEIGHT)
+    assert int(torch.isnan(weight).sum()) == 1
+    assert all(torch.isfinite(p).all() for name, p in model.named_parameters() if name != INJECTED_WEIGHT)
+
+
+def test_spike_scales_the_first_2d_weight_by_default(tmp_path: Path) -> None:
+    model = TinyCausalLM()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    run(model, tmp_path, range(1, 4), kind="spike", step=3, scale=4.0)
+    first_2d = next(name for name, p in model.named_parameters() if p.dim() == 2)
+    assert torch.equal(model.get_parameter(first_2d), before[first_2d] * 4.0)
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters() if name != first_2d)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [({"kind": "zero", "step": 2}, "option kind: 'zero' is not allowed; use one of 'nan', 'spike'"),
+     ({"kind": "nan", "step": 0}, "step: 0 is not allowed; use a step number >= 1")],
+)
+def test_bad_options_are_named(tmp_path: Path, keys: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        verl_events.install({"save_path": str(tmp_path), "observers": [fault_entry(**keys)]})
+
+
+@pytest.mark.parametrize("text", ["nan", "nan@", "nan@0", "nan@7", "zero@2", "nan@two"])
+def test_the_demo_names_a_bad_inject_value(text: str) -> None:
+    with pytest.raises(ValueError, match=rf"--inject: '{text}' is not allowed; use nan@STEP or spike@STEP with STEP from 1 to 6"):
+        Injection.parse(text, steps=6)

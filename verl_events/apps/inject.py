@@ -1,0 +1,78 @@
+"""A fault injector, to try the anomaly sentinel: an observer that corrupts one weight.
+
+``verl-events demo --inject nan@5`` adds it to the demo's config; the real-verl test adds
+it to a trainer run.  As a config entry::
+
+    - _target_: verl_events.apps.inject:WeightFault
+      kind: nan          # nan: one element becomes NaN; spike: the weight is multiplied by scale
+      step: 5
+      stages: [actor_update]
+
+It acts once, at the begin of the first selected stage of ``step``, on the stage's model
+(``event.model``): ``parameter`` names the weight, by default the first 2-D one.  Under
+FSDP a parameter is a DTensor; its local shard is changed, which on one rank is all of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Literal
+
+from verl_events import ConfigError, Observer, StageEvent
+
+logger = logging.getLogger("verl_events.inject")
+
+
+class WeightFault(Observer):
+    """Corrupts one weight of the stage's model at ``step`` (see the module docstring)."""
+
+    needs_model = True
+
+    def __init__(
+        self, kind: Literal["nan", "spike"], step: int, parameter: str | None = None, scale: float = 50.0
+    ) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ConfigError(f"step: {step!r} is not allowed; use a step number >= 1")
+        self.kind, self.step, self.parameter, self.scale = kind, step, parameter, scale
+        self.done = False
+        self._lock = threading.Lock()
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if event.step != self.step or event.model is None:
+            return
+        with self._lock:
+            if self.done:
+                return
+            self.done = True
+        name, weight = self._weight(event.model)
+        import torch
+
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():
+            local = weight.to_local() if isinstance(weight, DTensor) else weight  # FSDP2: this rank's shard
+            if self.kind == "nan":
+                local.view(-1)[0] = float("nan")
+            else:
+                local.mul_(self.scale)
+        logger.warning(
+            "injected %s into %s at step %d, stage %r, rank %d",
+            "a NaN" if self.kind == "nan" else f"a x{self.scale:g} spike",
+            name,
+            self.step,
+            event.stage,
+            event.rank,
+        )
+
+    def _weight(self, model: Any) -> tuple[str, Any]:
+        module = model[0] if isinstance(model, (list, tuple)) else model
+        if self.parameter is not None:
+            return self.parameter, module.get_parameter(self.parameter)
+        for name, param in module.named_parameters():
+            if param.dim() == 2:
+                return name, param
+        raise ValueError(f"{type(module).__name__} has no 2-D parameter to corrupt; name one with parameter:")
+
+    def describe(self) -> str:
+        return f"corrupts a weight ({self.kind}) at step {self.step}: for trying the sentinel, never for training"
