@@ -168,6 +168,28 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if comparison.diverged else 0
 
 
+def _triage(args: argparse.Namespace) -> int:
+    """Name the op behind a run's first recorded anomaly."""
+    import json
+
+    from .report import terminal_console
+    from .triage import TriageInputError, render, triage
+
+    try:
+        result = triage(Path(args.run))
+    except TriageInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for kind, lines in (("warning", result.warnings), ("note", result.notes)):
+        for line in lines:
+            print(f"{kind}: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.as_json(), indent=1))
+    else:
+        render(result, terminal_console(stderr=False))
+    return 0 if result.anomaly is None else 1
+
+
 def _print_comparison(result: dict[str, object], csv_path: str | None) -> None:
     counts = result["counts"]
     assert isinstance(counts, dict)
@@ -244,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", action="store_true", help="print the summary as JSON")
     cmp.add_argument("--quiet", action="store_true", help="print nothing; use the exit code")
     cmp.set_defaults(run_command=_compare)
+
+    tri = commands.add_parser(
+        "triage", help="name the op behind a run's first anomaly, from anomalies.jsonl and msprobe's dumps (exit 0 none, 1 anomaly, 2 bad input)"
+    )
+    tri.add_argument("run", help="the run's save_path (holding anomalies.jsonl and step_*/ dumps)")
+    tri.add_argument("--json", action="store_true", help="print the result as JSON")
+    tri.set_defaults(run_command=_triage)
     return parser
 
 
