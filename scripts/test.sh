@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Run the test suite (sets up .venv first).  Extra arguments go to pytest.
+# Run the test suite (sets up .venv first), then the core suite in a bare venv
+# (scripts/test-core.sh).  Extra arguments go to the main pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
-exec ./.venv/bin/python -m pytest "$@"
+./.venv/bin/python -m pytest "$@"
+bash scripts/test-core.sh -p no:cacheprovider

@@ -119,6 +119,7 @@ def test_only_capture_observers_can_be_armed(tmp_path: Path) -> None:
 
 def test_armed_observers_still_meet_the_exclusive_resource_check(tmp_path: Path) -> None:
     """An armed msprobe may dump on any step, so it overlaps a step-selected one."""
+    pytest.importorskip("msprobe")
     config_path = tmp_path / "dump.json"
     config_path.write_text(json.dumps({"task": "statistics", "level": "L1"}))
     observers = [
@@ -132,6 +133,7 @@ def test_armed_observers_still_meet_the_exclusive_resource_check(tmp_path: Path)
 
 def test_an_anomaly_on_one_rank_arms_every_rank_for_the_same_step(tmp_path: Path) -> None:
     """Two gloo ranks; only rank 1 sees the anomaly at step 2; both capture step 3."""
+    pytest.importorskip("torch")
     script = textwrap.dedent(
         f"""
         import json, os, sys

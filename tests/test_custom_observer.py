@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # the example observer watches tensors
+
 EXAMPLE = Path(__file__).parent.parent / "examples" / "custom_observer"
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # the demo trains with torch and dumps with msprobe
+pytest.importorskip("msprobe")
+
 from verl_events.apps.overhead import read_timing_records
 
 ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("torch")  # verl's real trainer
+pytest.importorskip("verl")
 import yaml
 
 from verl_events.apps import cli, demo_verl

@@ -138,6 +138,7 @@ def test_disjoint_selections_may_share_a_resource(first: dict, second: dict) -> 
 
 
 def test_two_msprobe_observers_on_the_same_steps_are_rejected(tmp_path: Path) -> None:
+    pytest.importorskip("msprobe")
     config = {"save_path": str(tmp_path), "observers": [{"name": "msprobe", "steps": [1]}, {"name": "msprobe", "steps": [1, 2]}]}
     with pytest.raises(verl_events.ConfigError, match=r"observers 'msprobe' and 'msprobe#2' both need 'msprobe'"):
         install(config)

@@ -20,6 +20,7 @@ def no_inherited_ids(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_in_ray_the_session_and_job_name_the_run() -> None:
     """Every fresh local Ray cluster numbers its first job 01000000: the job id alone repeats."""
+    pytest.importorskip("ray")
     import ray
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)

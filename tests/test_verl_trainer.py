@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # verl's real trainer
+pytest.importorskip("verl")
+
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
 
