@@ -79,8 +79,13 @@ def _demo(args: argparse.Namespace) -> int:
         if value < 1:
             print(f"error: {flag} {value} is not allowed; use 1 or more", file=sys.stderr)
             return 2
-    from .demo import DemoOptions, DemoRankError, default_config, run_demo
+    from .demo import DemoOptions, DemoRankError, Injection, default_config, run_demo
 
+    try:
+        inject = Injection.parse(args.inject, steps) if args.inject is not None else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         raw = read_config(args.config) if args.config else None
         save_path = args.save_path or (raw or {}).get("save_path") or time.strftime("outputs/demo-%Y%m%d-%H%M%S")
@@ -95,7 +100,8 @@ def _demo(args: argparse.Namespace) -> int:
             install(config).close()
         else:
             load_config(config)
-        run_demo(DemoOptions(config=config, steps=steps, nproc=args.nproc, seed=0 if args.seed is None else args.seed, perturb=args.perturb))
+        seed = 0 if args.seed is None else args.seed
+        run_demo(DemoOptions(config, steps, args.nproc, seed, perturb=args.perturb, inject=inject))
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -234,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1; tiny engine)")
     demo.add_argument("--seed", type=int, help="seed (default 0; tiny engine)")
     demo.add_argument("--perturb", type=float, default=0.0, help="scale one actor weight (blocks.1.mlp.0) by 1+PERTURB, to try compare (tiny engine)")
+    demo.add_argument("--inject", metavar="KIND@STEP", help="nan@STEP or spike@STEP: corrupt that actor weight at STEP's update on the last rank, to try the sentinel (tiny engine; see docs/sentinel.md)")
     demo.set_defaults(run_command=_demo)
 
     rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")

@@ -63,6 +63,8 @@ def _unsupported(args: argparse.Namespace) -> tuple[str, str] | None:
         return "--perturb", "it changes the tiny engine's model, not verl's"
     if args.seed is not None:
         return "--seed", "the job seeds itself, see verl_events.apps.verl_cpu.job"
+    if args.inject is not None:
+        return "--inject", "it changes the tiny engine's model; under verl add a WeightFault observer, see docs/sentinel.md"
     return None
 
 
