@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import gc
 import logging
+import pickle
 import time
+from collections.abc import Container, Iterator
+from typing import Any
 
 import pytest
 
 import verl_events
-from verl_events import Observer, ObserverError, Selection, StageEnd, StageEvent, stage
-from verl_events._bus import Dispatcher
+from verl_events import Observer, ObserverError, Selection, StageEnd, StageEvent, emits_stage, stage
+from verl_events._bus import WANTS_RESULT, Dispatcher
+from verl_events._listened import EVERY_STAGE, listeners
 from verl_events.testing import RecordingObserver, capture_events
 
 from .support import make_event
@@ -199,12 +203,11 @@ def test_the_framework_applies_the_selection() -> None:
     assert rec.calls == [("begin", "actor_update", 2), ("end", "actor_update", 2)]
 
 
-def test_blinker_skips_stages_no_observer_selected() -> None:
+def test_stages_no_observer_selected_build_no_event() -> None:
     rec = RecordingObserver()
     rec.selection = Selection.parse(stages=["actor_update"])
     with verl_events.install(observers=[rec]):
-        assert verl_events.stage_begin.has_receivers_for("actor_update")
-        assert not verl_events.stage_begin.has_receivers_for("critic_update")
+        assert listened() == frozenset({"actor_update"})
         with stage("critic_update", step=1) as event:
             assert event is None  # nothing listened, so nothing was built
 
@@ -254,10 +257,10 @@ def test_after_close_stages_once_selected_are_skipped_again() -> None:
     critic.selection = Selection.parse(stages=["critic_update"])
     actor.selection = Selection.parse(stages=["actor_update"])
     with verl_events.install(observers=[critic]):
-        assert verl_events.stage_begin.has_receivers_for("critic_update")
+        assert "critic_update" in listened()
     with verl_events.install(observers=[actor]):
         # Something listens again, but not to critic_update: nothing is built for it.
-        assert not verl_events.stage_begin.has_receivers_for("critic_update")
+        assert listened() == frozenset({"actor_update"})
         with stage("critic_update", step=1) as event:
             assert event is None
 
@@ -305,3 +308,179 @@ def test_capture_observers_are_innermost_whatever_their_priority() -> None:
         with stage("actor_update", step=1):
             pass
     assert order == ["high begin", "low begin", "capture begin", "capture end", "low end", "high end"]
+
+
+# -- the bus's own record of listened stages ---------------------------------
+
+
+class Emitter:
+    @emits_stage("actor_update")
+    def update_actor(self, data: Any) -> Any:
+        return data
+
+
+@pytest.fixture
+def built_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The stages the emit path built an event for (it builds one exactly
+    when it leaves the disabled path)."""
+    import verl_events._emit as emit
+
+    built: list[str] = []
+    real = emit._new_event
+
+    def counting(name: str, *args: Any) -> StageEvent:
+        built.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(emit, "_new_event", counting)
+    yield built
+
+
+def listened() -> Container[str]:
+    """The bus's record (a function, so a type checker does not narrow it across calls)."""
+    return listeners.stages
+
+
+def selecting(*stages: str, name: str = "rec") -> RecordingObserver:
+    observer = RecordingObserver()
+    observer.name = name
+    observer.selection = Selection.parse(stages=list(stages)) if stages else Selection.parse()
+    return observer
+
+
+def test_nothing_is_listened_before_anything_connects() -> None:
+    assert listened() == frozenset()
+
+
+def test_after_install_and_close_nothing_builds_events(built_events: list[str]) -> None:
+    with verl_events.install(observers=[selecting("actor_update"), selecting(name="everything")]):
+        assert listened() is EVERY_STAGE
+        Emitter().update_actor(1)
+    assert built_events == ["actor_update"]
+    assert listened() == frozenset()
+    assert Emitter().update_actor(2) == 2
+    with stage("actor_update", step=1) as event:
+        assert event is None
+    assert built_events == ["actor_update"]  # the disabled path again
+
+
+def test_two_dispatchers_on_one_stage_keep_it_listened_until_both_left(built_events: list[str]) -> None:
+    first, second = selecting("actor_update", "critic_update"), selecting("actor_update", "compute_values")
+    one, two = Dispatcher([first], strict=False), Dispatcher([second], strict=False)
+    one.connect()
+    two.connect()
+    try:
+        assert listened() == frozenset({"actor_update", "critic_update", "compute_values"})
+        one.disconnect()
+        assert listened() == frozenset({"actor_update", "compute_values"})
+        Emitter().update_actor(1)
+        assert (first.calls, second.calls) == ([], [("begin", "actor_update", None), ("end", "actor_update", None)])
+    finally:
+        one.disconnect()
+        two.disconnect()
+    assert listened() == frozenset()
+    Emitter().update_actor(1)
+    assert built_events == ["actor_update"]
+
+
+def test_an_observer_selecting_every_stage_makes_every_stage_emit() -> None:
+    everything = selecting()
+    with verl_events.install(observers=[everything, selecting("actor_update", name="one")]):
+        assert listened() is EVERY_STAGE
+        with stage("a_stage_nobody_named", step=1) as event:
+            assert event is not None
+    assert everything.calls == [("begin", "a_stage_nobody_named", 1), ("end", "a_stage_nobody_named", 1)]
+    assert listened() == frozenset()
+
+
+def test_a_plain_receiver_for_every_stage_gets_events_and_leaves_nothing_behind() -> None:
+    got: list[tuple[str, str]] = []
+
+    def receiver(sender: str, *, event: StageEvent) -> None:
+        got.append((sender, type(event).__name__))
+
+    verl_events.stage_begin.connect(receiver)  # blinker's default: weak
+    try:
+        assert listened() is EVERY_STAGE
+        Emitter().update_actor(1)
+    finally:
+        verl_events.stage_begin.disconnect(receiver)
+    assert got == [("actor_update", "StageEvent")]
+    assert listened() == frozenset()
+
+
+def test_a_plain_receiver_for_one_sender_gets_that_stage_only(built_events: list[str]) -> None:
+    got: list[str] = []
+
+    def receiver(sender: str, *, event: StageEvent) -> None:
+        got.append(f"{sender} {type(event).__name__}")
+
+    verl_events.stage_begin.connect(receiver, sender="actor_update", weak=False)
+    verl_events.stage_end.connect(receiver, sender="actor_update", weak=False)
+    try:
+        assert listened() == frozenset({"actor_update"})
+        Emitter().update_actor(1)
+        with stage("critic_update", step=1) as event:
+            assert event is None
+    finally:
+        verl_events.stage_begin.disconnect(receiver, sender="actor_update")
+        assert listened() == frozenset({"actor_update"})  # stage_end still has it
+        verl_events.stage_end.disconnect(receiver)
+        verl_events.stage_begin.disconnect(receiver)  # blinker keeps it in .receivers until then
+    assert got == ["actor_update StageEvent", "actor_update StageEnd"]
+    assert (built_events, listened()) == (["actor_update"], frozenset())
+
+
+def test_a_receiver_of_stage_end_alone_gets_the_end_events() -> None:
+    got: list[StageEvent] = []
+
+    def receiver(sender: str, *, event: StageEvent) -> None:
+        got.append(event)
+
+    with verl_events.stage_end.connected_to(receiver, sender="critic_update"):
+        with stage("critic_update", step=2):
+            pass
+    [end] = got
+    assert isinstance(end, StageEnd) and end.step == 2
+
+
+def test_a_dispatcher_and_a_plain_receiver_on_one_stage_are_counted_apart() -> None:
+    got: list[str] = []
+
+    def receiver(sender: str, *, event: StageEvent) -> None:
+        got.append(sender)
+
+    with verl_events.stage_begin.connected_to(receiver, sender="actor_update"):
+        with verl_events.install(observers=[selecting("actor_update")]):
+            pass
+        assert listened() == frozenset({"actor_update"})
+        Emitter().update_actor(1)
+    assert got == ["actor_update"]
+    assert listened() == frozenset()
+
+
+def test_receivers_for_other_senders_than_stage_names_make_no_stage_emit() -> None:
+    def receiver(sender: object, **kwargs: Any) -> None:
+        raise AssertionError("never sent")
+
+    with verl_events.stage_begin.connected_to(receiver, sender=3):
+        assert listened() == frozenset()
+
+
+def test_the_record_pickles_as_a_reference_to_this_process_record() -> None:
+    assert pickle.loads(pickle.dumps(listeners)) is listeners
+
+
+def test_on_begin_answers_wants_result_only_when_a_delivered_observer_wants_it() -> None:
+    class Wanting(RecordingObserver):
+        wants_result = True
+
+    wanting, plain = Wanting(), RecordingObserver()
+    wanting.selection = Selection.parse(stages=["critic_update"])
+    dispatcher = Dispatcher([wanting, plain], strict=False)
+    begin = make_event(seq=1)
+    assert dispatcher.on_begin("actor_update", event=begin) is None
+    dispatcher.on_end("actor_update", event=begin.ended(0.0, None))
+    critic = make_event(stage="critic_update", seq=2)
+    assert dispatcher.on_begin("critic_update", event=critic) is WANTS_RESULT
+    dispatcher.on_end("critic_update", event=critic.ended(0.0, None))

@@ -125,7 +125,7 @@ def test_stage_takes_numpy_and_tensor_integer_steps_as_plain_ints(step: Any) -> 
 
 
 def test_a_bad_step_is_not_checked_when_nothing_listens() -> None:
-    with stage("actor_update", step="x") as event:
+    with stage("actor_update", step="x") as event:  # type: ignore[arg-type]
         assert event is None
 
 
@@ -169,7 +169,7 @@ def test_model_is_resolved_through_verl_candidate_paths() -> None:
 def test_model_chunks_are_kept_as_a_list() -> None:
     worker = Worker()
     chunks = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
-    worker.actor = SimpleNamespace(actor_module=chunks)  # type: ignore[assignment]
+    worker.actor = SimpleNamespace(actor_module=chunks)
     with capture_events() as events:
         worker.update_actor(DataProtoLike(1))
     assert begins(events)[0].model is chunks
@@ -287,3 +287,166 @@ def test_threads_keep_separate_stacks_and_every_begin_is_paired() -> None:
             assert (event.depth, event.parent) == (1, "compute_values")
     assert len(by_seq) == 4 * 20 * 2
     assert all(kinds == ["StageEvent", "StageEnd"] for kinds in by_seq.values())
+
+
+# -- stage results, for observers that ask ------------------------------------
+
+
+class WantsResult(RecordingObserver):
+    wants_result = True
+
+
+def ends(observer: RecordingObserver) -> list[StageEnd]:
+    return [e for e in observer.events if isinstance(e, StageEnd)]
+
+
+class Batch:
+    """A stand-in for verl's DataProto: only its identity matters here."""
+
+
+class Trainer:
+    @emits_stage("actor_update")
+    def update_actor(self, data: Any, *, scale: float = 1.0) -> dict[str, float]:
+        return {"loss": 0.5 * scale}
+
+    @emits_stage("compute_values")
+    def values(self) -> list[float]:
+        return [1.0]
+
+    @emits_stage("critic_update")
+    def fails(self, data: Any) -> None:
+        raise RuntimeError("critic diverged")
+
+
+def test_an_observer_that_wants_results_gets_the_return_value_and_first_argument_by_reference() -> None:
+    wanting, batch = WantsResult(), Batch()
+    with verl_events.install(observers=[wanting]):
+        returned = Trainer().update_actor(batch, scale=2.0)
+    [end] = ends(wanting)
+    assert end.result is returned and returned == {"loss": 1.0}
+    assert end.inputs is batch
+
+
+def test_inputs_fall_back_to_the_first_keyword_argument_then_none() -> None:
+    wanting, batch = WantsResult(), Batch()
+    with verl_events.install(observers=[wanting]):
+        Trainer().update_actor(data=batch, scale=3.0)
+        Trainer().values()
+    keyword, none = ends(wanting)
+    assert keyword.inputs is batch and keyword.result == {"loss": 1.5}
+    assert none.inputs is None and none.result == [1.0]
+
+
+def test_without_an_observer_that_wants_results_nothing_is_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args: Any) -> Any:
+        raise AssertionError("inputs looked up although no observer wants them")
+
+    monkeypatch.setattr("verl_events._emit._first_input", never)
+    plain = RecordingObserver()
+    with verl_events.install(observers=[plain]):
+        Trainer().update_actor(Batch())
+    [end] = ends(plain)
+    assert (end.result, end.inputs) == (None, None)
+
+
+def test_every_receiver_of_an_end_sees_the_result_one_delivered_observer_asked_for() -> None:
+    wanting, plain, batch = WantsResult(), RecordingObserver(), Batch()
+    wanting.name, plain.name = "wanting", "plain"
+    with capture_events() as events:
+        with verl_events.install(observers=[wanting, plain]):
+            returned = Trainer().update_actor(batch)
+    assert ends(plain)[0].result is returned and ends(plain)[0].inputs is batch
+    assert events[-1].result is returned  # type: ignore[attr-defined]
+
+
+def test_an_observer_that_wants_results_of_other_stages_does_not_turn_them_on() -> None:
+    wanting, plain = WantsResult(), RecordingObserver()
+    wanting.name, plain.name = "wanting", "plain"
+    wanting.selection = verl_events.Selection.parse(stages=["critic_update"])
+    with verl_events.install(observers=[wanting, plain]):
+        Trainer().update_actor(Batch())
+    [end] = ends(plain)
+    assert (end.result, end.inputs) == (None, None)
+    assert wanting.events == []
+
+
+def test_a_raising_stage_ends_with_the_error_no_result_and_its_inputs() -> None:
+    wanting, batch = WantsResult(), Batch()
+    with verl_events.install(observers=[wanting]):
+        with pytest.raises(RuntimeError, match="critic diverged"):
+            Trainer().fails(batch)
+    [end] = ends(wanting)
+    assert isinstance(end.error, RuntimeError)
+    assert end.result is None and end.inputs is batch
+
+
+def test_the_stage_context_manager_takes_inputs_and_a_handed_result() -> None:
+    wanting, batch, output = WantsResult(), Batch(), {"reward": [1.0, 0.0]}
+    with verl_events.install(observers=[wanting]):
+        scoring = stage("compute_rm_score", step=1, inputs=batch, note="x")
+        with scoring as event:
+            assert scoring.set_result(output) is output
+    [end] = ends(wanting)
+    assert end.result is output and end.inputs is batch
+    assert event is not None and dict(event.meta) == {"note": "x"}  # inputs is not meta
+
+
+def test_set_result_returns_its_argument_and_keeps_nothing_when_nothing_listens() -> None:
+    output = {"reward": 1.0}
+    scoring = stage("compute_rm_score", inputs=Batch())
+    with scoring as event:
+        assert scoring.set_result(output) is output
+    assert event is None
+
+
+def test_a_raising_stage_block_ends_with_no_result_whatever_was_handed() -> None:
+    wanting, batch = WantsResult(), Batch()
+    with verl_events.install(observers=[wanting]):
+        with pytest.raises(KeyError):
+            scoring = stage("compute_rm_score", step=1, inputs=batch)
+            with scoring:
+                scoring.set_result({"reward": 1.0})
+                raise KeyError("reward model")
+    [end] = ends(wanting)
+    assert end.result is None and end.inputs is batch and isinstance(end.error, KeyError)
+
+
+def test_nested_stages_each_end_with_their_own_result() -> None:
+    wanting, batch = WantsResult(), Batch()
+
+    class Outer:
+        @emits_stage("actor_update")
+        def update_actor(self, data: Any) -> str:
+            inner = stage("forward_backward", inputs="micro-batch")
+            with inner:
+                inner.set_result("grads")
+            return "updated"
+
+    with verl_events.install(observers=[wanting]):
+        Outer().update_actor(batch)
+    assert [(e.stage, e.result, e.inputs) for e in ends(wanting)] == [
+        ("forward_backward", "grads", "micro-batch"),
+        ("actor_update", "updated", batch),
+    ]
+
+
+def test_a_worker_class_pickled_by_value_reads_this_process_record() -> None:
+    """Ray pickles a worker class defined in a function by value, with the
+    globals its methods read: the record must come back as this process's one."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from verl_events._listened import listeners
+
+    def local_class() -> type:
+        class Local:
+            @emits_stage("actor_update")
+            def update_actor(self, data: Any) -> Any:
+                return data
+
+        return Local
+
+    copy = cloudpickle.loads(cloudpickle.dumps(local_class()))
+    assert copy.update_actor.__globals__["_listeners"] is listeners
+    recorder = RecordingObserver()
+    with verl_events.install(observers=[recorder]):
+        assert copy().update_actor(5) == 5
+    assert [c[0] for c in recorder.calls] == ["begin", "end"]

@@ -43,3 +43,27 @@ def test_valid_stage_names_pass(name: str) -> None:
 def test_stage_names_that_cannot_be_directories_are_rejected(name: object) -> None:
     with pytest.raises(ConfigError, match="not a valid stage name"):
         check_stage_name(name)
+
+
+def test_ended_carries_result_and_inputs_by_reference_and_none_by_default() -> None:
+    result, inputs = {"loss": 1.0}, ["batch"]
+    end = make_event().ended(0.1, None, result, inputs)
+    assert end.result is result and end.inputs is inputs
+    plain = make_event().ended(0.1, None)
+    assert (plain.result, plain.inputs) == (None, None)
+
+
+def test_result_and_inputs_stay_out_of_repr_and_equality() -> None:
+    class NoBool:
+        """Like a tensor: == gives something that refuses bool()."""
+
+        def __eq__(self, other: object) -> bool:
+            raise AssertionError("compared")
+
+        def __repr__(self) -> str:
+            raise AssertionError("printed")
+
+    begin = make_event(seq=3)
+    end = begin.ended(0.1, None, NoBool(), NoBool())
+    assert end == begin.ended(0.1, None)
+    assert "result" not in repr(end)

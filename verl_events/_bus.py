@@ -7,7 +7,8 @@ namespace, with the stage name as blinker's *sender* and the event as the
     stage_begin.send("actor_update", event=StageEvent(...))
     stage_end.send("actor_update", event=StageEnd(...))
 
-Any blinker receiver may subscribe (``stage_begin.connect(fn)``); it gets
+Any blinker receiver may subscribe (``stage_begin.connect(fn)``, for all
+stages, or ``connect(fn, sender="actor_update")`` for one); it gets
 blinker's own semantics: unordered, and an exception propagates into the
 training loop.  Observers get more: :func:`verl_events.install` connects one
 :class:`Dispatcher` (strongly referenced; blinker's default weak reference
@@ -15,6 +16,10 @@ would silently drop an observer built from config), and the dispatcher
 delivers to its observers in a fixed order, isolates their failures and
 pairs every begin with one end.  It subscribes with the selected stage names
 as senders, so blinker itself skips stages no observer selected.
+
+Which stages anything receives, dispatchers and plain receivers of either
+signal alike, is recorded in :mod:`verl_events._listened`; the emit path
+reads that record and nothing else before deciding to build an event.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from blinker import ANY, Namespace
 
 from ._errors import ObserverError
 from ._events import StageEnd, StageEvent, StageReport
+from ._listened import follow
 from ._observer import Observer
 
 logger = logging.getLogger("verl_events")
@@ -40,6 +46,13 @@ stage_begin = signals.signal(
     "stage_begin", doc="Sent with the stage name as sender and event=StageEvent."
 )
 stage_end = signals.signal("stage_end", doc="Sent with the stage name as sender and event=StageEnd.")
+
+
+follow(stage_begin, stage_end)
+
+#: What :meth:`Dispatcher.on_begin` answers when an observer it delivered the
+#: begin to wants the stage's result (blinker's ``send`` returns the answers).
+WANTS_RESULT = object()
 
 
 @dataclass(slots=True, eq=False)  # frames are told apart by identity
@@ -75,6 +88,9 @@ class Dispatcher:
     * After ``max_failures`` failures an observer is switched off for the
       rest of the run, with one message; it still gets the ends it is owed.
     * Hook times are measured only when some observer ``wants_timings``.
+    * :meth:`on_begin` answers :data:`WANTS_RESULT` when an observer it
+      delivered to ``wants_result``; the emitter then puts the stage's
+      result and inputs on the end event that every receiver gets.
 
     Thread safety: the observer tuple never changes after construction and
     open stages are keyed by the event's unique ``seq``, so stages on
@@ -87,6 +103,7 @@ class Dispatcher:
         self.observers: tuple[Observer, ...] = tuple(sorted(observers, key=lambda o: (o.captures, -o.priority)))
         self.strict = strict
         self._timed = any(o.wants_timings for o in self.observers)
+        self._results_wanted = any(o.wants_result for o in self.observers)
         self._by_stage: dict[str, tuple[Observer, ...]] = {}
         self._open: dict[int, _Frame] = {}
         self.max_failures = max_failures
@@ -111,22 +128,22 @@ class Dispatcher:
             stage_end.connect(self.on_end, sender=sender, weak=False)
 
     def disconnect(self) -> None:
-        for signal, receiver in ((stage_begin, self.on_begin), (stage_end, self.on_end)):
-            signal.disconnect(receiver)
-            # blinker keeps an empty bucket per sender it has seen, and
-            # has_receivers_for() answers True for it: without pruning, every
-            # stage once selected would keep building events after close.
-            signal._cleanup_bookkeeping()
+        """Unsubscribe from both signals; stages no other receiver takes go
+        back to the disabled path."""
+        stage_begin.disconnect(self.on_begin)
+        stage_end.disconnect(self.on_end)
 
     # -- dispatch -----------------------------------------------------------
 
-    def on_begin(self, sender: str, *, event: StageEvent) -> None:
+    def on_begin(self, sender: str, *, event: StageEvent) -> object:
+        """Deliver the begin; answer :data:`WANTS_RESULT` when an observer
+        that got it sets ``wants_result``, else None."""
         candidates = self._candidates(event.stage)
         if event.step is None and event.stage not in self._step_warned:
             self._warn_step_unknown(event, candidates)
         selected = [o for o in candidates if o.selection.accepts(event) and o.name not in self._switched_off]
         if not selected:
-            return
+            return None
         if event.model is None and any(o.needs_model for o in selected):
             self._warn_model_missing(event, selected)
         frame = _Frame()
@@ -141,6 +158,11 @@ class Dispatcher:
             if error is not None and self.strict:
                 # The emitter answers with stage_end, which closes this frame.
                 raise _strict_error(observer, "on_stage_begin", event) from error
+        if self._results_wanted:
+            for observer in selected:  # a loop: any() with a generator costs ~4x more
+                if observer.wants_result:
+                    return WANTS_RESULT
+        return None
 
     def on_end(self, sender: str, *, event: StageEnd) -> None:
         frame = self._open.pop(event.seq, None)

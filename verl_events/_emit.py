@@ -1,7 +1,13 @@
 """Emitting stages: the ``stage`` context manager and the ``emits_stage`` decorator.
 
-When no receiver listens for a stage, both cost one or two dictionary
-checks and call the body directly; nothing is resolved or allocated.
+When no receiver listens for a stage, both cost one set lookup in the bus's
+record of listened stages (``_listened.listeners``) and call the body directly;
+nothing is resolved or allocated.
+
+Results: when an observer that received a stage's begin sets
+``wants_result``, the end event carries the stage's return value
+(``result``) and its first data argument (``inputs``), by reference.
+Otherwise both stay None and nothing is looked up for them.
 
 Nesting and threads: each thread keeps its own stack of open stages, so a
 stage inside another gets ``depth`` 1 and ``parent`` set, and stages on two
@@ -20,45 +26,19 @@ from time import perf_counter
 from types import MappingProxyType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from ._bus import stage_begin, stage_end
+from ._bus import WANTS_RESULT, stage_begin, stage_end
+from ._listened import listeners as _listeners
 from ._events import EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
 from ._resolve import check_step, current_step, find_model, find_rank, find_step
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 logger = logging.getLogger("verl_events")
 
 _local = threading.local()
 _seq = itertools.count(1)  # next() on a count is atomic under the GIL
-
-
-class _Listeners:
-    """What the disabled path asks: does anything receive ``stage_begin``, and for this stage?
-
-    Bound once, so the check costs two attribute reads.  ``emits_stage``
-    wrappers read it as a global, and cloudpickle copies a wrapper's globals
-    by value when it pickles a worker class defined in a function (Ray does,
-    for verl's colocated ``WorkerDict``): a copy of blinker's receivers would
-    hold observers and their locks, and answer for the wrong process.  This
-    object therefore pickles as a reference to this module's one instance.
-    """
-
-    __slots__ = ("any", "for_stage")
-
-    def __init__(self) -> None:
-        self.any = stage_begin.receivers
-        self.for_stage = stage_begin.has_receivers_for
-
-    def __reduce__(self) -> str:
-        return "_listeners"
-
-
-_listeners = _Listeners()
-
-
-def _listening(name: str) -> bool:
-    return bool(_listeners.any) and _listeners.for_stage(name)
 
 
 def _stack() -> list[str]:
@@ -93,25 +73,47 @@ def _new_event(
     )
 
 
-def _open(event: StageEvent) -> float:
-    """Send stage_begin; return the body's start time.  If a begin receiver
-    raises (strict mode, Ctrl-C), stage_end still goes out before the error
-    propagates, so every observer that began also ends."""
+def _open(event: StageEvent) -> tuple[float, bool]:
+    """Send stage_begin; return the body's start time and whether a receiver
+    asked for the stage's result.  If a begin receiver raises (strict mode,
+    Ctrl-C), stage_end still goes out before the error propagates, so every
+    observer that began also ends."""
     stack = _stack()
     stack.append(event.stage)
     try:
-        stage_begin.send(event.stage, event=event)
+        replies = stage_begin.send(event.stage, event=event)
     except BaseException as exc:
         stack.pop()
         _send_end(event.ended(0.0, exc), body_failed=True)
         raise
-    return perf_counter()
+    wants_result = False
+    for _receiver, reply in replies:
+        if reply is WANTS_RESULT:
+            wants_result = True
+            break
+    return perf_counter(), wants_result
 
 
-def _close(event: StageEvent, started: float, error: BaseException | None) -> None:
+def _close(
+    event: StageEvent,
+    started: float,
+    error: BaseException | None,
+    result: Any = None,
+    inputs: Any = None,
+) -> None:
     elapsed = perf_counter() - started
     _stack().pop()
-    _send_end(event.ended(elapsed, error), body_failed=error is not None)
+    _send_end(event.ended(elapsed, error, result, inputs), body_failed=error is not None)
+
+
+def _first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A method's first data argument: the first positional one after self,
+    else the first keyword argument's value, else None."""
+    if len(args) > 1:
+        return args[1]
+    for value in kwargs.values():
+        return value
+    return None
 
 
 def _send_end(end: StageEnd, *, body_failed: bool) -> None:
@@ -139,9 +141,24 @@ class stage:
     ``event.meta``.  ``event`` is the :class:`StageEvent`, or None when no
     receiver listens for this stage.  The block runs exactly once and its
     exception propagates unchanged.  Use a fresh object for each ``with``.
+
+    Results, for observers that set ``wants_result``: ``inputs=`` names the
+    stage's input, and :meth:`set_result`, called on this object before the
+    block ends, hands over its output; both travel by reference on the end
+    event (``StageEnd.inputs`` / ``StageEnd.result``)::
+
+        update = stage("actor_update", step=3, inputs=batch)
+        with update:
+            output = update.set_result(train(batch))
+
+    When no observer that got the begin wants results, both stay None on the
+    end event; ``set_result`` then only returns its argument.  When the block
+    raises, ``result`` is None whatever was set.
     """
 
-    __slots__ = ("_name", "_role", "_step", "_model", "_meta", "_event", "_started")
+    __slots__ = (
+        "_name", "_role", "_step", "_model", "_meta", "_inputs", "_event", "_started", "_wants_result", "_result",
+    )
 
     def __init__(
         self,
@@ -150,6 +167,7 @@ class stage:
         role: str | None = None,
         step: int | None = None,
         model: Any = None,
+        inputs: Any = None,
         **meta: Any,
     ) -> None:
         self._name = name
@@ -157,19 +175,32 @@ class stage:
         self._step = step
         self._model = model
         self._meta = meta
+        self._inputs = inputs
         self._event: StageEvent | None = None
         self._started = 0.0
+        self._wants_result = False
+        self._result: Any = None
 
     def __enter__(self) -> StageEvent | None:
-        if not _listening(self._name):
+        if self._name not in _listeners.stages:
             return None
         name = check_stage_name(self._name)
         role = self._role if self._role is not None else STAGE_ROLES.get(name)
         step = check_step(self._step, "stage", name) if self._step is not None else current_step()
         event = _new_event(name, role, step, self._model, self._meta, ())
-        self._started = _open(event)
+        self._started, self._wants_result = _open(event)
         self._event = event
         return event
+
+    def set_result(self, result: T) -> T:
+        """Hand the stage's output to observers that want it; return it unchanged.
+
+        Call inside the ``with`` block; kept (by reference) only while the
+        stage is open and an observer asked for results, else ignored.
+        """
+        if self._wants_result:
+            self._result = result
+        return result
 
     def __exit__(
         self,
@@ -178,8 +209,11 @@ class stage:
         tb: TracebackType | None,
     ) -> None:
         event, self._event = self._event, None
-        if event is not None:
-            _close(event, self._started, exc)
+        if event is None:
+            return
+        wanted, self._wants_result = self._wants_result, False
+        result, self._result = self._result, None  # set only when wanted
+        _close(event, self._started, exc, result if exc is None else None, self._inputs if wanted else None)
 
 
 def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -192,6 +226,11 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
     rank (torch.distributed, env ``RANK``, 0) and the model (per-role
     attribute paths on the worker, see :func:`add_model_paths`).  The
     method runs exactly once per call and its exception propagates unchanged.
+
+    When an observer that got the begin sets ``wants_result``, the end event
+    carries the method's return value as ``result`` (None when it raised)
+    and its first argument after ``self`` as ``inputs`` (else the first
+    keyword argument's value, else None), by reference.
     """
     check_stage_name(name, where="emits_stage")
     stage_role = role if role is not None else STAGE_ROLES.get(name)
@@ -201,20 +240,21 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            if not _listeners.any or not _listeners.for_stage(name):
+            if name not in _listeners.stages:
                 # Calling without an empty **kwargs saves ~20 ns on the common path.
                 return fn(*args, **kwargs) if kwargs else fn(*args)  # type: ignore[call-arg]
             worker = args[0] if args else None
             step = find_step(worker, args[1:], kwargs)
             model, paths = find_model(worker, stage_role)
             event = _new_event(name, stage_role, step, model, dict(method_meta), paths)
-            started = _open(event)
+            started, wants_result = _open(event)
+            inputs = _first_input(args, kwargs) if wants_result else None
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:
-                _close(event, started, exc)
+                _close(event, started, exc, None, inputs)
                 raise
-            _close(event, started, None)
+            _close(event, started, None, result if wants_result else None, inputs)
             return result
 
         return wrapper

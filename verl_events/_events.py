@@ -71,8 +71,14 @@ class StageEvent:
     seq: int = 0
     model_paths: tuple[str, ...] = ()
 
-    def ended(self, elapsed_s: float, error: BaseException | None) -> StageEnd:
-        """The matching end event."""
+    def ended(
+        self,
+        elapsed_s: float,
+        error: BaseException | None,
+        result: Any = None,
+        inputs: Any = None,
+    ) -> StageEnd:
+        """The matching end event (``result`` and ``inputs`` by reference)."""
         return StageEnd(
             self.stage,
             self.role,
@@ -87,6 +93,8 @@ class StageEvent:
             self.model_paths,
             elapsed_s,
             error,
+            result,
+            inputs,
         )
 
 
@@ -97,10 +105,20 @@ class StageEnd(StageEvent):
     ``elapsed_s`` is the wall time of the stage body alone (observer hooks
     excluded).  ``error`` is the exception the body raised, or None; the bus
     re-raises it unchanged after the end hooks ran.
+
+    ``result`` (the stage's return value) and ``inputs`` (its first data
+    argument) are set only when an observer that received this stage's
+    begin sets ``wants_result``; every receiver of this end event then sees
+    them, and otherwise both are None.  They are the stage's own objects,
+    not copies: read them, do not change them.  ``result`` is None when
+    ``error`` is set.  Neither takes part in ``repr`` or ``==`` (they may be
+    tensors).
     """
 
     elapsed_s: float = 0.0
     error: BaseException | None = None
+    result: Any = field(default=None, repr=False, compare=False)
+    inputs: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
 from ._events import StageEnd, StageEvent, StageReport
 from ._selection import ALL, Selection
 
@@ -55,7 +56,12 @@ class Observer:
       they begin after, and end before, every other observer, so no other
       observer's work lands in a capture;
     * ``passive``: the observer only watches (a clock, a logger).  A stage
-      it receives does not count as profiled in the timing log.
+      it receives does not count as profiled in the timing log;
+    * ``wants_result``: ``on_stage_end`` gets the stage's return value as
+      ``event.result`` and its first data argument as ``event.inputs``, by
+      reference (read them, do not change them).  Any receiver of that end
+      event sees them too; without any observer asking, both are None and
+      nothing is spent on them.
     """
 
     name: str = ""
@@ -66,6 +72,7 @@ class Observer:
     exclusive_resources: frozenset[str] = frozenset()
     captures: bool = False
     passive: bool = False
+    wants_result: bool = False
 
     def setup(self, context: InstallContext) -> None:
         """Called once at install; raise here (ConfigError for bad options)
