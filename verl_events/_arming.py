@@ -22,12 +22,14 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._anomaly import AnomalyEvent, anomaly
 from ._errors import ConfigError
 from ._events import StageEvent
+from ._observer import Observer
 from ._selection import Selection
 
 logger = logging.getLogger("verl_events")
@@ -220,23 +222,21 @@ class ArmedSelection(Selection):
         return (armed or step in self.fixed_steps) and Selection.accepts(self, event)
 
 
-def arm(observers: Any) -> TriggerClock | None:
+def arm(observers: Sequence[Observer]) -> TriggerClock | None:
     """Give the installation's armed observers one shared clock; None when none is armed.
 
     ConfigError when an observer is armed but nothing installed sends anomalies.
     """
-    armed = [o for o in observers if isinstance(o.selection, ArmedSelection)]
+    armed = [o.selection.arming for o in observers if isinstance(o.selection, ArmedSelection) and o.selection.arming]
     if not armed:
         return None
-    senders = [o for o in observers if getattr(o, "sends_anomalies", False)]
-    if not senders:
-        names = ", ".join(repr(o.name) for o in armed)
+    if not any(o.sends_anomalies for o in observers):
+        names = ", ".join(repr(arming.observer) for arming in armed)
         raise ConfigError(
             f"observer {names} has trigger: anomaly, but no installed observer sends anomalies, so it would "
             "never capture; add the sentinel observer (- name: sentinel) to observers:, or remove trigger"
         )
     clock = TriggerClock()
-    for observer in armed:
-        assert observer.selection.arming is not None
-        observer.selection.arming.clock = clock
+    for arming in armed:
+        arming.clock = clock
     return clock

@@ -61,7 +61,10 @@ class Observer:
       ``event.result`` and its first data argument as ``event.inputs``, by
       reference (read them, do not change them).  Any receiver of that end
       event sees them too; without any observer asking, both are None and
-      nothing is spent on them.
+      nothing is spent on them;
+    * ``sends_anomalies``: the observer sends the ``anomaly`` signal (the
+      sentinel does).  Install refuses an observer with ``trigger: anomaly``
+      unless one such observer is installed with it.
     """
 
     name: str = ""
@@ -73,6 +76,7 @@ class Observer:
     captures: bool = False
     passive: bool = False
     wants_result: bool = False
+    sends_anomalies: bool = False
 
     def setup(self, context: InstallContext) -> None:
         """Called once at install; raise here (ConfigError for bad options)
