@@ -2,7 +2,9 @@
 
 Each selected stage gets its own session, written to
 ``{save_path}/step_{N}/{stage}/step{k}/rank{R}/dump.json`` (verl's layout;
-``k`` counts calls of that stage within the step, normally 0)::
+``k`` counts calls of that stage within the step, normally 0; the part
+below the stage directory is msprobe's, see
+:mod:`verl_events.observers.msprobe_layout`)::
 
     point msprobe at the stage's directory -> start(model) -> body
     -> stop() -> reset_status()
@@ -16,19 +18,20 @@ observer therefore holds at most one session: a stage that begins while
 another stage's session is open (nested, or on another thread) is not
 dumped, with a warning naming both.  That is the answer to "does msprobe
 collection need a lock?": yes, and here it is.
+
+Every msprobe call goes through one adapter (``_msprobe_api``), which checks
+at setup that the installed msprobe has each internal it uses.
+:func:`msprobe_compare` is that adapter's run of msprobe's compare, for the
+``compare`` tool.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import logging
-import os
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
 
 from verl_events import (
     ConfigError,
@@ -51,12 +54,16 @@ from verl_events.layout import (
     session_dirs,
 )
 
+from . import _msprobe_api
+from ._msprobe_api import MsprobeDebugger
+from ._msprobe_api import run_compare as msprobe_compare
 from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
 from ._session import SessionSlot
+from .msprobe_layout import session_dir
+
+__all__ = ["MsprobeObserver", "msprobe_compare"]
 
 logger = logging.getLogger("verl_events.msprobe")
-
-_QUIET_LEVEL = "3"  # msprobe's ERROR; its INFO lines are print()ed to stdout
 
 
 class MsprobeObserver(Observer):
@@ -85,23 +92,27 @@ class MsprobeObserver(Observer):
         self.keep_api_hooks = keep_api_hooks
         self.warm_up = warm_up
         self.needs_model = self.settings.needs_model
-        self.available = False
         self._root = Path()
         self._strict = False
         self._slot = SessionSlot("msprobe", "dumped", logger)
         self._calls: dict[tuple[int | None, str], int] = {}
-        self._debugger: Any = None
+        self._debugger: MsprobeDebugger | None = None  # set once set up, warm-up included
         self._claimed = False
         self._output = Path()  # the open session's rank directory
+
+    @property
+    def available(self) -> bool:
+        """Whether msprobe is set up, so that selected stages are dumped."""
+        return self._debugger is not None
 
     def setup(self, context: InstallContext) -> None:
         self._root, self._strict = context.save_path, context.strict
         check_msprobe_path(context.save_path, "save_path")
         prepare_output_dir(context.save_path)
-        if importlib.util.find_spec("msprobe") is None:
+        if not _msprobe_api.is_installed():
             message = (
                 "msprobe is not installed, so the msprobe observer is off; "
-                "install it with: pip install 'verl-events[msprobe]' (package mindstudio-probe)"
+                f"install it with: {_msprobe_api.INSTALL_HINT} (package {_msprobe_api.DISTRIBUTION})"
             )
             if context.strict:
                 raise ImportError(message)
@@ -111,13 +122,20 @@ class MsprobeObserver(Observer):
             refuse_other_runs(context.save_path, session_dirs(context.save_path), "msprobe dump(s)")
         except SavePathTaken as exc:
             raise ConfigError(str(exc)) from None
-        self._debugger = _debugger_with(self.settings, context.save_path, self.quiet, self.keep_api_hooks)
+        debugger = _msprobe_api.open_debugger(
+            self.settings.config,
+            context.save_path,
+            source=self.settings.source,
+            quiet=self.quiet,
+            keep_api_hooks=self.keep_api_hooks,
+        )
         if self.warm_up:
-            self._warm_up(context.save_path)
-        self.available = True
+            _warm_up(debugger, context.save_path)
+        self._debugger = debugger
 
     def on_stage_begin(self, event: StageEvent) -> None:
-        if not self.available:
+        debugger = self._debugger
+        if debugger is None:
             return
         with self._slot.lock:
             if self._slot.refuse(event):
@@ -137,7 +155,7 @@ class MsprobeObserver(Observer):
                 self._claimed = True
             dump_dir = stage_output_dir(self._root, event)
             call = self._calls.get((event.step, event.stage), 0)
-            output = dump_dir / f"step{call}" / f"rank{event.rank}"
+            output = session_dir(dump_dir, call, event.rank)
             try:
                 output.mkdir(parents=True)  # atomic: of two processes, one gets it
             except FileExistsError:
@@ -151,7 +169,7 @@ class MsprobeObserver(Observer):
             # a crash or a full disk leaves the marker, and readers say so.
             mark_incomplete(output, f"cut off during step {event.step} {event.stage} (rank {event.rank})")
             try:
-                self._start(dump_dir, call, model, event.rank)
+                debugger.start(dump_dir, call, model, event.rank)
             except BaseException:
                 shutil.rmtree(output, ignore_errors=True)  # nothing was dumped
                 raise
@@ -159,9 +177,12 @@ class MsprobeObserver(Observer):
             self._output = output
 
     def on_stage_end(self, event: StageEnd) -> None:
+        debugger = self._debugger
+        if debugger is None:
+            return
         with self._slot.lock:
             if self._slot.release(event):
-                self._stop()
+                debugger.stop()
                 if event.error is None:
                     mark_complete(self._output)
                 else:
@@ -173,163 +194,24 @@ class MsprobeObserver(Observer):
 
     def close(self) -> None:
         with self._slot.lock:
-            if self._slot.holder is not None:
+            if self._slot.holder is not None and self._debugger is not None:
                 self._slot.holder = None
-                self._stop()
-
-    # -- msprobe calls ------------------------------------------------------
-
-    def _warm_up(self, save_path: Path) -> None:
-        """One throw-away session on a tiny model, so that msprobe's one-off
-        set-up (about a second on CPU, at the first start of a process) is paid
-        here rather than inside the first dumped stage."""
-        import torch
-
-        scratch = Path(tempfile.mkdtemp(prefix=".msprobe-warm-up-", dir=save_path))
-        try:
-            tiny = torch.nn.Linear(2, 2)
-            self._start(scratch, 0, tiny, 0)
-            try:
-                tiny(torch.ones(1, 2)).sum().backward()
-            finally:
-                self._stop()
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    def _start(self, dump_dir: Path, call: int, model: Any, rank: int) -> None:
-        debugger = self._debugger
-        service = debugger.service
-        service.config.dump_path = str(dump_dir)
-        type(debugger).set_init_step(call)  # msprobe's inner step{k} directory
-        if self._unwraps(service):
-            service.api_register.register_all_api()
-        if not service.first_start:
-            # msprobe takes rank_id at its first start only; this stage's rank
-            # may differ (the warm-up ran before torch.distributed was up).
-            from msprobe.core.common.runtime import Runtime
-
-            service.current_rank = Runtime.current_rank = rank
-        try:
-            type(debugger).start(model=model, rank_id=rank)
-        except BaseException:
-            _reset(service, running=True, unwrap=self._unwraps(service))
-            raise
-
-    def _stop(self) -> None:
-        service = self._debugger.service
-        try:
-            type(self._debugger).stop()
-        finally:
-            # reset_status() empties msprobe's cache so the next session starts a
-            # fresh dump.json instead of rewriting this one plus the new data.
-            _reset(service, running=False, unwrap=self._unwraps(service))
-
-    def _unwraps(self, service: Any) -> bool:
-        return not self.keep_api_hooks and _uses_api_hooks(service)
+                self._debugger.stop()
 
 
-def _uses_api_hooks(service: Any) -> bool:
-    return bool(getattr(service, "_is_need_api_hook", True))
+def _warm_up(debugger: MsprobeDebugger, save_path: Path) -> None:
+    """One throw-away session on a tiny model, so that msprobe's one-off
+    set-up (about a second on CPU, at the first start of a process) is paid
+    at install rather than inside the first dumped stage."""
+    import torch
 
-
-def _reset(service: Any, *, running: bool, unwrap: bool) -> None:
-    """Leave msprobe idle: cache emptied, torch API wrappers removed.  After
-    a failed start msprobe still believes it is running; clear that too, or
-    the next forward pass and its exit handler would fail."""
-    if running:
-        from msprobe.core.common.runtime import Runtime
-
-        Runtime.is_running = False
-    service.reset_status()
-    if unwrap:
-        service.api_register.restore_all_api()
-
-
-def _quiet_msprobe() -> None:
-    """Silence msprobe's INFO lines.  Its loggers read MSPROBE_LOG_LEVEL when
-    they are created, so it is set around their import only, and not left
-    in the environment for child processes to inherit."""
-    own = "MSPROBE_LOG_LEVEL" not in os.environ
-    if own:
-        os.environ["MSPROBE_LOG_LEVEL"] = _QUIET_LEVEL
+    scratch = Path(tempfile.mkdtemp(prefix=".msprobe-warm-up-", dir=save_path))
     try:
-        from msprobe.core.common import log as core_log
-        from msprobe.pytorch.common import log as torch_log
-    finally:
-        if own:
-            del os.environ["MSPROBE_LOG_LEVEL"]
-    for module in (core_log, torch_log):
-        module.logger.level = int(_QUIET_LEVEL)
-
-
-def _debugger_with(settings: MsprobeSettings, save_path: Path, quiet: bool, keep_api_hooks: bool) -> Any:
-    """The process's PrecisionDebugger, configured with ``settings``.
-
-    msprobe keeps one debugger per process and ignores the arguments of any
-    later construction, so a second installation applies its config to the
-    existing debugger instead.  The torch API wrappers msprobe installs at
-    construction are removed until a session starts.
-    """
-    if quiet:
-        _quiet_msprobe()
-    from msprobe.pytorch import PrecisionDebugger
-
-    # msprobe watches the file it was built from; hand it a private copy
-    # carrying a placeholder dump_path (each session sets its own).
-    config = dict(settings.config, dump_path=str(save_path))
-    fd, config_file = tempfile.mkstemp(prefix="verl_events_msprobe_", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(config, handle)
+        tiny = torch.nn.Linear(2, 2)
+        debugger.start(scratch, 0, tiny, 0)
         try:
-            if PrecisionDebugger._instance is None:
-                debugger = PrecisionDebugger(config_path=config_file)
-            else:
-                debugger = PrecisionDebugger._instance
-                _apply_config(debugger, config_file)
-        except Exception as exc:
-            raise ConfigError(
-                f"config_path {settings.source!r}: msprobe rejected it: {type(exc).__name__}: {exc}"
-            ) from exc
+            tiny(torch.ones(1, 2)).sum().backward()
+        finally:
+            debugger.stop()
     finally:
-        os.unlink(config_file)
-    PrecisionDebugger.set_init_step(0)
-    _guard_periodic_save(debugger.service)
-    if _uses_api_hooks(debugger.service):
-        if keep_api_hooks:
-            debugger.service.api_register.register_all_api()  # an earlier installation may have removed them
-        else:
-            debugger.service.api_register.restore_all_api()
-    return debugger
-
-
-def _guard_periodic_save(service: Any) -> None:
-    """msprobe rewrites dump.json every 1000 entries from inside its torch API
-    wrappers, that is inside the stage body: a failing write (a full disk)
-    would raise into training.  Log it instead.  The data stays in msprobe's
-    cache; the stop at the end of the stage writes it all again, and a
-    failure there is an observer failure like any other (the session stays
-    marked incomplete)."""
-    writer = service.data_collector.data_writer
-    flush = writer.flush_data_periodically
-    if getattr(flush, "verl_events_guard", False):
-        return
-
-    def guarded() -> None:
-        try:
-            flush()
-        except Exception as exc:
-            logger.error("msprobe's periodic save of dump.json failed; the stage goes on: %s: %s", type(exc).__name__, exc)
-
-    guarded.verl_events_guard = True  # type: ignore[attr-defined]
-    writer.flush_data_periodically = guarded
-
-
-def _apply_config(debugger: Any, config_file: str) -> None:
-    from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
-
-    common, task_config = debugger._parse_config_path(config_file, None)
-    config = DebuggerConfig(common, task_config, None, None, None)
-    debugger.common_config, debugger.task_config = common, task_config
-    debugger.task, debugger.config = common.task, config
-    debugger.service.apply_runtime_config(config)
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -9,6 +9,7 @@ depend on a CPU's rounding are left to the synthetic rows.
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 import math
 import re
@@ -21,6 +22,7 @@ from verl_events.apps.cli import main
 from verl_events.apps.compare import (
     DEFAULT_TOLERANCES,
     STATS,
+    CompareInputError,
     Row,
     Tolerance,
     compare_rows,
@@ -28,6 +30,7 @@ from verl_events.apps.compare import (
     op_name,
     over_tolerance,
     resolve_tolerances,
+    rows_from_msprobe_csv,
     summary,
 )
 
@@ -338,3 +341,43 @@ def test_a_session_cut_off_is_never_compared(demo_runs: dict[str, Path], capsys:
         assert main(["compare", str(a), str(b), "--step", "2", "--stage", "actor_update"]) == 2
         assert "is an incomplete msprobe session, not a whole stage: cut off during step 2 actor_update (rank 0)" in capsys.readouterr().err
     assert main(["compare", str(rank_dir / "dump.json"), str(demo_runs["a"] / "step_2/actor_update/step0/rank0/dump.json")]) == 2
+
+
+def test_an_msprobe_without_its_compare_exits_2_naming_the_version_and_the_name(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from msprobe.pytorch.compare import pt_compare
+
+    monkeypatch.delattr(pt_compare, "pt_compare")
+    dump = demo_runs["a"] / DUMP.format(step=1, stage="actor_update", rank=0)
+    assert main(["compare", str(dump), str(dump)]) == 2
+    version = importlib.metadata.version("mindstudio-probe")
+    assert (
+        f"error: msprobe {version} (mindstudio-probe) lacks what verl-events compare relies on: "
+        "msprobe.pytorch.compare.pt_compare.pt_compare. verl_events is written against mindstudio-probe>=26.2,<27"
+    ) in capsys.readouterr().err
+
+
+def test_md5_dumps_are_refused_rather_than_called_a_match(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """msprobe's table for md5 dumps has no statistics, which is all compare judges."""
+    import torch
+
+    import verl_events
+
+    config = tmp_path / "md5.json"
+    config.write_text(json.dumps({"task": "statistics", "level": "L1", "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "md5"}}))
+    model = torch.nn.Linear(4, 1)
+    observer = {"name": "msprobe", "config_path": str(config), "warm_up": False}
+    with verl_events.install({"save_path": str(tmp_path / "run"), "observers": [observer]}):
+        with verl_events.stage("actor_update", step=1, model=model):
+            model(torch.ones(2, 4)).sum().backward()
+    dump = tmp_path / "run" / DUMP.format(step=1, stage="actor_update", rank=0)
+    assert main(["compare", str(dump), str(dump)]) == 2
+    assert "has no column 'NPU max', 'NPU min', 'NPU mean', 'NPU l2norm', 'Bench max'" in capsys.readouterr().err
+
+
+def test_an_empty_compare_table_is_refused(tmp_path: Path) -> None:
+    table = tmp_path / "compare_result.csv"
+    table.write_text("")
+    with pytest.raises(CompareInputError, match=re.escape(f"msprobe's compare table {table} has no column 'NPU Name', 'Bench Name'")):
+        rows_from_msprobe_csv(table)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -15,11 +19,13 @@ import torch.nn.functional as F
 
 import verl_events
 from verl_events import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning, stage
+from verl_events.observers import _msprobe_api, msprobe_layout
 from verl_events.testing import RecordingObserver
 
 from .support import Small, dump_entries, run_model, write_msprobe_config
 
 ACTOR_STAGES = ["actor_compute_log_prob", "actor_update"]
+MSPROBE_VERSION = importlib.metadata.version("mindstudio-probe")
 # L0 hooks make torch warn about full backward hooks when an input has no grad.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
@@ -414,3 +420,136 @@ def test_another_observers_torch_work_never_lands_in_the_dump(tmp_path: Path, mo
         run_steps(model, range(1, 2), ["actor_update"])
     entries = json.loads((tmp_path / "out/step_1/actor_update/step0/rank0/dump.json").read_text())["data"]
     assert entries and not [name for name in entries if "cumsum" in name]
+
+
+# -- the adapter: one place that imports msprobe, checked at install ----------------
+
+
+def missing_message(*named: str) -> str:
+    return (
+        f"observers[0] (msprobe) failed to set up: ObserverSetupError: msprobe {MSPROBE_VERSION} (mindstudio-probe) "
+        f"lacks what the verl_events msprobe observer relies on: {'; '.join(named)}. verl_events is written against "
+        "mindstudio-probe>=26.2,<27; install a supported version with: pip install 'verl-events[msprobe]'"
+    )
+
+
+def test_the_probe_passes_on_the_installed_msprobe(tmp_path: Path) -> None:
+    assert MSPROBE_VERSION.startswith("26.2.")
+    api = _msprobe_api.probe_debugger_api(quiet=True)
+    with verl_events.install(msprobe_config(tmp_path, warm_up=False)):
+        _msprobe_api.probe_debugger(api, api.precision_debugger._instance)
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "named"),
+    [
+        ("msprobe.pytorch.dump.debugger.debugger_config", "DebuggerConfig", "msprobe.pytorch.dump.debugger.debugger_config.DebuggerConfig"),
+        ("msprobe.core.dump.debugger.precision_debugger:BasePrecisionDebugger", "set_init_step", "msprobe.pytorch.PrecisionDebugger.set_init_step"),
+        ("msprobe.core.dump.service:BaseService", "_is_need_api_hook", "msprobe.pytorch.dump.pytorch_service.PytorchService._is_need_api_hook"),
+        ("msprobe.core.common.runtime:Runtime", "is_running", "msprobe.core.common.runtime.Runtime.is_running"),
+        # Set on the built debugger, so checked on it: msprobe's singleton exists (see below).
+        ("msprobe.core.dump.api_dump.api_registry:ApiRegistry", "restore_all_api", "PrecisionDebugger().service.api_register.restore_all_api"),
+    ],
+)
+def test_an_msprobe_without_an_internal_we_use_fails_setup_naming_the_version_and_the_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: str, name: str, named: str
+) -> None:
+    with verl_events.install(msprobe_config(tmp_path / "first", warm_up=False)):
+        pass  # msprobe's singleton now exists, as after any earlier installation in a process
+    module, _, cls = owner.partition(":")
+    target = importlib.import_module(module)
+    monkeypatch.delattr(getattr(target, cls) if cls else target, name)
+    with pytest.raises(ObserverSetupError, match=re.escape(missing_message(named))):
+        verl_events.install(msprobe_config(tmp_path / "second", warm_up=False))
+    assert verl_events.current_installation() is None
+
+
+def test_every_missing_internal_is_named_in_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from msprobe.core.common.runtime import Runtime
+    from msprobe.pytorch.dump.debugger import debugger_config
+
+    monkeypatch.delattr(debugger_config, "DebuggerConfig")
+    monkeypatch.delattr(Runtime, "is_running")
+    with pytest.raises(ObserverSetupError, match=re.escape(missing_message(
+        "msprobe.pytorch.dump.debugger.debugger_config.DebuggerConfig", "msprobe.core.common.runtime.Runtime.is_running"
+    ))):
+        verl_events.install({**msprobe_config(tmp_path), "strict": True})
+
+
+def takes_step_and_loop(cls: type, step: int, loop: int) -> None:
+    """set_init_step as a later msprobe might define it."""
+
+
+def start_on_the_instance(self: object, model: object = None, rank_id: object = None) -> None:
+    """start as an instance method, which the observer cannot call on the class."""
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "replacement", "named"),
+    [
+        (
+            "BasePrecisionDebugger", "set_init_step", classmethod(takes_step_and_loop),
+            "msprobe.pytorch.PrecisionDebugger.set_init_step(step): it is msprobe.pytorch.PrecisionDebugger.set_init_step(step, loop)",
+        ),
+        ("PrecisionDebugger", "start", start_on_the_instance, "msprobe.pytorch.PrecisionDebugger.start as a classmethod: it is a function"),
+    ],
+)
+def test_an_internal_of_another_shape_fails_setup_showing_what_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: str, name: str, replacement: object, named: str
+) -> None:
+    from msprobe.core.dump.debugger.precision_debugger import BasePrecisionDebugger
+    from msprobe.pytorch import PrecisionDebugger
+
+    monkeypatch.setattr({"BasePrecisionDebugger": BasePrecisionDebugger, "PrecisionDebugger": PrecisionDebugger}[owner], name, replacement)
+    with pytest.raises(ObserverSetupError, match=re.escape(missing_message(named))):
+        verl_events.install(msprobe_config(tmp_path, warm_up=False))
+
+
+def test_only_the_adapter_names_msprobe_modules() -> None:
+    """No module of the package but observers/_msprobe_api.py imports msprobe, or
+    names one of its modules (as importlib.import_module would need)."""
+    observers = Path(msprobe_layout.__file__).parent
+    roots = [Path(verl_events.__file__).parent, observers]
+    imported = re.compile(r"^msprobe(\.|$)")
+    named = re.compile(r"^msprobe(\.\w+)+$")  # a module path, not the word (a logger or resource name)
+    offenders = []
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
+        if path == observers / "_msprobe_api.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names if imported.match(alias.name)]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found = [node.module or ""] if imported.match(node.module or "") else []
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found = [node.value] if named.match(node.value) else []
+            else:
+                continue
+            offenders += [f"{path}:{node.lineno}: {name}" for name in found]
+    assert offenders == []
+
+
+# -- msprobe_layout: where a session's files are ------------------------------------------
+
+
+def test_msprobe_writes_each_session_where_msprobe_layout_says(tmp_path: Path, model: Small) -> None:
+    with verl_events.install(msprobe_config(tmp_path)):
+        run_steps(model, range(1, 2), ["actor_update", "actor_update"])
+    stage_dir = tmp_path / "out/step_1/actor_update"
+    assert msprobe_layout.holds_sessions(stage_dir)
+    assert not msprobe_layout.holds_sessions(tmp_path / "out")  # our step_1 is not msprobe's step{k}
+    for call in (0, 1):
+        assert msprobe_layout.rank_dirs(msprobe_layout.step_dir(stage_dir, call)) == [msprobe_layout.session_dir(stage_dir, call, 0)]
+        dump = msprobe_layout.dump_file(msprobe_layout.session_dir(stage_dir, call, 0))
+        entries = dump_entries(dump)
+        stacks = json.loads(msprobe_layout.stack_file(dump).read_text())
+        # stack.json: {index: [[entry names], [stack lines]]}; every forward call has one.
+        assert {name for names, _ in stacks.values() for name in names} >= {n for n in entries if n.endswith(".forward")}
+        assert json.loads(msprobe_layout.construct_file(dump).read_text()) == {}  # level L1: no modules
+    assert msprobe_layout.proc_dirs(msprobe_layout.step_dir(stage_dir, 0)) == []
+
+
+def test_stack_file_is_found_beside_a_dump_json_only() -> None:
+    assert msprobe_layout.stack_file(Path("s/step0/rank0/dump.json")) == Path("s/step0/rank0/stack.json")
+    with pytest.raises(ValueError, match=re.escape("'s/step0/rank0' is not an msprobe dump.json; stack.json is found beside a session's dump.json")):
+        msprobe_layout.stack_file(Path("s/step0/rank0"))

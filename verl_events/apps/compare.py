@@ -3,8 +3,11 @@
 A and B are run directories (our ``{save_path}``), stage directories, rank
 directories or ``dump.json`` files; ``--step/--stage/--rank`` (and
 ``--vs-step/--vs-rank`` for the other side) pick the dump by our layout.
-msprobe's own compare runs through its Python API; the raw statistics in
-its table are then judged here, in execution order, with explicit
+Below a stage directory the layout is msprobe's
+(:mod:`verl_events.observers.msprobe_layout`).  msprobe's own compare runs
+through its Python API, by way of the one adapter that touches msprobe
+(:func:`verl_events.observers.msprobe.msprobe_compare`); the raw statistics
+in its table are then judged here, in execution order, with explicit
 tolerances (msprobe's relative errors are not used: they are infinite
 whenever B's statistic is exactly 0, and no tolerance could loosen that):
 
@@ -21,19 +24,16 @@ Exit codes for scripts and CI: 0 no divergence, 1 diverged, 2 bad input.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import math
 import re
 import tempfile
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_events.layout import incomplete_reason
 
@@ -41,6 +41,7 @@ STATS = ("max", "min", "mean", "norm")
 
 _CSV_NPU = {"max": "NPU max", "min": "NPU min", "mean": "NPU mean", "norm": "NPU l2norm"}
 _CSV_BENCH = {"max": "Bench max", "min": "Bench min", "mean": "Bench mean", "norm": "Bench l2norm"}
+_CSV_COLUMNS = ("NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", *_CSV_NPU.values(), *_CSV_BENCH.values())
 _OP_END = re.compile(r"\.(forward|backward|parameters_grad)(\.|$)")
 
 
@@ -62,10 +63,22 @@ class Pick:
 
 
 def resolve_dump(path: Path, pick: Pick) -> Path:
-    """The ``dump.json`` that ``path`` and ``pick`` designate, or CompareInputError."""
+    """The ``dump.json`` that ``path`` and ``pick`` designate, or CompareInputError.
+
+    Below a stage directory the layout is msprobe's, as
+    :mod:`verl_events.observers.msprobe_layout` describes it."""
+    # Imported here, not at the top: the CLI imports this module to build its
+    # parser, which needs no observer.  mypy checks the repository's observers/
+    # folder as the package "observers" ([tool.mypy] in pyproject.toml) and
+    # cannot follow its installed name, verl_events.observers.
+    if TYPE_CHECKING:
+        from observers import msprobe_layout as layout
+    else:
+        from verl_events.observers import msprobe_layout as layout
+
     if path.is_file():
-        if path.name != "dump.json":
-            raise CompareInputError(f"{path} is not an msprobe dump.json")
+        if path.name != layout.DUMP_FILE:
+            raise CompareInputError(f"{path} is not an msprobe {layout.DUMP_FILE}")
         path = path.parent
     if not path.is_dir():
         raise CompareInputError(f"{path} does not exist")
@@ -81,20 +94,19 @@ def resolve_dump(path: Path, pick: Pick) -> Path:
         if not stage_dir.is_dir():
             raise CompareInputError(f"{stage_dir} does not exist: step {pick.step} of stage {pick.stage!r} was not dumped")
         path = stage_dir
-    if any(path.glob("step*/rank*")) or any(path.glob("step*/proc*")):  # a stage directory
-        path = path / f"step{pick.call}"
-    if any(path.glob("rank*")):  # msprobe's step directory
-        rank_dir = path / f"rank{pick.rank}"
+    if layout.holds_sessions(path):  # a stage directory: msprobe's dump_path
+        path = layout.step_dir(path, pick.call)
+    if ranks := layout.rank_dirs(path):  # msprobe's step directory
+        rank_dir = layout.rank_dir(path, pick.rank)
         if not rank_dir.is_dir():
-            ranks = sorted(p.name for p in path.glob("rank*"))
-            raise CompareInputError(f"{rank_dir} does not exist; ranks here: {', '.join(ranks)}")
+            raise CompareInputError(f"{rank_dir} does not exist; ranks here: {', '.join(p.name for p in ranks)}")
         path = rank_dir
-    elif procs := sorted(path.glob("proc*")):
+    elif procs := layout.proc_dirs(path):
         raise CompareInputError(
             f"{path} holds msprobe {', '.join(p.name for p in procs)} dumps, written without a rank; "
-            f"pass the dump.json itself, e.g. {procs[0] / 'dump.json'}"
+            f"pass the {layout.DUMP_FILE} itself, e.g. {layout.dump_file(procs[0])}"
         )
-    dump = path / "dump.json"
+    dump = layout.dump_file(path)
     reason = incomplete_reason(path)
     if reason is not None:
         raise CompareInputError(
@@ -297,39 +309,50 @@ def over_tolerance(row: Row, tolerances: Mapping[str, Tolerance]) -> dict[str, f
 
 
 def rows_from_msprobe_csv(path: Path) -> list[Row]:
-    rows = []
+    """The rows of msprobe's compare table at ``path``, in its order.
+
+    CompareInputError when the table lacks a column read here.  msprobe
+    writes the max/min/mean/l2norm columns for statistics and tensor dumps
+    only; a table of md5 dumps (``summary_mode: md5``) has none, and
+    compare, which judges those statistics, would otherwise call every
+    entry a match.  A cell left empty or N/A (a non-tensor, an integer
+    tensor's mean) is a statistic msprobe does not have: ``None``."""
     with path.open(encoding="utf-8", newline="") as handle:
-        for raw in csv.DictReader(handle):
-            bench = raw.get("Bench Name", "N/A")
-            rows.append(
-                Row(
-                    entry=raw["NPU Name"],
-                    matched=bench not in ("N/A", "", None),
-                    side="A",
-                    dtypes=(raw.get("NPU Dtype", ""), raw.get("Bench Dtype", "")),
-                    a_stats={stat: _number(raw.get(column)) for stat, column in _CSV_NPU.items()},
-                    b_stats={stat: _number(raw.get(column)) for stat, column in _CSV_BENCH.items()},
-                )
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []  # None for an empty file: then every column is missing
+        if missing := [column for column in _CSV_COLUMNS if column not in header]:
+            raise CompareInputError(
+                f"msprobe's compare table {path} has no column {', '.join(map(repr, missing))}: compare judges "
+                "the max, min, mean and norm statistics, which msprobe records in statistics and tensor dumps, "
+                "not with summary_mode md5; dump both runs with summary_mode statistics"
             )
-    return rows
+        return [
+            Row(
+                entry=raw["NPU Name"],
+                matched=raw["Bench Name"] not in ("N/A", "", None),
+                side="A",
+                dtypes=(raw["NPU Dtype"] or "", raw["Bench Dtype"] or ""),
+                a_stats={stat: _number(raw[column]) for stat, column in _CSV_NPU.items()},
+                b_stats={stat: _number(raw[column]) for stat, column in _CSV_BENCH.items()},
+            )
+            for raw in reader
+        ]
 
 
 def run_msprobe_compare(a: Path, b: Path, out_dir: Path) -> Path:
-    """msprobe's compare of two dump.json files; returns its CSV."""
-    from msprobe.pytorch.compare.pt_compare import pt_compare
+    """msprobe's compare of two dump.json files, run in ``out_dir``; returns
+    its CSV table.  CompareInputError when msprobe is missing, lacks its
+    compare, fails or writes no table."""
+    # Imported here for the parser's sake, under two names for mypy's: see resolve_dump.
+    if TYPE_CHECKING:
+        from observers.msprobe import msprobe_compare
+    else:
+        from verl_events.observers.msprobe import msprobe_compare
 
-    chatter = io.StringIO()  # msprobe prints and draws tqdm bars; keep them for errors only
     try:
-        # msprobe's own pandas deprecation warnings are not the user's to fix.
-        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            pt_compare({"npu_path": str(a), "bench_path": str(b), "is_print_compare_log": False}, str(out_dir))
-    except Exception as exc:
-        raise CompareInputError(f"msprobe compare of {a} and {b} failed: {type(exc).__name__}: {exc}\n{chatter.getvalue()[-2000:]}") from exc
-    produced = sorted(out_dir.glob("compare_result*.csv"), key=lambda p: p.stat().st_mtime)
-    if not produced:
-        raise CompareInputError(f"msprobe compare of {a} and {b} wrote no table: {chatter.getvalue()[-2000:]}")
-    return produced[-1]
+        return msprobe_compare(a, b, out_dir)
+    except RuntimeError as exc:  # ObserverSetupError included: msprobe lacks its compare
+        raise CompareInputError(str(exc)) from exc
 
 
 # -- the whole comparison --------------------------------------------------------
