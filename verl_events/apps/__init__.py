@@ -2,8 +2,11 @@
 
 ``cli`` (the command), ``demo`` and ``demo_verl`` (the CPU demos),
 ``report`` and ``overhead`` (reading timing logs back), ``compare`` (two
-msprobe dumps side by side) and ``verl_cpu`` (verl's real trainer, tiny, on
-CPU).  They use only the public core: :mod:`verl_events`,
-:mod:`verl_events.config`, :mod:`verl_events.layout` and
-:mod:`verl_events.verl_bridge`; nothing in the core imports them.
+msprobe dumps side by side), ``verl_cpu`` (verl's real trainer, tiny, on
+CPU), ``triage`` (the op behind an anomaly) and ``inject`` (a fault to try the
+sentinel with).  They use only public names: :mod:`verl_events`,
+:mod:`verl_events.config`, :mod:`verl_events.layout`,
+:mod:`verl_events.verl_bridge` and the observers' public modules
+(``verl_events.observers.msprobe_layout``, ``.timing``); nothing in the core
+imports them.
 """
