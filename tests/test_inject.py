@@ -32,13 +32,13 @@ def test_nan_goes_into_one_element_at_the_step_and_only_once(tmp_path: Path) -> 
     assert all(torch.isfinite(p).all() for name, p in model.named_parameters() if name != INJECTED_WEIGHT)
 
 
-def test_spike_scales_the_first_2d_weight_by_default(tmp_path: Path) -> None:
+def test_spike_scales_the_first_linear_weight_by_default(tmp_path: Path) -> None:
     model = TinyCausalLM()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     run(model, tmp_path, range(1, 4), kind="spike", step=3, scale=4.0)
-    first_2d = next(name for name, p in model.named_parameters() if p.dim() == 2)
-    assert torch.equal(model.get_parameter(first_2d), before[first_2d] * 4.0)
-    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters() if name != first_2d)
+    first_linear = "blocks.0.qkv.weight"  # the embeddings come first, but are not Linear layers
+    assert torch.equal(model.get_parameter(first_linear), before[first_linear] * 4.0)
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters() if name != first_linear)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from verl_events.apps.verl_cpu import job
 
 REPO = Path(__file__).parent.parent
 DOC = (REPO / "docs/verl.md").read_text()
+SENTINEL_DOC = (REPO / "docs/sentinel.md").read_text()
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 USUAL_ARGUMENTS = "...your usual arguments..."
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -39,14 +40,14 @@ class DocCommand:
     argv: list[str]
 
 
-def doc_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", DOC, flags=re.S)
+def doc_blocks(language: str, doc: str = DOC) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", doc, flags=re.S)
 
 
-def doc_commands(marker: str, *, without: str = "\0") -> list[DocCommand]:
-    """The commands of the one main_ppo block of docs/verl.md that mentions ``marker`` (and not ``without``)."""
-    blocks = [b for b in doc_blocks("bash") if "verl.trainer.main_ppo" in b and marker in b and without not in b]
-    assert len(blocks) == 1, f"docs/verl.md should have one main_ppo block with {marker!r}, not {without!r}"
+def doc_commands(marker: str, *, without: str = "\0", doc: str = DOC) -> list[DocCommand]:
+    """The commands of the one main_ppo block of ``doc`` (docs/verl.md) that mentions ``marker`` (and not ``without``)."""
+    blocks = [b for b in doc_blocks("bash", doc) if "verl.trainer.main_ppo" in b and marker in b and without not in b]
+    assert len(blocks) == 1, f"the doc should have one main_ppo block with {marker!r}, not {without!r}"
     commands = []
     for line in blocks[0].replace("\\\n", " ").splitlines():
         words = shlex.split(line.replace(USUAL_ARGUMENTS, ""))
@@ -168,3 +169,40 @@ def test_the_setup_hook_switch_alone_dumps_the_same(runs: Runs) -> None:
         assert entries(runs.hook / "profile" / name) == entries(runs.plugin / "profile" / name), name
     # verl's plugins were off in that run: the hook alone installed the observers.
     assert doc_commands("worker_process_setup_hook")[0].env == {"VERL_USE_EXTERNAL_PLUGINS": "none"}
+
+
+# -- the anomaly sentinel on verl's trainer ------------------------------------------
+
+
+def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step_only(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/sentinel.md's verl config and commands, plus an observer that puts a NaN into the
+    actor's weights at the start of step 2's update (a fourth trainer run)."""
+    files = job.prepare(tmp_path_factory.mktemp("sentinel-job"))
+    root = tmp_path_factory.mktemp("sentinel")
+    config = next(b for b in doc_blocks("yaml", SENTINEL_DOC) if "# /shared/sentinel.yaml" in b)
+    shutil.copy(REPO / "examples/msprobe/statistics_mix.json", root / "statistics_mix.json")
+    fault = {"_target_": "verl_events.apps.inject:WeightFault", "kind": "nan", "step": 2, "stages": ["actor_update"]}
+    (root / "sentinel.yaml").write_text(on(root, config) + "  - " + json.dumps(fault) + "\n")
+    switch, triage = doc_commands("sentinel.yaml", doc=SENTINEL_DOC)
+    run_doc_command(switch, root, files, "sentinel")
+
+    save_path = root / "profile"
+    anomalies = [json.loads(line) for line in (save_path / "anomalies.jsonl").read_text().splitlines()]
+    first_step = min(a["step"] for a in anomalies)
+    fired = {a["metric"]: a for a in anomalies if a["step"] == first_step}
+    # The update's first mini-batch (train_batch, nested in actor_update) reports it first.
+    assert first_step == 2 and fired["actor/grad_norm"]["stage"] in ("train_batch", "actor_update"), anomalies
+    assert all(a["rule"] == "non_finite" and a["value"] == "nan" for a in fired.values())
+    # The next step's recomputed log-probs and entropy carry the NaN too.
+    step_3 = {a["metric"] for a in anomalies if a["step"] == 3 and a["stage"] == "actor_compute_log_prob"}
+    assert {"old_log_probs/nonfinite_count", "entropys/nonfinite_count"} <= step_3, anomalies
+    assert sorted({p.relative_to(save_path).parts[0] for p in save_path.rglob("dump.json")}) == ["step_3"]
+    assert dump_files(save_path) == sorted(f"step_3/{stage}/step0/rank0/dump.json" for stage in STAGES)
+
+    assert triage.argv[:2] == ["verl-events", "triage"]
+    assert verl_events_main([*triage.argv[1:-1], on(root, triage.argv[-1]), "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["found"] and result["op"]["parameter"], result
+    assert "/step_3/" in result["dump"]

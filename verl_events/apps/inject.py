@@ -9,7 +9,7 @@ it to a trainer run.  As a config entry::
       stages: [actor_update]
 
 It acts once, at the begin of the first selected stage of ``step``, on the stage's model
-(``event.model``): ``parameter`` names the weight, by default the first 2-D one.  Under
+(``event.model``): ``parameter`` names the weight, by default the first Linear layer's.  Under
 FSDP a parameter is a DTensor; its local shard is changed, which on one rank is all of it.
 """
 
@@ -66,13 +66,17 @@ class WeightFault(Observer):
         )
 
     def _weight(self, model: Any) -> tuple[str, Any]:
+        import torch
+
         module = model[0] if isinstance(model, (list, tuple)) else model
         if self.parameter is not None:
             return self.parameter, module.get_parameter(self.parameter)
-        for name, param in module.named_parameters():
-            if param.dim() == 2:
-                return name, param
-        raise ValueError(f"{type(module).__name__} has no 2-D parameter to corrupt; name one with parameter:")
+        # A Linear's weight: every token goes through it, where one embedding row
+        # would only matter to the batches that hold its token.
+        for name, layer in module.named_modules():
+            if isinstance(layer, torch.nn.Linear):
+                return f"{name}.weight", layer.weight
+        raise ValueError(f"{type(module).__name__} has no Linear layer to corrupt; name a weight with parameter:")
 
     def describe(self) -> str:
         return f"corrupts a weight ({self.kind}) at step {self.step}: for trying the sentinel, never for training"
