@@ -4,12 +4,15 @@ Each module imports its tool when the observer is first used, never at
 import time.  They are registered as entry points of the group
 ``verl_events.observers`` (see pyproject.toml), exactly like a third-party
 observer, and are normally loaded by name from config: ``msprobe`` (alias
-``precision_debugger``), ``timing``, ``torch_profiler``, ``nsys``, ``npu``.
+``precision_debugger``), ``timing``, ``torch_profiler``, ``nsys``, ``npu``,
+and the anomaly watcher ``sentinel`` (its metric reading is in
+:mod:`verl_events.observers.metrics`).
 """
 
 from .msprobe import MsprobeObserver
 from .npu import NpuProfilerObserver
 from .nsys import NsysObserver
+from .sentinel import SentinelObserver
 from .timing import TimingObserver
 from .torch_profiler import TorchProfilerObserver
 
@@ -17,6 +20,7 @@ __all__ = [
     "MsprobeObserver",
     "NpuProfilerObserver",
     "NsysObserver",
+    "SentinelObserver",
     "TimingObserver",
     "TorchProfilerObserver",
 ]

@@ -1,0 +1,441 @@
+"""The sentinel: a cheap watcher on every stage that raises the alarm when a metric goes wrong.
+
+At the end of each stage it reads the stage's scalars
+(:func:`verl_events.observers.metrics.extract_metrics`: verl's metrics, a few
+reductions of the tensors the stage made, the training-inference gap) and
+checks them against rules.  When one breaks a rule it
+
+1. appends one JSON line to ``{save_path}/anomalies.jsonl`` (:data:`ANOMALY_LOG`)::
+
+       {"run": "ray-session_…-01000000", "time": 1796025667.11, "step": 3, "stage": "actor_update",
+        "rank": 0, "metric": "actor/grad_norm", "value": "nan", "rule": "non_finite", "baseline": null,
+        "detail": "actor/grad_norm is nan"}
+
+   (``AnomalyEvent.as_record()``, plus the run id and the unix time; NaN and
+   infinities are the strings ``"nan"``, ``"inf"``, ``"-inf"``).  Every rank
+   appends to the same file, each line with one ``write`` on an ``O_APPEND``
+   descriptor, so lines of several ranks never interleave;
+2. logs one line at WARNING on the ``verl_events.sentinel`` logger;
+3. sends the ``anomaly`` signal with the stage name as sender and
+   ``event=AnomalyEvent(...)``: capture observers configured with
+   ``trigger: anomaly`` capture the steps that follow.
+
+A metric triggers at most once per step (the first rule it breaks); a step
+that could not be resolved counts each stage on its own.  A failing write
+is logged and training goes on; the signal is still sent.
+
+Config::
+
+    - name: sentinel
+      non_finite: true            # every metric seen: NaN/inf is an anomaly (default true)
+      check_names_after: 2        # steps before rule names no stage reported are warned about
+      rules:
+        actor/grad_norm: {above: 1000, spike: {z: 6, warmup: 5}}
+        actor/entropy: {below: 0.01}
+        gap/log_prob_abs_max: {above: 2.0}
+        critic/vf_loss: {spike: true, non_finite: false}
+
+Per metric, any of:
+
+* ``above: X`` / ``below: X``: a finite number; the value must not be
+  greater than ``above`` / less than ``below``;
+* ``spike: true`` or ``{z, warmup, window, direction}``: a robust z-score
+  against the metric's recent history at that stage (Iglewicz and Hoaglin's
+  modified z)::
+
+      z = 0.6745 * |x - median| / max(MAD, 1e-3 * |median|, 1e-12)
+
+  over the last ``window`` finite values (default 50), where
+  ``MAD = median(|x_i - median|)``; it triggers when ``z > z`` (default 6)
+  once ``warmup`` values (default 5, at least 3) are in the history, and only
+  upwards, downwards or both (``direction``: ``up``, ``down``, ``both``, the
+  default).  The floor keeps a metric that never moved from triggering on
+  rounding.  Every finite value joins the history, spikes included (the
+  median shrugs them off).  A stage that runs several times a step
+  (``train_batch``, once per mini-batch) adds one value per run;
+* ``non_finite: true/false``: this metric's own switch for the NaN/inf rule.
+
+The non-finite rule fires for a value that is NaN or infinite, and for a
+tensor's ``*/nonfinite_count`` above 0.  Checks run in the order
+non_finite, above, below, spike.
+
+Rule names no stage has reported by the time step ``check_names_after + 1``
+begins (or at close, for a shorter run) are warned about once, with the
+names that were reported: a rule with a typo never fires.  A process only
+sees the stages it runs, so a metric of a role another process holds is
+reported (and watched) there.
+
+Option values are checked at install, naming the option path:
+``option rules.actor/grad_norm.above: 'big' is not allowed; use a number``.
+
+Cost: one :func:`extract_metrics` per stage (one device-to-host copy for
+the tensor reductions), and a dict lookup per metric;
+``benchmarks/sentinel.py`` measures it against the demo's step time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, prepare_output_dir
+from verl_events._anomaly import AnomalyEvent, anomaly
+from verl_events.layout import SavePathTaken, claim_save_path, refuse_other_runs, run_files, run_id
+
+from .metrics import extract_metrics
+
+__all__ = ["ANOMALY_LOG", "MetricRule", "SentinelObserver", "SpikeRule", "anomaly_log_path", "parse_rules"]
+
+logger = logging.getLogger("verl_events.sentinel")
+
+#: The file under ``save_path`` every rank appends its anomalies to.
+ANOMALY_LOG = "anomalies.jsonl"
+
+Direction = Literal["up", "down", "both"]
+_DIRECTIONS: tuple[Direction, ...] = ("up", "down", "both")
+_RULE_KEYS = ("above", "below", "spike", "non_finite")
+_SPIKE_KEYS = ("z", "warmup", "window", "direction")
+_COUNT_SUFFIX = "/nonfinite_count"
+
+
+def _median(ordered: list[float]) -> float:
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def anomaly_log_path(save_path: Path) -> Path:
+    """Where the sentinel appends a run's anomalies."""
+    return Path(save_path) / ANOMALY_LOG
+
+
+@dataclass(frozen=True, slots=True)
+class SpikeRule:
+    """A robust z-score limit (see the module docstring for the formula)."""
+
+    z: float = 6.0
+    warmup: int = 5
+    window: int = 50
+    direction: Direction = "both"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRule:
+    """The rules of one metric; ``non_finite`` None means the observer's default."""
+
+    above: float | None = None
+    below: float | None = None
+    spike: SpikeRule | None = None
+    non_finite: bool | None = None
+
+
+def parse_rules(rules: Any) -> dict[str, MetricRule]:
+    """The ``rules`` option, checked; ConfigError names the path, the value and what is allowed."""
+    if rules is None:
+        return {}
+    if not isinstance(rules, Mapping):
+        raise ConfigError(
+            f"option rules: {rules!r} is not allowed; use a mapping of metric name to its rules, "
+            "e.g. {actor/grad_norm: {above: 1000}}"
+        )
+    parsed = {}
+    for name, spec in rules.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"option rules: the key {name!r} is not allowed; use a metric name (a non-empty string)")
+        parsed[name] = _parse_metric_rule(f"rules.{name}", spec)
+    return parsed
+
+
+def _parse_metric_rule(where: str, spec: Any) -> MetricRule:
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"option {where}: {spec!r} is not allowed; use a mapping with any of {', '.join(_RULE_KEYS)}")
+    _refuse_unknown(where, spec, _RULE_KEYS)
+    above = _number(f"{where}.above", spec.get("above"))
+    below = _number(f"{where}.below", spec.get("below"))
+    if above is not None and below is not None and above < below:
+        raise ConfigError(
+            f"option {where}: above ({above:g}) is less than below ({below:g}), so every value would trigger; "
+            "above is the upper limit and below the lower one"
+        )
+    non_finite = spec.get("non_finite")
+    if non_finite is not None and not isinstance(non_finite, bool):
+        raise ConfigError(f"option {where}.non_finite: {non_finite!r} is not allowed; use true or false")
+    return MetricRule(above, below, _parse_spike(f"{where}.spike", spec.get("spike")), non_finite)
+
+
+def _parse_spike(where: str, spec: Any) -> SpikeRule | None:
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return SpikeRule()
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"option {where}: {spec!r} is not allowed; use true, false, or a mapping with any of {', '.join(_SPIKE_KEYS)}"
+        )
+    _refuse_unknown(where, spec, _SPIKE_KEYS)
+    default = SpikeRule()
+    z = _number(f"{where}.z", spec.get("z"))
+    if z is not None and z <= 0:
+        raise ConfigError(f"option {where}.z: {z!r} is not allowed; use a positive number")
+    warmup = _integer(f"{where}.warmup", spec.get("warmup"), minimum=3, why="a median and MAD need at least 3 values")
+    window = _integer(f"{where}.window", spec.get("window"), minimum=3, why="a median and MAD need at least 3 values")
+    warmup = default.warmup if warmup is None else warmup
+    window = max(default.window, warmup) if window is None else window
+    if warmup > window:
+        raise ConfigError(
+            f"option {where}: warmup ({warmup}) is larger than window ({window}), so it would never end; "
+            "use a warmup of at most the window"
+        )
+    direction = spec.get("direction", default.direction)
+    if direction not in _DIRECTIONS:
+        raise ConfigError(
+            f"option {where}.direction: {direction!r} is not allowed; use one of {', '.join(map(repr, _DIRECTIONS))}"
+        )
+    return SpikeRule(default.z if z is None else z, warmup, window, direction)
+
+
+def _refuse_unknown(where: str, spec: Mapping[Any, Any], allowed: tuple[str, ...]) -> None:
+    unknown = [key for key in spec if key not in allowed]
+    if unknown:
+        raise ConfigError(f"option {where}: unknown key {unknown[0]!r}; use any of {', '.join(allowed)}")
+
+
+def _number(where: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"option {where}: {value!r} is not allowed; use a number")
+    if not math.isfinite(value):
+        raise ConfigError(f"option {where}: {value!r} is not allowed; use a finite number")
+    return float(value)
+
+
+def _integer(where: str, value: Any, *, minimum: int, why: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"option {where}: {value!r} is not allowed; use an integer")
+    if value < minimum:
+        raise ConfigError(f"option {where}: {value!r} is not allowed; use an integer of at least {minimum} ({why})")
+    return value
+
+
+class SentinelObserver(Observer):
+    """Watch every selected stage's metrics; on a broken rule, record it and send ``anomaly``.
+
+    Options (see the module docstring): ``rules``, ``non_finite``,
+    ``check_names_after``.  Thread safe: the per-metric state and the file
+    are guarded by one lock; metrics are read outside it.
+    """
+
+    passive = True
+    wants_result = True
+    #: Read by install: observers with ``trigger: anomaly`` need a sender.
+    sends_anomalies = True
+
+    def __init__(
+        self,
+        rules: Mapping[str, Any] | None = None,
+        non_finite: bool = True,
+        check_names_after: int = 2,
+    ) -> None:
+        self.rules = parse_rules(rules)
+        self.non_finite = non_finite
+        if isinstance(check_names_after, bool) or not isinstance(check_names_after, int) or check_names_after < 1:
+            raise ConfigError(f"option check_names_after: {check_names_after!r} is not allowed; use an integer of at least 1")
+        self.check_names_after = check_names_after
+        self._root = Path()
+        self._strict = False
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._run: str | None = None
+        self._history: dict[tuple[str, str], deque[float]] = {}
+        self._fired: dict[str, tuple[str, int]] = {}  # metric -> ("step", N) or ("seq", N) of its last trigger
+        self._names_seen: set[str] | None = set() if self.rules else None  # None: checked, or nothing to check
+        self._steps_seen: set[int] = set()
+
+    def setup(self, context: InstallContext) -> None:
+        self._root = Path(context.save_path)
+        self._strict = context.strict
+        prepare_output_dir(self._root)
+        try:
+            refuse_other_runs(self._root, self._own_files(), "anomaly record file(s)")
+        except SavePathTaken as exc:
+            raise ConfigError(str(exc)) from None
+
+    def describe(self) -> str:
+        watched = ", ".join(sorted(self.rules)) or "none"
+        return f"non-finite values {'on' if self.non_finite else 'off'} for every metric; rules for: {watched}"
+
+    # -- the stage's end ----------------------------------------------------
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        if event.error is not None or event.result is None:
+            return
+        metrics = extract_metrics(event.stage, event.result, event.inputs)
+        if not metrics and self._names_seen is None:
+            return
+        triggered: list[AnomalyEvent] = []
+        with self._lock:
+            for name, value in metrics.items():
+                found = self._check(event, name, value)
+                if found is not None:
+                    triggered.append(found)
+            unknown = self._note_names(event.step, metrics)
+        if unknown:
+            self._warn_unknown(*unknown)
+        for found in triggered:
+            self._raise_alarm(found)
+
+    def _check(self, event: StageEnd, name: str, value: float) -> AnomalyEvent | None:
+        """The first rule ``value`` breaks, as an AnomalyEvent, if the metric has
+        not triggered this step yet (lock held)."""
+        rule = self.rules.get(name)
+        broken: tuple[str, float | None, str] | None = None
+        watch_non_finite = self.non_finite if rule is None or rule.non_finite is None else rule.non_finite
+        finite = math.isfinite(value)
+        if watch_non_finite:
+            if not finite:
+                broken = ("non_finite", None, f"{name} is {value}")
+            elif name.endswith(_COUNT_SUFFIX) and value > 0:
+                broken = ("non_finite", None, f"{value:g} non-finite element(s) in {name[: -len(_COUNT_SUFFIX)]}")
+        if rule is not None:
+            if broken is None and rule.above is not None and value > rule.above:
+                broken = ("above", rule.above, f"{name} {value:g} is above {rule.above:g}")
+            if broken is None and rule.below is not None and value < rule.below:
+                broken = ("below", rule.below, f"{name} {value:g} is below {rule.below:g}")
+            if rule.spike is not None and finite:
+                spike = self._spike(event.stage, name, value, rule.spike)
+                if broken is None:
+                    broken = spike
+        if broken is None:
+            return None
+        when = ("step", event.step) if event.step is not None else ("seq", event.seq)
+        if self._fired.get(name) == when:
+            return None
+        self._fired[name] = when
+        rule_name, baseline, detail = broken
+        return AnomalyEvent(event.step, event.stage, event.rank, name, value, rule_name, baseline, detail)
+
+    def _spike(self, stage: str, name: str, value: float, rule: SpikeRule) -> tuple[str, float, str] | None:
+        """Compare ``value`` with the history, then add it (lock held)."""
+        history = self._history.get((stage, name))
+        if history is None:
+            history = self._history[(stage, name)] = deque(maxlen=rule.window)
+        found = None
+        if len(history) >= rule.warmup:
+            median = _median(sorted(history))
+            mad = _median(sorted([abs(x - median) for x in history]))
+            scale = max(mad, 1e-3 * abs(median), 1e-12)
+            z = 0.6745 * abs(value - median) / scale
+            side_ok = rule.direction == "both" or (value > median) == (rule.direction == "up")
+            if z > rule.z and side_ok and value != median:
+                word = "above" if value > median else "below"
+                found = (
+                    "spike",
+                    median,
+                    f"{name} {value:g} is {z:.3g} robust z {word} the median {median:g} of the last {len(history)} "
+                    f"values (MAD {mad:g}); the limit is {rule.z:g}",
+                )
+        history.append(value)
+        return found
+
+    # -- the alarm ----------------------------------------------------------
+
+    def _raise_alarm(self, found: AnomalyEvent) -> None:
+        logger.warning(
+            "sentinel: step %s %s rank %d: %s (rule %s)", found.step, found.stage, found.rank, found.detail, found.rule
+        )
+        self._append(found)
+        try:
+            anomaly.send(found.stage, event=found)
+        except Exception:
+            if self._strict:
+                raise
+            logger.exception("sentinel: a receiver of the anomaly signal failed for %s at step %s", found.metric, found.step)
+
+    def _append(self, found: AnomalyEvent) -> None:
+        """One line, one write; a failure is logged, never raised into training (unless strict)."""
+        try:
+            with self._lock:
+                if self._fd is None:
+                    self._fd = self._open()
+                record = {"run": self._run, "time": time.time(), **found.as_record()}
+                line = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
+                written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(f"wrote {written} of {len(line)} bytes")
+        except Exception as exc:
+            if self._strict:
+                raise
+            logger.error(
+                "sentinel: could not record the anomaly (%s at step %s) in %s: %s: %s",
+                found.metric,
+                found.step,
+                anomaly_log_path(self._root),
+                type(exc).__name__,
+                exc,
+            )
+
+    def _open(self) -> int:
+        # At the first anomaly, not at install: a process that runs no stage
+        # (verl's driver) must not claim the save_path.  Checked again here
+        # for a run started beside this one.
+        refuse_other_runs(self._root, self._own_files(), "anomaly record file(s)")
+        claim_save_path(self._root, run_files(self._root) + self._own_files())
+        self._run = run_id()
+        return os.open(anomaly_log_path(self._root), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _own_files(self) -> list[Path]:
+        path = anomaly_log_path(self._root)
+        return [path] if path.exists() else []
+
+    # -- rule names no stage reported -------------------------------------
+
+    def _note_names(self, step: int | None, metrics: Mapping[str, float]) -> tuple[list[str], list[int], list[str]] | None:
+        """Record the names seen; once ``check_names_after`` steps are over, the
+        rule names never seen (lock held).  None until then, and after."""
+        if self._names_seen is None:
+            return None
+        self._names_seen.update(metrics)
+        if step is None or step in self._steps_seen:
+            return None
+        if len(self._steps_seen) < self.check_names_after:
+            self._steps_seen.add(step)
+            return None
+        return self._unknown_names()
+
+    def _unknown_names(self) -> tuple[list[str], list[int], list[str]] | None:
+        seen, self._names_seen = self._names_seen, None
+        if not seen:
+            return None  # nothing was reported here at all: nothing to compare with
+        unknown = sorted(set(self.rules) - seen)
+        return (unknown, sorted(self._steps_seen), sorted(seen)) if unknown else None
+
+    def _warn_unknown(self, unknown: list[str], steps: list[int], seen: list[str]) -> None:
+        when = f"step(s) {', '.join(map(str, steps))}" if steps else "this run"
+        logger.warning(
+            "sentinel: rules name %s, which no stage of this process reported in %s, so %s never trigger; "
+            "the metrics reported here are: %s. A typo? (a metric of a role another process runs is watched there)",
+            ", ".join(map(repr, unknown)),
+            when,
+            "it would" if len(unknown) == 1 else "they would",
+            ", ".join(seen),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            unknown = self._unknown_names() if self._names_seen is not None else None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+        if unknown:
+            self._warn_unknown(*unknown)
