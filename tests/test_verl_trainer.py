@@ -204,5 +204,6 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     assert triage.argv[:2] == ["verl-events", "triage"]
     assert verl_events_main([*triage.argv[1:-1], on(root, triage.argv[-1]), "--json"]) == 1
     result = json.loads(capsys.readouterr().out)
-    assert result["found"] and result["op"]["parameter"], result
+    # WeightFault's default: the first Linear layer's weight.
+    assert result["found"] and result["op"]["parameter"] == "model.layers.0.self_attn.q_proj.weight", result
     assert "/step_3/" in result["dump"]
