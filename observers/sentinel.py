@@ -87,8 +87,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from verl_events import ConfigError, InstallContext, Observer, StageEnd, prepare_output_dir
-from verl_events._anomaly import AnomalyEvent, anomaly
+from verl_events import AnomalyEvent, ConfigError, InstallContext, Observer, StageEnd, anomaly, prepare_output_dir
 from verl_events.layout import SavePathTaken, claim_save_path, refuse_other_runs, run_files, run_id
 
 from .metrics import extract_metrics

@@ -171,3 +171,15 @@ def test_an_anomaly_on_one_rank_arms_every_rank_for_the_same_step(tmp_path: Path
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "rank0.json").read_text()) == [3]
     assert json.loads((tmp_path / "rank1.json").read_text()) == [3]
+
+
+def test_a_fault_that_persists_still_arms_the_step_right_after_it(tmp_path: Path) -> None:
+    """A NaN at step 2 shows again in step 3's first stages, before the armed observer's
+    first stage: step 3 is still the one captured, not step 4."""
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [watcher_entry([2, 3, 4, 5]), armed_entry(stages=["actor_update"], max_captures=1)],
+    }
+    with verl_events.install(config) as installation:
+        run_steps(range(1, 6), stages=("actor_compute_log_prob", "actor_update"))
+    assert captured_steps(installation) == [3]

@@ -6,8 +6,9 @@ The names here serve two audiences:
   :func:`add_model_paths`, :func:`install` (and :func:`current_installation`),
   and the events;
 * observer authors: :class:`Observer`, :class:`InstallContext`,
-  :class:`Selection`, :func:`find_rank`, the events, the output-path
-  helpers and the errors.
+  :class:`Selection`, :func:`find_rank`, the events, the ``anomaly``
+  signal with its :class:`AnomalyEvent`, the output-path helpers and the
+  errors.
 
 Tools that read or check a config import :mod:`verl_events.config`; the
 on-disk layout lives in :mod:`verl_events.layout`; verl's worker classes are
@@ -25,6 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._anomaly import AnomalyEvent, anomaly
     from ._bus import stage_begin, stage_end
     from ._emit import emits_stage, stage
     from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from ._selection import Selection
 
 _HOMES = {
+    "AnomalyEvent": "._anomaly",
+    "anomaly": "._anomaly",
     "stage_begin": "._bus",
     "stage_end": "._bus",
     "emits_stage": "._emit",
@@ -81,6 +85,7 @@ _MOVED = {
 
 __all__ = [
     "STAGE_ROLES",
+    "AnomalyEvent",
     "ConfigError",
     "InstallContext",
     "Observer",
@@ -92,6 +97,7 @@ __all__ = [
     "StageReport",
     "VerlEventsWarning",
     "add_model_paths",
+    "anomaly",
     "current_installation",
     "emits_stage",
     "find_rank",

@@ -85,7 +85,7 @@ class TriggerClock:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen = -1  # newest anomaly step this process saw
+        self._seen: set[int] = set()  # anomaly steps this process saw, not yet agreed on
         self._agreed = -1  # newest anomaly step all ranks agreed on
         self._step: int | None = None  # the step of the last agreement
         self._warned_unknown = False
@@ -108,14 +108,20 @@ class TriggerClock:
                 )
             return
         with self._lock:
-            self._seen = max(self._seen, event.step)
+            self._seen.add(event.step)
 
     def agreed_at(self, step: int) -> int | None:
-        """The newest anomaly step all ranks agree on, as of ``step``."""
+        """The newest anomaly step before ``step`` that all ranks agree on.
+
+        Only earlier steps count: a fault that persists shows again in this
+        step's first stages, and arming from it would skip this step.
+        """
         with self._lock:
             if step != self._step:
                 self._step = step
-                self._agreed = max(self._agreed, _max_over_ranks(self._seen))
+                earlier = {seen for seen in self._seen if seen < step}
+                self._seen -= earlier  # agreed on now: only the newest matters from here on
+                self._agreed = max(self._agreed, _max_over_ranks(max(earlier, default=-1)))
             return self._agreed if self._agreed >= 0 else None
 
 
