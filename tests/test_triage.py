@@ -10,12 +10,14 @@ are written with the real ``AnomalyEvent.as_record()``, as the watcher writes th
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import math
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,28 +56,38 @@ def forward_line() -> int:
     return first + next(i for i, line in enumerate(lines) if "self.fc1(" in line)
 
 
-def record_run(save_path: Path, level: str, steps: list[int], change: dict[int, str]) -> Path:
-    """Run Net for steps 1-3 under the msprobe observer (dumping ``steps``);
-    before step s, ``change[s]`` sets fc1's weight[0, 0] to NaN ("nan") or
-    scales fc1's weight by 1000 ("scale").  The input is the same every step."""
+@contextmanager
+def msprobe_run(save_path: Path, level: str, steps: list[int]) -> Iterator[None]:
+    """verl_events installed with the msprobe observer dumping ``steps`` at ``level``, as a fresh run."""
     config = write_msprobe_config(save_path.parent / f"{save_path.name}-msprobe.json", level=level)
-    torch.manual_seed(0)
-    model, x = Net(), torch.randn(2, 4, requires_grad=True)
     saved = os.environ.pop(RUN_ID_ENV, None)
     try:
         with verl_events.install({"save_path": str(save_path), "observers": [{"name": "msprobe", "config_path": str(config), "steps": steps}]}):
-            for step in (1, 2, 3):
-                with torch.no_grad():
-                    if change.get(step) == "nan":
-                        model.fc1.weight[0, 0] = float("nan")
-                    elif change.get(step) == "scale":
-                        model.fc1.weight.mul_(1000)
-                with stage(STAGE, step=step, model=model):
-                    model(x).sum().backward()
+            yield
     finally:
         os.environ.pop(RUN_ID_ENV, None)
         if saved is not None:
             os.environ[RUN_ID_ENV] = saved
+
+
+def record_run(save_path: Path, level: str, steps: list[int], change: dict[int, str]) -> Path:
+    """Run Net for steps 1-3 under the msprobe observer (dumping ``steps``);
+    before step s, ``change[s]`` sets fc1's weight[0, 0] to NaN ("nan"),
+    scales fc1's weight by 1000 ("scale") or the input by 1000 ("input").
+    The input is otherwise the same every step, and no step changes a weight."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 4, requires_grad=True)
+    with msprobe_run(save_path, level, steps):
+        for step in (1, 2, 3):
+            with torch.no_grad():
+                if change.get(step) == "nan":
+                    model.fc1.weight[0, 0] = float("nan")
+                elif change.get(step) == "scale":
+                    model.fc1.weight.mul_(1000)
+                elif change.get(step) == "input":
+                    x = (x.detach() * 1000).requires_grad_()
+            with stage(STAGE, step=step, model=model):
+                model(x).sum().backward()
     return save_path
 
 
@@ -203,9 +215,106 @@ def test_a_spike_names_the_scaled_layer_against_the_last_healthy_dump(spike_run:
     op = result["op"]
     assert isinstance(op, dict)
     assert (op["module"], op["parameter"]) == ("fc1", "fc1.weight")
-    assert op["op"] == "Functional.linear.0.forward" and op["parts"] == ["output.0"]
+    assert op["op"] == "Functional.linear.0.forward" and op["parts"] == ["input_args.1 = fc1.weight"]
     assert op["factor"] > 100 and op["parameter_factor"] > 100
     assert op["source"]["file"] == __file__ and op["source"]["line"] == forward_line()
+
+
+class Policy(torch.nn.Module):
+    """A tiny actor: the LayerNorm's bias starts at zero, so it is near zero while training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down(torch.relu(self.up(self.norm(x))))
+        return out
+
+
+def policy_line() -> int:
+    """The line of Policy.forward that calls up: the user frame of up's ops."""
+    lines, first = inspect.getsourcelines(Policy.forward)
+    return first + next(i for i, line in enumerate(lines) if "self.up(" in line)
+
+
+def record_kl_run(save_path: Path, level: str) -> Path:
+    """Steps 1-4 of a PPO-like update of Policy, msprobe dumping steps 2 and 4:
+    the loss carries 0.01 x a KL against a frozen copy of the initial actor,
+    ``(log_prob - ref_log_prob).mean()``, which is near zero (the actor moves
+    little) until up's weight is multiplied by 50 before step 4.  Adam moves
+    every parameter a little each step; the spike is recorded at step 3."""
+    torch.manual_seed(0)
+    actor, x, advantages = Policy(), torch.randn(32, 8), torch.randn(32, 4)
+    ref = copy.deepcopy(actor)
+    optimizer = torch.optim.Adam(actor.parameters(), lr=1e-3)
+    with msprobe_run(save_path, level, [2, 4]):
+        for step in (1, 2, 3, 4):
+            with torch.no_grad():
+                ref_log_prob = torch.log_softmax(ref(x), dim=-1)
+                if step == 4:
+                    actor.up.weight.mul_(50)
+            with stage(STAGE, step=step, model=actor):
+                log_prob = torch.log_softmax(actor(x), dim=-1)
+                kl = (log_prob - ref_log_prob).mean()
+                loss = -(log_prob * advantages).mean() + 0.01 * kl
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    return write_anomalies(save_path, grad_norm_spike(step=3))
+
+
+@pytest.fixture(scope="module", params=["mix", "L0"])
+def kl_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    return request.param, record_kl_run(tmp_path_factory.mktemp("kl") / "run", request.param)
+
+
+def test_a_scaled_weight_is_named_before_a_near_zero_kl_that_moved_by_a_larger_ratio(
+    kl_run: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The KL's mean moves x1e5 as a bare ratio, the weight x50 and every other parameter
+    about x1.001: the op named is the first to read the weight, with module, parameter, line."""
+    level, run = kl_run
+    result = triage_json(run, capsys)
+    assert result["healthy_dump"] == str(run / "step_2" / STAGE / "step0" / "rank0")
+    assert result["dump"] == str(run / "step_4" / STAGE / "step0" / "rank0")
+    op = result["op"]
+    assert isinstance(op, dict)
+    # The first op that reads the weight: the linear inside up (mix), up itself (L0).
+    assert op["op"] == ("Functional.linear.0.forward" if level == "mix" else "Module.up.Linear.forward.0")
+    assert op["parts"] == (["input_args.1 = up.weight"] if level == "mix" else ["parameters.weight"])
+    assert (op["module"], op["module_entry"], op["parameter"]) == ("up", "Module.up.Linear.forward.0", "up.weight")
+    assert 49 < op["parameter_factor"] < 51 and op["largest"] is None and op["factor"] > 10
+    assert op["source"]["file"] == __file__ and op["source"]["line"] == policy_line()
+    assert main(["triage", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert f"(parameter up.weight moved x{op['parameter_factor']:.3g}, the median parameter x1" in out
+    assert "param   up.weight (moved x" in out
+
+
+def test_at_l1_a_near_zero_kl_does_not_outweigh_the_layer_where_the_jump_entered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """L1 records no parameters, so the op outputs decide: the KL's difference and mean are
+    measured against the log-probs they come from, and the linear that read the weight is named."""
+    op = triage_json(record_kl_run(tmp_path / "run", "L1"), capsys)["op"]
+    assert isinstance(op, dict)
+    assert op["op"] == "Functional.linear.0.forward" and op["parts"] == ["output.0"]
+    assert op["module"] is None and op["parameter"] is None and 40 < op["factor"] < 60
+    assert isinstance(op["largest"], dict) and op["largest"]["factor"] < 10 * op["factor"]
+    assert op["source"]["file"] == __file__ and op["source"]["line"] == policy_line()
+
+
+def test_a_spike_without_a_parameter_jump_names_the_op_whose_output_moved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_anomalies(record_run(tmp_path / "run", "mix", [1, 3], {3: "input"}), grad_norm_spike())
+    op = triage_json(run, capsys)["op"]
+    assert isinstance(op, dict)
+    assert (op["op"], op["parts"], op["module"]) == ("Functional.linear.0.forward", ["output.0"], "fc1")
+    assert op["parameter"] is None and op["parameter_factor"] is None and op["factor"] > 100
+    assert main(["triage", str(run)]) == 1
+    assert "op      Functional.linear.0.forward  (output.0 norm x" in capsys.readouterr().out
 
 
 def test_a_spike_without_an_earlier_dump_of_its_stage_names_no_op(spike_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,13 +11,19 @@ step, then earliest time):
   dump after the anomaly's step that holds one; that rank's dumps are
   scanned by step, then verl's stage order (another rank's, with a note,
   when that rank has none after the step);
-* ``spike`` (and ``above``/``below``): the op whose output moved most
-  between the last healthy dump of a stage (a step before the anomaly) and
-  the first dump of that stage after it.  "Moved" is the factor by which a
-  tensor's L2 norm changed, either way (x1000 and /1000 move as much); ops
-  downstream inherit a jump, so the op named is the earliest whose move is
-  of the order of the largest (:func:`same_order`), where the jump entered.
-  The anomaly's own stage is tried first.
+* ``spike`` (and ``above``/``below``): what moved between the last healthy
+  dump of a stage (a step before the anomaly) and the first dump of that
+  stage after it (the anomaly's own stage is tried first).  Parameters
+  first: when one module parameter moved far more than the others
+  (:func:`jumped_parameter`: x2 or more, and ten times the others' median
+  move), the op named is the first, in execution order, to read it.
+  Otherwise the op whose output moved most (:func:`output_moves`): a move
+  is the factor by which a tensor's RMS changed, either way (x1000 and
+  /1000 move as much), with a near-zero tensor measured against the scale
+  of what it was computed from, so a KL of 0.0002 going to 0.2 does not
+  outweigh the layer where the jump entered; ops downstream inherit a jump,
+  so the op named is the earliest whose move is of the order of the
+  largest (:func:`same_order`), where the jump entered.
 
 For the op: its module, the first user frame of its call stack, and the
 parameter it read when the dump holds parameters.
@@ -65,6 +71,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -78,6 +85,9 @@ ANOMALY_FILE = "anomalies.jsonl"
 RECORD_KEYS = ("step", "stage", "rank", "metric", "value", "rule")
 STATS = ("Max", "Min", "Mean", "Norm")
 LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe"})
+NEAR_ZERO = 0.1  # a tensor below a tenth of its scale is measured against that tenth
+PARAMETER_JUMP = 2.0  # a parameter that moved at least x2 ...
+PARAMETER_OUTLIER = 10.0  # ... whose move is ten times the others' median move or more (see jumped_parameter)
 
 _MODULE = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<n>\d+)$")
 _API = re.compile(r"^(?P<api>.+\.\d+)\.(?P<dir>forward|backward)$")
@@ -290,9 +300,10 @@ class Finding:
     module_entry: str | None = None
     parameter: str | None = None  # e.g. "fc1.weight"
     source: dict[str, Any] | None = None
-    factor: float | None = None  # spike: by how much its output's norm moved (>= 1, either way)
-    parameter_factor: float | None = None  # spike: by how much the parameter's norm moved
+    factor: float | None = None  # spike: how much its outputs moved (>= 1, either way; output_moves)
+    parameter_factor: float | None = None  # spike: how much the parameter moved (parameter_moves)
     largest: tuple[str, float] | None = None  # spike: the op that moved most, when not this one
+    others: float | None = None  # spike, a parameter that jumped: the median move of the other parameters
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -351,39 +362,188 @@ def _name_parameter(finding: Finding, session: Session, own: dict[str, dict[str,
 
 
 def _same_tensor(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    keys = ("dtype", "shape", *STATS)
-    return all(repr(a.get(k)) == repr(b.get(k)) for k in keys)
+    return _identity(a) == _identity(b)
 
 
-def _norm_factor(new: dict[str, Any], old: dict[str, Any]) -> float:
-    """How many times larger (or smaller) ``new``'s norm is than ``old``'s, >= 1."""
-    a, b = new.get("Norm"), old.get("Norm")
-    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
-        return 1.0
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return 1.0 if repr(a) == repr(b) else math.inf
-    a, b = abs(a), abs(b)
+def _identity(stats: dict[str, Any]) -> str:
+    """What msprobe recorded of a tensor: the same tensor, seen by two ops, has the same."""
+    return repr([stats.get(k) for k in ("dtype", "shape", *STATS)])
+
+
+def _rms(stats: dict[str, Any]) -> float | None:
+    """A tensor's root mean square, its norm over the square root of its size
+    (so that a scalar and a large tensor compare); None without a norm."""
+    norm, shape = stats.get("Norm"), stats.get("shape")
+    if not isinstance(norm, (int, float)):
+        return None
+    size = math.prod(shape) if isinstance(shape, list) and all(isinstance(n, int) for n in shape) else 1
+    return abs(norm) / math.sqrt(size) if size > 0 else None
+
+
+def _max_abs(stats: dict[str, Any]) -> float | None:
+    values = [abs(v) for key in ("Max", "Min") if isinstance(v := stats.get(key), (int, float))]
+    return None if not values else math.nan if any(map(math.isnan, values)) else max(values)
+
+
+def _factor(new: float, old: float, floor: float = 0.0) -> float:
+    """How many times larger (or smaller) ``new`` is than ``old``, >= 1, each
+    taken as at least ``floor``; a change to or from NaN/Inf is infinite."""
+    if not (math.isfinite(new) and math.isfinite(old)):
+        return 1.0 if repr(new) == repr(old) else math.inf
+    a, b = max(new, floor), max(old, floor)
     if a == b:
         return 1.0
     return math.inf if min(a, b) == 0 else max(a, b) / min(a, b)
 
 
-def most_moved(armed: Session, healthy: Session) -> Finding | None:
-    """The op whose outputs (forward outputs, backward gradients, parameter
-    gradients) moved most from ``healthy`` to ``armed``: the earliest whose
-    move is of the order of the largest (see :func:`same_order`).  None when
-    the two share no entry."""
-    moves: list[tuple[str, float, list[str]]] = []
+def _median(values: list[float | None]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(finite) if finite else 0.0
+
+
+def output_scales(session: Session) -> dict[tuple[str, str], float]:
+    """The scale of each output (entry, label) of ``session``: the larger of
+    its RMS and the scales of the op's inputs, in execution order (an input
+    is known by its statistics as an earlier output; else its own RMS
+    counts).  A difference of two nearly equal log-probs is small, and the
+    mean of that difference smaller still; both have the log-probs' scale."""
+    known: dict[str, float] = {}
+    scales: dict[tuple[str, str], float] = {}
+    for entry, value in session.entries.items():
+        parts = [(label, stats, rms) for label, stats in tensors(value) if (rms := _rms(stats)) is not None and math.isfinite(rms)]
+        source = max((known.get(_identity(stats), rms) for label, stats, rms in parts if not _is_output(entry, label)), default=0.0)
+        for label, stats, rms in parts:
+            if _is_output(entry, label):
+                scale = scales[entry, label] = max(rms, source)
+                known[_identity(stats)] = max(known.get(_identity(stats), 0.0), scale)
+    return scales
+
+
+def output_moves(armed: Session, healthy: Session) -> list[tuple[str, float, list[str]]]:
+    """Each entry of ``armed`` also in ``healthy``, in execution order, with
+    how much its outputs (forward outputs, backward gradients, parameter
+    gradients) moved, and which moved most: the factor by which an output's
+    RMS changed, either way, each RMS taken as at least ``NEAR_ZERO`` (a
+    tenth) of the output's scale in ``healthy`` (:func:`output_scales`).
+
+    Why the floor: a bare ratio makes a quantity near zero the op that
+    moved most.  The demo's KL between the actor and its reference,
+    ``(log_prob - ref_log_prob).mean()``, is 0.0002 and moves x918 to 0.19
+    after a spike that entered where a layer's output moved x50; measured
+    against a tenth of the log-probs it is computed from, it moves x1.  An
+    output at least a tenth of its inputs' scale (most layers) keeps its
+    own ratio: the floor only lifts cancellations (differences, means of
+    signed values) and what is computed from them."""
+    scales = output_scales(healthy)
+    moves = []
     for entry, value in armed.entries.items():
         before = healthy.entries.get(entry)
         if before is None:
             continue
         old = dict(tensors(before))
-        outputs = [(label, stats) for label, stats in tensors(value) if _is_output(entry, label) and label in old]
-        factors = {label: _norm_factor(stats, old[label]) for label, stats in outputs}
+        factors = {
+            label: _factor(new, then, NEAR_ZERO * scales.get((entry, label), 0.0))
+            for label, stats in tensors(value)
+            if _is_output(entry, label) and label in old and (new := _rms(stats)) is not None and (then := _rms(old[label])) is not None
+        }
         if factors:
             top = max(factors.values())
             moves.append((entry, top, [label for label, f in factors.items() if f == top]))
+    return moves
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterMove:
+    """A module parameter in both dumps and how much it moved (:func:`parameter_moves`)."""
+
+    module: str  # the module's path, "up"
+    module_entry: str  # the module's first forward entry, which lists it
+    name: str  # as the module calls it, "weight"
+    stats: dict[str, Any]  # in the dump after the anomaly
+    factor: float
+
+
+def parameter_moves(armed: Session, healthy: Session) -> dict[str, ParameterMove]:
+    """Each module parameter recorded in both dumps (a module's forward entry
+    lists them at levels L0 and mix), by full name ("up.weight"), with how
+    much it moved: the larger of the factors by which its RMS and its
+    largest absolute value changed (one corrupted element moves the latter),
+    each taken as at least ``NEAR_ZERO`` of the healthy parameters' median
+    (a LayerNorm bias that started at zero moves x3 in a few steps; it is
+    near zero, not jumping)."""
+    pairs: dict[str, tuple[str, str, str, dict[str, Any], dict[str, Any]]] = {}
+    for entry, value in armed.entries.items():
+        match = _MODULE.match(entry)
+        if match is None or match["dir"] != "forward":
+            continue
+        then = _parameters(healthy.entries.get(entry))
+        for name, stats in _parameters(value).items():
+            if name in then:
+                pairs.setdefault(f"{match['path']}.{name}", (match["path"], entry, name, stats, then[name]))
+    measures = (_rms, _max_abs)
+    floors = [NEAR_ZERO * _median([measure(old) for *_, old in pairs.values()]) for measure in measures]
+    moves = {}
+    for full, (module, entry, name, new, old) in pairs.items():
+        factors = [
+            _factor(a, b, floor) for measure, floor in zip(measures, floors)
+            if (a := measure(new)) is not None and (b := measure(old)) is not None
+        ]
+        if factors:
+            moves[full] = ParameterMove(module, entry, name, new, max(factors))
+    return moves
+
+
+def _parameters(entry: Any) -> dict[str, dict[str, Any]]:
+    return dict(tensors(entry.get("parameters"))) if isinstance(entry, dict) else {}
+
+
+def jumped_parameter(moves: dict[str, ParameterMove]) -> tuple[str, float] | None:
+    """The parameter that moved most, with the median move of the others, when
+    it stands out: it moved ``PARAMETER_JUMP`` (x2) or more, and its move
+    (factor - 1) is ``PARAMETER_OUTLIER`` (ten) times the others' median's
+    or more.  Between two healthy steps an optimizer moves a parameter by a
+    small fraction of itself (the demo's median: x1.002 from step 2 to 6), so a x2
+    that stands out tenfold was put there, not learnt.  None when no
+    parameter stands out (nothing jumped, or everything moved alike: a
+    learning rate blow-up has no one parameter to name)."""
+    if not moves:
+        return None
+    name = max(moves, key=lambda n: moves[n].factor)
+    factor, rest = moves[name].factor, [m.factor for n, m in moves.items() if n != name]
+    others = statistics.median(rest) if rest else 1.0
+    return (name, others) if factor >= PARAMETER_JUMP and factor - 1 >= PARAMETER_OUTLIER * (others - 1) else None
+
+
+def first_reader(session: Session, move: ParameterMove) -> tuple[str, str]:
+    """The first entry, in execution order, that reads the parameter, and the
+    part of it that is the parameter: an API call handed a tensor with the
+    parameter's dtype, shape and statistics (level mix; its module's entry
+    comes after the calls the module made), else the module's forward entry."""
+    for entry, value in session.entries.items():
+        if entry == move.module_entry:
+            break
+        if entry.endswith(".forward") and not entry.startswith("Module."):
+            for label, stats in tensors(value):
+                if label.startswith("input") and _same_tensor(stats, move.stats):
+                    return entry, label
+    return move.module_entry, f"parameters.{move.name}"
+
+
+def most_moved(armed: Session, healthy: Session) -> Finding | None:
+    """What moved from ``healthy`` to ``armed``: the first op to read the
+    parameter that jumped (:func:`jumped_parameter`), else the op whose
+    outputs moved most (:func:`output_moves`), the earliest whose move is of
+    the order of the largest (see :func:`same_order`), with the parameter of
+    its module that moved most.  None when the two share no entry."""
+    moves, params = output_moves(armed, healthy), parameter_moves(armed, healthy)
+    if (jump := jumped_parameter(params)) is not None:
+        name, others = jump
+        entry, label = first_reader(armed, params[name])
+        part = label if label.startswith("parameters.") else f"{label} = {name}"
+        finding = Finding(entry, [part], parameter=name, parameter_factor=params[name].factor, others=others)
+        finding.factor = next((factor for op, factor, _ in moves if op == entry), None)
+        place(finding, armed)
+        return finding
     if not moves:
         return None
     largest = max(moves, key=lambda m: m[1])
@@ -392,12 +552,9 @@ def most_moved(armed: Session, healthy: Session) -> Finding | None:
     if entry != largest[0]:
         finding.largest = (largest[0], largest[1])
     place(finding, armed)
-    if finding.module_entry is not None:
-        now = dict(tensors(armed.entries.get(finding.module_entry, {}).get("parameters", {})))
-        then = dict(tensors(healthy.entries.get(finding.module_entry, {}).get("parameters", {})))
-        moved = {name: _norm_factor(stats, then[name]) for name, stats in now.items() if name in then}
-        if moved and moved[name := max(moved, key=lambda n: moved[n])] > 1.0:
-            finding.parameter, finding.parameter_factor = f"{finding.module}.{name}", moved[name]
+    own = [move for move in params.values() if move.module == finding.module]
+    if own and (top := max(own, key=lambda m: m.factor)).factor > 1.0:
+        finding.parameter, finding.parameter_factor = f"{top.module}.{top.name}", top.factor
     return finding
 
 
@@ -564,7 +721,11 @@ def render(result: Triage, console: Any) -> None:
     if finding is None:
         say("no op", result.reason, "yellow")
         return
-    if finding.factor is None:
+    if finding.others is not None:
+        output = "" if finding.factor is None else f"; its output norm x{finding.factor:.3g}"
+        say("op", f"{finding.op}  (parameter {finding.parameter} moved x{finding.parameter_factor:.3g}, the median parameter "
+            f"x{finding.others:.4g}: the first op to read it, {', '.join(finding.parts)}{output})", "bold red")
+    elif finding.factor is None:
         say("op", f"{finding.op}  (first in execution order with a NaN/Inf: {', '.join(finding.parts)})", "bold red")
     else:
         largest = "the largest move" if finding.largest is None else (
@@ -573,7 +734,7 @@ def render(result: Triage, console: Any) -> None:
     say("module", f"{finding.module} ({finding.module_entry})" if finding.module else
         "none recorded (level L1 records no modules, and msprobe never hooks the root model)")
     if finding.parameter:
-        moved = "" if finding.parameter_factor is None else f" (norm x{finding.parameter_factor:.3g})"
+        moved = "" if finding.parameter_factor is None else f" (moved x{finding.parameter_factor:.3g})"
         say("param", finding.parameter + moved)
     source = finding.source
     say("source", f"{source['file']}:{source['line']} in {source['function']}: {source['code']}" if source else
