@@ -73,4 +73,7 @@ def test_a_spike_at_step_5_is_caught_and_triage_compares_with_the_healthy_step(w
     assert (first["step"], first["metric"], first["rule"]) == (5, "actor/grad_norm", "spike")
     assert dumped_steps(save_path) == ["step_2", "step_6"]
     assert triage.returncode == 1, triage.stderr
-    assert "healthy" in triage.stdout and "step_2" in triage.stdout
+    lines = dict(line.split(None, 1) for line in triage.stdout.splitlines() if line and not line[0].isspace())
+    assert lines["dumps"].startswith("healthy ") and "/step_2/" in lines["dumps"] and "/step_6/" in lines["dumps"]
+    assert lines["module"].startswith("blocks.1.mlp.0 ")
+    assert lines["param"].startswith("blocks.1.mlp.0.weight (moved x")
