@@ -1,12 +1,13 @@
-"""The custom-observer path end to end: pip-install the example package into this venv,
-then load its observer by entry-point name from YAML in a fresh interpreter."""
+"""The custom-observer path end to end: pip-install the example package into a temporary
+target (never into the running venv), then load its observer by entry-point name from
+YAML in a fresh interpreter that has the target on its path."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import os
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +18,26 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "custom_observer"
 
 
 @pytest.fixture(scope="module")
-def nanwatch_installed() -> Iterator[None]:
+def nanwatch_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of an interpreter that has the example package installed."""
+    target = tmp_path_factory.mktemp("site")
     pip = [sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(EXAMPLE)], check=True, capture_output=True)
-    try:
-        yield
-    finally:
-        subprocess.run([*pip, "uninstall", "--yes", "verl-events-nanwatch"], check=True, capture_output=True)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
+        check=True,
+        capture_output=True,
+    )
+    path = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
 
 
-def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_installed: None, tmp_path: Path) -> None:
+def test_the_running_venv_does_not_have_it() -> None:
+    from verl_events.config import available_observers
+
+    assert "nan_watch" not in available_observers()
+
+
+def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_env: dict[str, str], tmp_path: Path) -> None:
     config = tmp_path / "observers.yaml"
     config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: nan_watch\n    stages: [actor_update]\n")
     script = textwrap.dedent(
@@ -45,7 +56,7 @@ def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_installe
                     model(torch.ones(2, 4))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=nanwatch_env)
     assert result.returncode == 0, result.stderr
     assert "loaded NanWatchObserver" in result.stdout
     found = [line for line in result.stderr.splitlines() if line.startswith("nanwatch ")]
@@ -55,9 +66,9 @@ def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_installe
     ]
 
 
-def test_the_example_observer_is_listed_once_installed(nanwatch_installed: None) -> None:
+def test_the_example_observer_is_listed_once_installed(nanwatch_env: dict[str, str]) -> None:
     listed = subprocess.run(
         [sys.executable, "-c", "from verl_events.config import available_observers; print(sorted(available_observers()))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env=nanwatch_env,
     ).stdout
     assert "'nan_watch'" in listed
