@@ -78,3 +78,19 @@ def test_an_unwritable_output_is_one_error_line_not_a_traceback(tmp_path: Path, 
     assert main(["report", str(tmp_path), "--trace", str(blocker / "trace.json"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --trace ") and "cannot be created" in err and len(err.strip().splitlines()) == 1
+
+
+def test_check_shows_an_armed_observer_and_refuses_one_without_a_sentinel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    examples = Path(__file__).parent.parent / "examples"
+    config = tmp_path / "sentinel.yaml"
+    config.write_text(
+        (examples / "sentinel_spike.yaml").read_text().replace("examples/", f"{examples}/")
+    )
+    assert main(["check", str(config)]) == 0
+    out = capsys.readouterr().out
+    (msprobe,) = [line for line in out.splitlines() if line.strip().startswith("msprobe ")]
+    assert "steps=[2] and 1 after each anomaly (at most 1 time)" in msprobe
+    assert main(["check", str(config), "observers.0.enabled=false"]) == 2
+    assert "observer 'msprobe' has trigger: anomaly, but no installed observer sends anomalies" in capsys.readouterr().err

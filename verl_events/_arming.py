@@ -228,20 +228,27 @@ class ArmedSelection(Selection):
         return (armed or step in self.fixed_steps) and Selection.accepts(self, event)
 
 
-def arm(observers: Sequence[Observer]) -> TriggerClock | None:
-    """Give the installation's armed observers one shared clock; None when none is armed.
-
-    ConfigError when an observer is armed but nothing installed sends anomalies.
-    """
+def check_triggers(observers: Sequence[Observer]) -> list[Arming]:
+    """The armed observers' states; ConfigError when an observer is armed but
+    nothing among ``observers`` sends anomalies."""
     armed = [o.selection.arming for o in observers if isinstance(o.selection, ArmedSelection) and o.selection.arming]
-    if not armed:
-        return None
-    if not any(o.sends_anomalies for o in observers):
+    if armed and not any(o.sends_anomalies for o in observers):
         names = ", ".join(repr(arming.observer) for arming in armed)
         raise ConfigError(
             f"observer {names} has trigger: anomaly, but no installed observer sends anomalies, so it would "
             "never capture; add the sentinel observer (- name: sentinel) to observers:, or remove trigger"
         )
+    return armed
+
+
+def arm(observers: Sequence[Observer]) -> TriggerClock | None:
+    """Give the installation's armed observers one shared clock; None when none is armed.
+
+    ConfigError when an observer is armed but nothing installed sends anomalies.
+    """
+    armed = check_triggers(observers)
+    if not armed:
+        return None
     clock = TriggerClock()
     for arming in armed:
         arming.clock = clock

@@ -8,17 +8,20 @@ none of this; it calls :func:`verl_events.install`.
 
 from __future__ import annotations
 
+from ._arming import ArmedSelection, check_triggers
 from ._config import Config, ObserverSpec, load_config, read_config
 from ._install import check_exclusive_resources, nothing_to_observe
 from ._registry import available_observers, build_observer, observer_origin
 from ._verl_config import from_verl_config, is_verl_config
 
 __all__ = [
+    "ArmedSelection",
     "Config",
     "ObserverSpec",
     "available_observers",
     "build_observer",
     "check_exclusive_resources",
+    "check_triggers",
     "from_verl_config",
     "is_verl_config",
     "load_config",

@@ -16,9 +16,15 @@ from verl_events import ConfigError, ObserverSetupError
 def _check(args: argparse.Namespace) -> int:
     """Validate a config and build its observers as install() would, without
     setting them up: nothing is written, no tool is started."""
-    from verl_events.config import check_exclusive_resources, nothing_to_observe
     from verl_events import InstallContext
-    from verl_events.config import build_observer, observer_origin
+    from verl_events.config import (
+        ArmedSelection,
+        build_observer,
+        check_exclusive_resources,
+        check_triggers,
+        nothing_to_observe,
+        observer_origin,
+    )
 
     try:
         config = load_config(args.config, args.overrides)
@@ -26,6 +32,7 @@ def _check(args: argparse.Namespace) -> int:
         specs = [spec for spec in config.observers if spec.enabled]
         built = [build_observer(spec, context, set_up=False) for spec in specs]
         check_exclusive_resources(built)
+        check_triggers(built)
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -34,8 +41,13 @@ def _check(args: argparse.Namespace) -> int:
         print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
     for spec, observer in zip(specs, built):
         sel = observer.selection
+        steps = _fmt(sel.steps)
+        if isinstance(sel, ArmedSelection) and spec.trigger is not None:
+            limit = spec.trigger.max_captures
+            after = f"{spec.trigger.capture_steps} after each anomaly ({f'at most {limit} time' + ('s' if limit > 1 else '') if limit else 'no limit'})"
+            steps = f"{_fmt(sel.fixed_steps)} and {after}" if sel.fixed_steps else after
         print(
-            f"  {observer.name:<20} priority={observer.priority:<4} steps={_fmt(sel.steps)} "
+            f"  {observer.name:<20} priority={observer.priority:<4} steps={steps} "
             f"stages={_fmt(sel.stages)} roles={_fmt(sel.roles)} ranks={_fmt(sel.ranks)}"
         )
         print(f"    from {observer_origin(spec)}")
@@ -51,8 +63,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _save_path_notes(save_path: Path) -> list[str]:
     """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
-    from verl_events.layout import incomplete_sessions, session_dirs, timing_log_files
-    from verl_events.layout import owner_of
+    from verl_events.layout import incomplete_sessions, owner_of, session_dirs, timing_log_files
 
     notes = []
     dumps = session_dirs(save_path)
