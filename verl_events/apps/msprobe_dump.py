@@ -1,0 +1,219 @@
+"""What triage reads of an msprobe 26.2 dump: its sessions, entries and call stacks.
+
+A run's dumps are ``{run}/step_{step}/{stage}/step{call}/rank{rank}``
+(:class:`Dump`); each holds dump.json, construct.json and stack.json, read
+into a :class:`Session`.
+
+What this relies on in msprobe 26.2 dumps (``step*/rank*/``), verified in
+its source (``core/dump/data_dump/json_writer.py``) and on real dumps
+(tests/test_triage.py):
+
+* **Execution order is dump.json's key order.**  msprobe appends an entry
+  when it is recorded; a module entry (``Module.*``), begun at its
+  pre-forward hook, is popped and re-inserted when its forward ends, so it
+  sits after the APIs it ran: ``Functional.linear.0.forward`` before
+  ``Module.fc1.Linear.forward.0``.  Backward entries follow in the order
+  autograd ran them.  construct.json maps each entry to its enclosing
+  module (null for none, or the root model, which msprobe never hooks; it
+  is ``{}`` at level L1) and carries no order of its own.
+* Entry names: ``{Prefix}.{api}.{n}.{forward|backward}`` (APIs, levels L1
+  and mix), ``Module.{path}.{Class}.{forward|backward|parameters_grad}.{n}``
+  (levels L0 and mix).  Forward entries hold ``input_args``,
+  ``input_kwargs``, ``output`` and, for modules, ``parameters`` (name ->
+  statistics); backward entries ``input`` (the gradients arriving at the
+  op's outputs) and ``output`` (the gradients it passes back, in autograd's
+  order: bias, input, weight for a linear);
+  ``parameters_grad`` entries map a parameter name to its gradient.  A
+  tensor is a dict with ``Max``/``Min``/``Mean``/``Norm`` (bare ``NaN`` /
+  ``Infinity`` tokens, which Python's json reads).
+* stack.json is ``{"0": [[entry names], [frames]]}`` with each frame
+  ``"File {path}, line {n}, in {function}, \\n {code}"``, innermost first,
+  msprobe's own frames already removed.  msprobe records stacks of forward
+  calls only; a backward entry gets the stack of its forward call.
+
+**The user frame** is the first frame, innermost first, whose file is not
+in a library that only carries the call: a ``torch``, ``torch_npu`` or
+``msprobe`` package directly under ``site-packages``/``dist-packages``, the
+Python standard library (``lib/python3.N/`` outside ``site-packages``) or
+a pseudo-file (``<frozen ...>``).  Model libraries (transformers, verl)
+count as user code: their modeling files are where a layer is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from verl_events import STAGE_ROLES
+from verl_events.layout import incomplete_reason, session_dirs
+
+from .compare import read_dump
+
+__all__ = [
+    "LIBRARY_PACKAGES",
+    "MODULE_ENTRY",
+    "STATS",
+    "Dump",
+    "Session",
+    "describe_part",
+    "find_dumps",
+    "forward_of",
+    "is_library_frame",
+    "non_finite",
+    "read_session",
+    "same_tensor",
+    "tensor_identity",
+    "tensors",
+    "user_frame",
+]
+
+STATS = ("Max", "Min", "Mean", "Norm")
+LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe"})
+
+#: A module entry: ``Module.{path}.{Class}.{forward|backward|parameters_grad}.{n}``.
+MODULE_ENTRY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<n>\d+)$")
+_API = re.compile(r"^(?P<api>.+\.\d+)\.(?P<dir>forward|backward)$")
+_FRAME = re.compile(r"^File (?P<file>.*), line (?P<line>\d+), in (?P<function>.*?), \n ?(?P<code>.*)$", re.DOTALL)
+_STAGE_ORDER = {stage: i for i, stage in enumerate(STAGE_ROLES)}
+
+
+# -- the dumps ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dump:
+    """One msprobe session: ``{run}/step_{step}/{stage}/step{call}/rank{rank}``."""
+
+    path: Path
+    step: int
+    stage: str
+    call: int
+    rank: int
+
+    @property
+    def order(self) -> tuple[int, int, str, int]:
+        return (self.step, _STAGE_ORDER.get(self.stage, len(_STAGE_ORDER)), self.stage, self.call)
+
+
+def find_dumps(run: Path) -> list[Dump]:
+    """Every session of a known step, by step, verl's stage order, call, rank."""
+    dumps = []
+    for rank_dir in session_dirs(run):
+        parts = rank_dir.relative_to(run).parts
+        step, call, rank = parts[0].removeprefix("step_"), parts[2].removeprefix("step"), rank_dir.name.removeprefix("rank")
+        if step.isdigit() and call.isdigit() and rank.isdigit():
+            dumps.append(Dump(rank_dir, int(step), parts[1], int(call), int(rank)))
+    return sorted(dumps, key=lambda d: (d.order, d.rank))
+
+
+@dataclass(slots=True)
+class Session:
+    """A dump's three files, read: entries in execution order, each entry's
+    enclosing module and its call stack (empty where msprobe wrote none)."""
+
+    dump: Dump
+    entries: dict[str, Any]
+    parents: dict[str, str | None]
+    stacks: dict[str, list[str]]
+
+
+def read_session(dump: Dump, notes: list[str]) -> Session | None:
+    """The session, or None (with a note) when its dump.json is missing or unreadable."""
+    reason = incomplete_reason(dump.path)
+    if reason is not None:
+        notes.append(f"{dump.path} is an incomplete msprobe session ({reason}); read as far as it goes")
+    try:
+        entries = read_dump(dump.path / "dump.json")
+    except ValueError as exc:
+        notes.append(f"{dump.path} was skipped: {exc}")
+        return None
+    stacks: dict[str, list[str]] = {}
+    for pair in _mapping(dump.path / "stack.json").values():
+        if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list) and isinstance(pair[1], list):
+            stacks.update((name, pair[1]) for name in pair[0])
+    return Session(dump, entries, _mapping(dump.path / "construct.json"), stacks)
+
+
+def _mapping(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; empty when it is missing or not one
+    (msprobe writes no stack.json or construct.json with ``extra_info: false``)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+# -- reading an entry -----------------------------------------------------------------
+
+
+def tensors(value: Any, label: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every tensor's statistics in an entry (or part of one), labelled by
+    where it sits: ``output.0``, ``input_args.1``, ``parameters.weight``."""
+    if isinstance(value, dict):
+        if "Max" in value or "Norm" in value:
+            return [(label, value)]
+        if "type" in value:
+            return []  # a non-tensor argument
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return []
+    return [found for key, item in items for found in tensors(item, f"{label}.{key}" if label else str(key))]
+
+
+def non_finite(stats: dict[str, Any]) -> bool:
+    return any(isinstance(v, (int, float)) and not math.isfinite(v) for s in STATS if (v := stats.get(s)) is not None)
+
+
+def forward_of(entry: str) -> str:
+    """The forward call an entry belongs to (msprobe keeps stacks and parameters there)."""
+    if match := MODULE_ENTRY.match(entry):
+        return f"Module.{match['path']}.{match['cls']}.forward.{match['n']}"
+    if match := _API.match(entry):
+        return f"{match['api']}.forward"
+    return entry
+
+
+def describe_part(entry: str, label: str) -> str:
+    """A tensor's label in words: gradients say so (msprobe lists a backward
+    op's outgoing gradients in autograd's order, not its inputs' order)."""
+    if ".parameters_grad." in entry:
+        return f"grad of {label.split('.')[0]}"
+    return f"{label} (gradient)" if entry.endswith(".backward") or ".backward." in entry else label
+
+
+def is_library_frame(file: str) -> bool:
+    """See the module docstring: torch/torch_npu/msprobe, the stdlib, pseudo-files."""
+    if file.startswith("<"):
+        return True
+    parts = PurePosixPath(file.replace("\\", "/")).parts
+    installed = {"site-packages", "dist-packages"}
+    if any(part in installed and parts[i + 1] in LIBRARY_PACKAGES for i, part in enumerate(parts[:-1])):
+        return True
+    stdlib = any(part == "lib" and re.fullmatch(r"python3\.\d+", parts[i + 1]) for i, part in enumerate(parts[:-1]))
+    return stdlib and not installed.intersection(parts)
+
+
+def user_frame(frames: list[str]) -> dict[str, Any] | None:
+    """The first frame of ``frames`` (innermost first) outside the libraries, parsed."""
+    for frame in frames:
+        match = _FRAME.match(frame)
+        if match and not is_library_frame(match["file"]):
+            return {"file": match["file"], "line": int(match["line"]), "function": match["function"], "code": match["code"].strip()}
+    return None
+
+
+def same_tensor(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two recorded tensors are one (see :func:`tensor_identity`)."""
+    return tensor_identity(a) == tensor_identity(b)
+
+
+def tensor_identity(stats: dict[str, Any]) -> str:
+    """What msprobe recorded of a tensor: the same tensor, seen by two ops, has the same."""
+    return repr([stats.get(k) for k in ("dtype", "shape", *STATS)])

@@ -1,0 +1,53 @@
+"""Triage of a ``non_finite`` anomaly: the first op with a NaN or Inf.
+
+The op named is the first, in execution order, with a NaN or Inf in any
+statistic (Max, Min, Mean, Norm) of any tensor it saw (the parts that have
+one are named: output, inputs, parameters, gradients), with the parameter
+it read when the dump holds parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .msprobe_dump import Session, describe_part, non_finite, same_tensor, tensors
+from .triage_finding import Finding, place
+
+__all__ = ["first_non_finite"]
+
+
+def first_non_finite(session: Session) -> Finding | None:
+    """The first entry, in execution order, with a non-finite statistic."""
+    for entry, value in session.entries.items():
+        bad = [label for label, stats in tensors(value) if non_finite(stats)]
+        if bad:
+            finding = Finding(entry, [describe_part(entry, label) for label in bad])
+            place(finding, session)
+            _name_parameter(finding, session, dict(tensors(value)), bad)
+            return finding
+    return None
+
+
+def _name_parameter(finding: Finding, session: Session, own: dict[str, dict[str, Any]], bad: list[str]) -> None:
+    """The non-finite parameter the op read: its own (a module's
+    ``parameters``, a parameter gradient), or the enclosing module's that is
+    one of its non-finite inputs (same dtype, shape and statistics: an API
+    is passed the module's weight), else any non-finite one of that module."""
+    if finding.module is None or finding.module_entry is None:
+        return
+    if ".parameters_grad." in finding.op:
+        finding.parameter = f"{finding.module}.{bad[0].split('.')[0]}"
+        return
+    if own_params := [label.split(".")[1] for label in bad if label.startswith("parameters.")]:
+        finding.parameter = f"{finding.module}.{own_params[0]}"
+        return
+    params = [(name, stats) for name, stats in tensors(session.entries.get(finding.module_entry, {}).get("parameters", {}))
+              if non_finite(stats)]
+    for name, stats in params:
+        for i, label in enumerate(bad):
+            if same_tensor(stats, own[label]):
+                finding.parameter = f"{finding.module}.{name}"
+                finding.parts[i] += f" = {finding.parameter}"
+                return
+    if params:
+        finding.parameter = f"{finding.module}.{params[0][0]}"
