@@ -3,7 +3,8 @@
 ``cli`` (the command), ``demo`` and ``demo_verl`` (the CPU demos),
 ``report`` and ``overhead`` (reading timing logs back), ``compare`` (two
 msprobe dumps side by side), ``verl_cpu`` (verl's real trainer, tiny, on
-CPU), ``triage`` (the op behind an anomaly) and ``inject`` (a fault to try the
+CPU), ``triage`` (the op behind an anomaly: ``msprobe_dump`` reads the dumps,
+``triage_non_finite`` and ``triage_spike`` search them) and ``inject`` (a fault to try the
 sentinel with).  They use only public names: :mod:`verl_events`,
 :mod:`verl_events.config`, :mod:`verl_events.layout`,
 :mod:`verl_events.verl_bridge` and the observers' public modules
