@@ -156,7 +156,7 @@ class _Readings:
             scalars = [t if t.dim() == 0 else t.reshape(()) for _, t in group]
             scalars = [t if t.dtype == torch.float32 else t.to(torch.float32) for t in scalars]
             numbers = torch.stack(scalars).tolist()
-            self.values.update(zip((name for name, _ in group), numbers))
+            self.values.update(zip((name for name, _ in group), numbers, strict=True))
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from verl_events import ConfigError, StageEnd, StageEvent
+from verl_events import ConfigError, StageEnd
 from verl_events._events import check_stage_name
 
 from .support import make_event

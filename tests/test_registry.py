@@ -131,7 +131,7 @@ class Options(verl_events.Observer):
         label: str = "x",
         names: list[str] | None = None,
         level: Literal["L0", "L1", "L2"] = "L1",
-        limit: Optional[int] = None,
+        limit: Optional[int] = None,  # noqa: UP045  (the old spelling is what this test checks)
         pair: tuple[str, ...] = (),
         anything: Any = None,
         untyped=None,  # type: ignore[no-untyped-def]

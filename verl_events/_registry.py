@@ -189,7 +189,7 @@ def _refusal(value: Any, hint: Any) -> _Refusal | None:
         item_hints = list(args)
     else:
         item_hints = [args[0] if args else Any] * len(value)
-    for index, (item, item_hint) in enumerate(zip(value, item_hints)):
+    for index, (item, item_hint) in enumerate(zip(value, item_hints, strict=True)):
         refusal = _refusal(item, item_hint) if _checkable(item_hint) else None
         if refusal is not None:
             return refusal._replace(path=f"[{index}]{refusal.path}")

@@ -312,7 +312,7 @@ def test_a_raising_stage_body_closes_the_session_and_the_next_stage_dumps(tmp_pa
         with pytest.raises(ZeroDivisionError):
             with stage("actor_update", step=1, model=model):
                 run_model(model)
-                1 / 0
+                1 / 0  # noqa: B018  (the stage must raise)
         run_steps(model, range(2, 3), ["actor_update"])
     first = dump_entries(tmp_path / "out/step_1/actor_update/step0/rank0/dump.json")
     second = dump_entries(tmp_path / "out/step_2/actor_update/step0/rank0/dump.json")

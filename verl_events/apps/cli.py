@@ -39,7 +39,7 @@ def _check(args: argparse.Namespace) -> int:
     print(f"save_path: {config.save_path}  strict: {config.strict}")
     if not built:
         print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
-    for spec, observer in zip(specs, built):
+    for spec, observer in zip(specs, built, strict=True):
         sel = observer.selection
         steps = _fmt(sel.steps)
         if isinstance(sel, ArmedSelection) and spec.trigger is not None:

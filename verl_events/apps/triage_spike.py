@@ -157,7 +157,7 @@ def parameter_moves(armed: Session, healthy: Session) -> dict[str, ParameterMove
     moves = {}
     for full, (module, entry, name, new, old) in pairs.items():
         factors = [
-            _factor(a, b, floor) for measure, floor in zip(measures, floors)
+            _factor(a, b, floor) for measure, floor in zip(measures, floors, strict=True)
             if (a := measure(new)) is not None and (b := measure(old)) is not None
         ]
         if factors:
