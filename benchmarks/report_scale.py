@@ -2,8 +2,8 @@
 
     python benchmarks/report_scale.py [--ranks 1 10 100 1000] [--steps 100]
 
-Writes synthetic timing logs (the timing observer's format) for each rank
-count x steps x 6 stages, with msprobe on steps 1-2, then times the report
+Writes synthetic timing logs (the timing observer's records, every field
+set as it sets them) for each rank count x steps x 6 stages, with msprobe on steps 1-2, then times the report
 (reading every rank's log, grouping, the overhead table and the JSON
 output) on each.  The last line prints seconds per million records and the
 ratio of the largest to the second-largest run's time per record scaled by
@@ -23,6 +23,7 @@ from pathlib import Path
 from rich.console import Console
 
 from verl_events.apps.report import report
+from verl_events.observers.timing import TimingRecord
 
 STAGES = ("rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update")
 
@@ -38,15 +39,14 @@ def write_run(root: Path, ranks: int, steps: int) -> int:
                 dumped = step <= 2 and stage != "rollout_generate"
                 hooks = {"timing": 2e-5, **({"msprobe": 0.02} if dumped else {})}
                 elapsed = rng.uniform(0.5, 1.5) * (3.0 if dumped else 1.0)
-                lines.append(json.dumps({
-                    "stage": stage, "role": "actor", "step": step, "rank": rank, "world_size": ranks,
-                    "depth": 0, "parent": None, "elapsed_s": elapsed, "error": None,
-                    "observers": list(hooks), "profiled": dumped, "profiled_by": ["msprobe"] if dumped else [],
-                    "hook_s": hooks, "hook_begin_s": {k: v / 2 for k, v in hooks.items()},
-                    "hook_end_s": {k: v / 2 for k, v in hooks.items()}, "overhead_s": hooks.get("msprobe", 0.0),
-                    "end_unix": now + step * 10, "dump_bytes": 60_000 if dumped else 0,
-                    "event": "stage", "timestamp": "2026-11-29T19:00:00Z",
-                }))
+                lines.append(TimingRecord(
+                    run="report-scale", stage=stage, role="actor", step=step, rank=rank, world_size=ranks,
+                    depth=0, parent=None, elapsed_s=elapsed, error=None,
+                    observers=tuple(hooks), profiled=dumped, profiled_by=("msprobe",) if dumped else (), enclosed_by=(),
+                    hook_s=hooks, hook_begin_s={k: v / 2 for k, v in hooks.items()},
+                    hook_end_s={k: v / 2 for k, v in hooks.items()}, overhead_s=hooks.get("msprobe", 0.0),
+                    end_unix=now + step * 10, dump_bytes=60_000 if dumped else 0, timestamp="2026-11-29T19:00:00Z",
+                ).to_json())
         (root / "timing" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     return ranks * steps * len(STAGES)
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
 import pytest
 
 import verl_events
-from verl_events.observers.timing import rank_bytes
+from verl_events.observers.timing import NotATimingRecord, TimingRecord, rank_bytes
 from verl_events import Observer, StageEvent, stage
 
 from .support import Small, run_model
@@ -174,3 +176,38 @@ def test_a_passive_observer_does_not_make_a_stage_profiled(tmp_path: Path) -> No
         ("actor_update", False, [], []),
     ]
     assert all(r["hook_s"]["tests.observers.test_timing:Clock"] > 0 for r in lines)  # its cost is still measured
+
+
+def test_a_written_line_holds_every_field_and_reads_back_as_its_record(tmp_path: Path) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}, {"_target_": "tests.observers.test_timing:SlowBegin"}]}
+    with verl_events.install(config):
+        with stage("actor_update", step=2):
+            pass
+    [line] = (tmp_path / "timing/rank0.jsonl").read_text().splitlines()
+    assert list(json.loads(line)) == [f.name for f in dataclasses.fields(TimingRecord)]
+    record = TimingRecord.from_json(line)
+    assert (record.stage, record.step, record.profiled, record.profiled_by) == ("actor_update", 2, True, ("tests.observers.test_timing:SlowBegin",))
+    assert record.observers == ("timing", "tests.observers.test_timing:SlowBegin") and record.event == "stage"
+    assert record.end_unix is not None and record.timestamp is not None and record.timestamp.endswith("Z")
+    assert TimingRecord.from_json(record.to_json()) == record and TimingRecord.from_json(line.encode()) == record
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.stage = "other"  # type: ignore[misc]
+
+
+def test_a_line_of_an_older_writer_reads_with_the_defaults_and_ignores_unknown_keys() -> None:
+    line = '{"stage": "actor_update", "step": 1, "rank": 3, "elapsed_s": 0.5, "profiled": true, "profiled_by": ["msprobe"], "extra": 1}'
+    assert TimingRecord.from_json(line) == TimingRecord(stage="actor_update", step=1, rank=3, elapsed_s=0.5, profiled=True, profiled_by=("msprobe",))
+    old = TimingRecord.from_json(line)
+    assert (old.run, old.observers, old.overhead_s, old.dump_bytes, dict(old.hook_s), old.end_unix) == (None, None, 0.0, 0, {}, None)
+    # Python's json, which older writers used, writes a bare NaN.
+    assert math.isnan(TimingRecord.from_json('{"stage": "a", "step": null, "rank": 0, "elapsed_s": NaN, "profiled": false}').elapsed_s)
+
+
+def test_json_that_is_not_a_stage_record_is_refused_saying_what_it_lacks() -> None:
+    with pytest.raises(NotATimingRecord, match=r"needs the keys stage, step, rank, elapsed_s, profiled; this one lacks step, elapsed_s: \{"):
+        TimingRecord.from_json('{"stage": "a", "rank": 0, "profiled": false}')
+    with pytest.raises(NotATimingRecord, match=r"a timing line is a JSON object; this one is list: \[1, 2\]"):
+        TimingRecord.from_json("[1, 2]")
+    with pytest.raises(ValueError) as cut:
+        TimingRecord.from_json('{"stage": "act')
+    assert not isinstance(cut.value, NotATimingRecord)  # readers tell a cut line from another writer's

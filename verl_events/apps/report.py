@@ -19,6 +19,7 @@ from .overhead import (
     ObserverHooks,
     StageOverhead,
     TimingLogError,
+    TimingRecord,
     observer_hooks,
     overhead_table,
     profiled_seconds,
@@ -71,57 +72,59 @@ def timing_files(run: Path) -> list[Path]:
     return files
 
 
-def stage_steps(records: list[dict[str, Any]]) -> list[StageStep]:
+def stage_steps(records: list[TimingRecord]) -> list[StageStep]:
     """Group records by (stage, step); order by step, then verl's stage order."""
     baseline: dict[str, list[float]] = {}
-    groups: dict[tuple[str, int | None], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int | None], list[TimingRecord]] = {}
     for record in records:
-        if not record["profiled"]:
-            baseline.setdefault(record["stage"], []).append(record["elapsed_s"])
-        groups.setdefault((record["stage"], record["step"]), []).append(record)
+        if not record.profiled:
+            baseline.setdefault(record.stage, []).append(record.elapsed_s)
+        groups.setdefault((record.stage, record.step), []).append(record)
     medians = {stage: statistics.median(times) for stage, times in baseline.items()}
     order = {stage: i for i, stage in enumerate(STAGE_ORDER)}
     rows = []
     for (stage, step), group in groups.items():
-        slowest = max(group, key=lambda r: r["elapsed_s"])
-        fastest = min(r["elapsed_s"] for r in group)
-        profiled = [r for r in group if r["profiled"]]
+        slowest = max(group, key=lambda r: r.elapsed_s)
+        fastest = min(r.elapsed_s for r in group)
+        profiled = [r for r in group if r.profiled]
         base = medians.get(stage)
         rows.append(
             StageStep(
                 stage=stage,
                 step=step,
-                ranks=len({r["rank"] for r in group}),
-                body_s=slowest["elapsed_s"],
-                slowest_rank=slowest["rank"],
-                spread=slowest["elapsed_s"] / fastest if fastest > 0 else 1.0,
+                ranks=len({r.rank for r in group}),
+                body_s=slowest.elapsed_s,
+                slowest_rank=slowest.rank,
+                spread=slowest.elapsed_s / fastest if fastest > 0 else 1.0,
                 profiled_by=tuple(sorted({name for r in profiled for name in profilers(r)})),
-                hooks_s=max(r.get("overhead_s", 0.0) for r in group),
+                hooks_s=max(r.overhead_s for r in group),
                 ratio=profiled_seconds(slowest) / base if profiled and base else None,
-                dump_bytes=sum(r.get("dump_bytes", 0) for r in group),
+                dump_bytes=sum(r.dump_bytes for r in group),
             )
         )
     rows.sort(key=lambda r: (r.step is None, r.step or 0, order.get(r.stage, len(order)), r.stage))
     return rows
 
 
-def chrome_trace(records: list[dict[str, Any]]) -> dict[str, Any]:
+def chrome_trace(records: list[TimingRecord]) -> dict[str, Any]:
     """A Chrome/Perfetto trace: one track per rank, a slice per stage, and
     inside it the observers' begin hooks, the body and their end hooks."""
     events: list[dict[str, Any]] = []
-    for rank in sorted({r["rank"] for r in records}):
+    for rank in sorted({r.rank for r in records}):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
     for record in records:
-        begins, ends = record.get("hook_begin_s", {}), record.get("hook_end_s", {})
-        total = sum(begins.values()) + record["elapsed_s"] + sum(ends.values())
-        start = (record.get("end_unix", total) - total) * 1e6
-        common = {"ph": "X", "pid": record["rank"], "tid": 0}
-        args = {"step": record["step"], "profiled_by": record.get("profiled_by", []), "dump_bytes": record.get("dump_bytes", 0)}
-        events.append({**common, "name": record["stage"], "ts": start, "dur": total * 1e6, "args": args})
+        begins, ends = record.hook_begin_s, record.hook_end_s
+        total = sum(begins.values()) + record.elapsed_s + sum(ends.values())
+        # Without the wall clock (older logs) the slices start at 0.
+        start = ((total if record.end_unix is None else record.end_unix) - total) * 1e6
+        common = {"ph": "X", "pid": record.rank, "tid": 0}
+        args = {"step": record.step, "profiled_by": list(record.profiled_by), "dump_bytes": record.dump_bytes}
+        events.append({**common, "name": record.stage, "ts": start, "dur": total * 1e6, "args": args})
         cursor = start
-        observers = list(record.get("observers", begins))
+        # Older logs do not list the observers; those with a begin hook time did receive it.
+        observers = list(begins if record.observers is None else record.observers)
         pieces = [(f"{name} begin", begins.get(name, 0.0)) for name in observers]
-        pieces.append(("body", record["elapsed_s"]))
+        pieces.append(("body", record.elapsed_s))
         pieces += [(f"{name} end", ends.get(name, 0.0)) for name in reversed(observers)]
         for name, seconds in pieces:
             events.append({**common, "name": name, "ts": cursor, "dur": seconds * 1e6, "cat": "hook" if name != "body" else "body"})
@@ -155,12 +158,12 @@ def write_plot(overhead: list[StageOverhead], path: Path) -> None:
     plt.close(fig)
 
 
-def as_json(run: Path, records: list[dict[str, Any]], rows: list[StageStep], overhead: list[StageOverhead]) -> str:
+def as_json(run: Path, records: list[TimingRecord], rows: list[StageStep], overhead: list[StageOverhead]) -> str:
     return json.dumps(
         {
             "run": str(run),
             "records": len(records),
-            "ranks": sorted({r["rank"] for r in records}),
+            "ranks": sorted({r.rank for r in records}),
             "stage_steps": [asdict(row) for row in rows],
             "overhead": [asdict(row) for row in overhead],
             "observer_hooks": [asdict(row) for row in observer_hooks(records, STAGE_ORDER)],
@@ -268,11 +271,11 @@ def report(
         _output(trace, "--trace").write_text(json.dumps(chrome_trace(records)))
     if as_json_output:
         return as_json(run, records, rows, overhead)
-    render(rows, overhead, observer_hooks(records, STAGE_ORDER), console, multi_rank=len({r["rank"] for r in records}) > 1)
+    render(rows, overhead, observer_hooks(records, STAGE_ORDER), console, multi_rank=len({r.rank for r in records}) > 1)
     return None
 
 
-def _mixed_runs(records: list[dict[str, Any]]) -> list[str]:
+def _mixed_runs(records: list[TimingRecord]) -> list[str]:
     runs = runs_in(records)
     if len(runs) < 2:
         return []
