@@ -38,8 +38,8 @@ def test_default_demo_dumps_actor_and_ref_stages_of_steps_1_and_2(tmp_path: Path
         header = json.loads(path.read_text())
         assert (header["task"], header["level"]) == ("statistics", "L1") and header["data"]
     records = read_timing_records(out)
-    assert len(records) == 3 * 6 and {r["stage"] for r in records} == ALL_STAGES
-    assert {(r["step"], r["stage"]) for r in records if r["profiled"]} == {(s, st) for s in (1, 2) for st in ACTOR_REF}
+    assert len(records) == 3 * 6 and {r.stage for r in records} == ALL_STAGES
+    assert {(r.step, r.stage) for r in records if r.profiled} == {(s, st) for s in (1, 2) for st in ACTOR_REF}
     assert "Stage overhead" in result.stderr and "ratio" in result.stderr and "demo finished in" in result.stderr
 
 
@@ -98,7 +98,7 @@ def test_the_stacked_example_runs_three_tools_in_one_run(tmp_path: Path) -> None
     assert dumps(out) == [f"step_{s}/{stage}/step0/rank0/dump.json" for s in (1, 2) for stage in ACTOR_REF]
     traces = sorted(p.parent.name for p in out.glob("step_3/*/torch_profiler_step_3_*_rank0.json"))
     assert traces == sorted(ALL_STAGES)
-    profiled_by = {(r["step"], tuple(r["profiled_by"])) for r in read_timing_records(out) if r["profiled"]}
+    profiled_by = {(r.step, r.profiled_by) for r in read_timing_records(out) if r.profiled}
     assert profiled_by == {(1, ("msprobe",)), (2, ("msprobe",)), (3, ("torch_profiler",))}
 
 
