@@ -49,7 +49,9 @@ class Emitting:
         return data
 
 
-def best_ns_per_call(cases: dict[str, tuple[Callable[[], Any], Callable[[], AbstractContextManager[Any]], int]], repeat: int) -> dict[str, float]:
+def best_ns_per_call(
+    cases: dict[str, tuple[Callable[[], Any], Callable[[], AbstractContextManager[Any]], int]], repeat: int
+) -> dict[str, float]:
     """Best ns per call of each case.  The cases take turns within each
     repeat, so a load that comes and goes on a shared machine disturbs them
     alike and the differences stay meaningful."""
@@ -119,7 +121,9 @@ def main() -> None:
     print(f"(a) bare method                          {a:8.1f} ns/call")
     print(f"(b) @emits_stage, nothing installed      {b:8.1f} ns/call")
     print(f"(c) @emits_stage, 10 observers, none sel {c:8.1f} ns/call")
-    print(f"(d) verl DistProfiler.annotate, disabled {d:8.1f} ns/call" + ("" if verl_call else "  (verl not installed)"))
+    print(
+        f"(d) verl DistProfiler.annotate, disabled {d:8.1f} ns/call" + ("" if verl_call else "  (verl not installed)")
+    )
     print(f"(e) @emits_stage, 1 no-op observer       {e:8.1f} ns/call")
     print(f"(f) the same, wants_result               {f:8.1f} ns/call")
     ratio = (d - a) / (b - a) if verl_call and b > a else float("nan")

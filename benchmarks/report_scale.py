@@ -25,7 +25,14 @@ from rich.console import Console
 from verl_events.apps.report import report
 from verl_events.observers.timing import TimingRecord
 
-STAGES = ("rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update")
+STAGES = (
+    "rollout_generate",
+    "ref_compute_log_prob",
+    "actor_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "actor_update",
+)
 
 
 def write_run(root: Path, ranks: int, steps: int) -> int:
@@ -39,14 +46,31 @@ def write_run(root: Path, ranks: int, steps: int) -> int:
                 dumped = step <= 2 and stage != "rollout_generate"
                 hooks = {"timing": 2e-5, **({"msprobe": 0.02} if dumped else {})}
                 elapsed = rng.uniform(0.5, 1.5) * (3.0 if dumped else 1.0)
-                lines.append(TimingRecord(
-                    run="report-scale", stage=stage, role="actor", step=step, rank=rank, world_size=ranks,
-                    depth=0, parent=None, elapsed_s=elapsed, error=None,
-                    observers=tuple(hooks), profiled=dumped, profiled_by=("msprobe",) if dumped else (), enclosed_by=(),
-                    hook_s=hooks, hook_begin_s={k: v / 2 for k, v in hooks.items()},
-                    hook_end_s={k: v / 2 for k, v in hooks.items()}, overhead_s=hooks.get("msprobe", 0.0),
-                    end_unix=now + step * 10, dump_bytes=60_000 if dumped else 0, timestamp="2026-11-29T19:00:00Z",
-                ).to_json())
+                lines.append(
+                    TimingRecord(
+                        run="report-scale",
+                        stage=stage,
+                        role="actor",
+                        step=step,
+                        rank=rank,
+                        world_size=ranks,
+                        depth=0,
+                        parent=None,
+                        elapsed_s=elapsed,
+                        error=None,
+                        observers=tuple(hooks),
+                        profiled=dumped,
+                        profiled_by=("msprobe",) if dumped else (),
+                        enclosed_by=(),
+                        hook_s=hooks,
+                        hook_begin_s={k: v / 2 for k, v in hooks.items()},
+                        hook_end_s={k: v / 2 for k, v in hooks.items()},
+                        overhead_s=hooks.get("msprobe", 0.0),
+                        end_unix=now + step * 10,
+                        dump_bytes=60_000 if dumped else 0,
+                        timestamp="2026-11-29T19:00:00Z",
+                    ).to_json()
+                )
         (root / "timing" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     return ranks * steps * len(STAGES)
 
@@ -66,10 +90,14 @@ def main() -> None:
             seconds = time.perf_counter() - started
             assert text is not None and json.loads(text)["records"] == records
             results.append((ranks, records, seconds))
-            print(f"ranks={ranks:<5} records={records:<8} report_s={seconds:7.3f}  us/record={seconds / records * 1e6:6.2f}")
+            print(
+                f"ranks={ranks:<5} records={records:<8} report_s={seconds:7.3f}  us/record={seconds / records * 1e6:6.2f}"
+            )
     (r_big, n_big, s_big), (r_small, n_small, s_small) = results[-1], results[-2]
     per_million = s_big / n_big * 1e6
-    print(f"seconds_per_million_records={per_million:.2f} ratio_{r_big}_vs_{r_small}_ranks={s_big / s_small:.1f} (records x{n_big / n_small:.0f})")
+    print(
+        f"seconds_per_million_records={per_million:.2f} ratio_{r_big}_vs_{r_small}_ranks={s_big / s_small:.1f} (records x{n_big / n_small:.0f})"
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,11 @@ from typing import Any
 
 MODES = ("verl", "ours", "ours_keep_api_hooks")
 STATS_L1 = {
-    "task": "statistics", "rank": [], "step": [], "level": "L1", "async_dump": False,
+    "task": "statistics",
+    "rank": [],
+    "step": [],
+    "level": "L1",
+    "async_dump": False,
     "statistics": {"scope": [], "list": [], "tensor_list": [], "data_mode": ["all"], "summary_mode": "statistics"},
 }
 
@@ -78,9 +82,19 @@ def run_mode(mode: str, iters: int, root: Path) -> list[float]:
         from verl_events.verl_bridge import install_verl_bridge
 
         install_verl_bridge()
-        verl_events.install({"save_path": str(root / "out"), "observers": [
-            {"name": "msprobe", "config_path": str(config_path), "stages": ["actor_update"],
-             "keep_api_hooks": mode == "ours_keep_api_hooks"}]})
+        verl_events.install(
+            {
+                "save_path": str(root / "out"),
+                "observers": [
+                    {
+                        "name": "msprobe",
+                        "config_path": str(config_path),
+                        "stages": ["actor_update"],
+                        "keep_api_hooks": mode == "ours_keep_api_hooks",
+                    }
+                ],
+            }
+        )
         worker = make_worker(DistProfiler(rank=0, config=None))
     times = []
     for step in range(1, iters + 4):
@@ -131,20 +145,29 @@ def main() -> None:
     medians: dict[str, list[float]] = {mode: [] for mode in MODES}
     for _ in range(args.rounds):
         for mode in MODES:
-            out = subprocess.run([sys.executable, __file__, "--mode", mode, "--iters", str(args.iters)],
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--mode", mode, "--iters", str(args.iters)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             medians[mode].append(statistics.median(json.loads(out.strip().splitlines()[-1])))
     summary = {mode: statistics.median(values) for mode, values in medians.items()}
     plain_ns, bridged_ns = disabled_path_ns()
-    for mode, label in (("verl", "verl precision_debugger"), ("ours", "verl_events bridge"),
-                        ("ours_keep_api_hooks", "verl_events, keep_api_hooks")):
+    for mode, label in (
+        ("verl", "verl precision_debugger"),
+        ("ours", "verl_events bridge"),
+        ("ours_keep_api_hooks", "verl_events, keep_api_hooks"),
+    ):
         runs = [round(m * 1e3, 2) for m in medians[mode]]
         print(f"dumped update_actor, {label:<28} {summary[mode] * 1e3:8.2f} ms (per-process medians {runs})")
     print(f"annotated method, profiling off, plain verl:   {plain_ns:8.0f} ns/call")
     print(f"annotated method, profiling off, bridged:      {bridged_ns:8.0f} ns/call")
-    print(f"dump_ratio={summary['ours'] / summary['verl']:.3f} "
-          f"dump_ratio_keep_api_hooks={summary['ours_keep_api_hooks'] / summary['verl']:.3f} "
-          f"bridged_disabled_overhead_ns={bridged_ns - plain_ns:.0f}")
+    print(
+        f"dump_ratio={summary['ours'] / summary['verl']:.3f} "
+        f"dump_ratio_keep_api_hooks={summary['ours_keep_api_hooks'] / summary['verl']:.3f} "
+        f"bridged_disabled_overhead_ns={bridged_ns - plain_ns:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -73,16 +73,22 @@ def main() -> None:
             module += [] if module_s is None else [module_s]
     for name in VARIANTS:
         ms = sorted(round(s * 1e3) for s in imports[name])
-        print(f"import verl, {name:<8} median {statistics.median(imports[name]) * 1e3:7.1f} ms "
-              f"(min {ms[0]}, max {ms[-1]}); whole process {statistics.median(walls[name]) * 1e3:7.1f} ms")
+        print(
+            f"import verl, {name:<8} median {statistics.median(imports[name]) * 1e3:7.1f} ms "
+            f"(min {ms[0]}, max {ms[-1]}); whole process {statistics.median(walls[name]) * 1e3:7.1f} ms"
+        )
 
     def paired_ms(a: str, b: str) -> float:
         return statistics.median(x - y for x, y in zip(imports[a], imports[b], strict=True)) * 1e3
 
-    print(f"paired differences: plugin - discover {paired_ms('plugin', 'discover'):+.1f} ms (our module), "
-          f"discover - none {paired_ms('discover', 'none'):+.1f} ms (verl's discovery)")
-    print(f"verl_events.verl_plugin imported after verl: median {statistics.median(module) * 1e3:.2f} ms "
-          f"(max {max(module) * 1e3:.2f})")
+    print(
+        f"paired differences: plugin - discover {paired_ms('plugin', 'discover'):+.1f} ms (our module), "
+        f"discover - none {paired_ms('discover', 'none'):+.1f} ms (verl's discovery)"
+    )
+    print(
+        f"verl_events.verl_plugin imported after verl: median {statistics.median(module) * 1e3:.2f} ms "
+        f"(max {max(module) * 1e3:.2f})"
+    )
     print(f"plugin_import_overhead_ms={paired_ms('plugin', 'none'):.1f}")
 
 

@@ -77,18 +77,29 @@ def variant_setup(variant: str, save: Path) -> tuple[list[str], dict[str, str]]:
         ], {}
     if variant == "ours":
         config = save.with_suffix(".yaml")
-        config.write_text(yaml.safe_dump({
-            "global_profiler": {
-                "tool": "precision_debugger", "steps": list(PROFILED_STEPS), "save_path": str(save),
-                "global_tool_config": {"precision_debugger": {"config_path": str(STATS_L1), "stages": STAGES}},
-            },
-            "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}, "ref": {"profiler": {"enable": True}}},
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "global_profiler": {
+                        "tool": "precision_debugger",
+                        "steps": list(PROFILED_STEPS),
+                        "save_path": str(save),
+                        "global_tool_config": {"precision_debugger": {"config_path": str(STATS_L1), "stages": STAGES}},
+                    },
+                    "actor_rollout_ref": {
+                        "actor": {"profiler": {"enable": True}},
+                        "ref": {"profiler": {"enable": True}},
+                    },
+                }
+            )
+        )
         return [], {"VERL_EVENTS_CONFIG": str(config)}
     return [], {}
 
 
-def run_once(variant: str, files: JobFiles, steps: int, save: Path) -> tuple[dict[int, float], dict[int, float], float, int]:
+def run_once(
+    variant: str, files: JobFiles, steps: int, save: Path
+) -> tuple[dict[int, float], dict[int, float], float, int]:
     """One main_ppo run: (seconds per step, seconds of the stages per step, wall seconds,
     number of dump.json files)."""
     overrides, extra_env = variant_setup(variant, save)
@@ -106,8 +117,10 @@ def run_once(variant: str, files: JobFiles, steps: int, save: Path) -> tuple[dic
     dumps = len(list(save.rglob("dump.json")))
     if rc != 0 or sorted(times) != list(range(1, steps + 1)) or (variant != "none") != (dumps > 0):
         tail = "\n".join(text.splitlines()[-40:])
-        sys.exit(f"{variant}: main_ppo exited {rc}, step times for steps {sorted(times)} of 1..{steps}, "
-                 f"{dumps} dump.json files; last lines of {log}:\n{tail}")
+        sys.exit(
+            f"{variant}: main_ppo exited {rc}, step times for steps {sorted(times)} of 1..{steps}, "
+            f"{dumps} dump.json files; last lines of {log}:\n{tail}"
+        )
     return times, stages, wall, dumps
 
 
@@ -123,27 +136,41 @@ def main() -> None:
         files = prepare(Path(scratch) / "job")
         for round_index in range(1, args.rounds + 1):
             for variant in VARIANTS:
-                times, stages, wall, dumps = run_once(variant, files, args.steps, Path(scratch) / f"{variant}_{round_index}")
+                times, stages, wall, dumps = run_once(
+                    variant, files, args.steps, Path(scratch) / f"{variant}_{round_index}"
+                )
                 runs[variant].steps.append(times)
                 runs[variant].stages.append(stages)
                 runs[variant].walls.append(wall)
                 runs[variant].dumps.append(dumps)
-                print(f"round {round_index} {variant:<4} wall {wall:5.1f} s  dumps {dumps:3d}  step s: "
-                      + " ".join(f"{times[s]:.3f}" for s in sorted(times))
-                      + "  stages s: " + " ".join(f"{stages[s]:.3f}" for s in sorted(stages)), flush=True)
+                print(
+                    f"round {round_index} {variant:<4} wall {wall:5.1f} s  dumps {dumps:3d}  step s: "
+                    + " ".join(f"{times[s]:.3f}" for s in sorted(times))
+                    + "  stages s: "
+                    + " ".join(f"{stages[s]:.3f}" for s in sorted(stages)),
+                    flush=True,
+                )
     if len({*runs["verl"].dumps, *runs["ours"].dumps}) != 1:
         print(f"warning: verl and ours dumped different numbers of files: {runs['verl'].dumps} {runs['ours'].dumps}")
     unprofiled = f"3-{args.steps}"
-    print(f"\n{'variant':<8} {'stages s, 1-2':>14} {'stages s, ' + unprofiled:>14} {'step s, 1-2':>12}"
-          f" {'step s, ' + unprofiled:>12} {'total wall s':>13} {'dumps/run':>10}")
+    print(
+        f"\n{'variant':<8} {'stages s, 1-2':>14} {'stages s, ' + unprofiled:>14} {'step s, 1-2':>12}"
+        f" {'step s, ' + unprofiled:>12} {'total wall s':>13} {'dumps/run':>10}"
+    )
     for variant, r in runs.items():
-        print(f"{variant:<8} {r.median(True):14.3f} {r.median(False):14.3f} {r.median(True, 'step'):12.3f}"
-              f" {r.median(False, 'step'):12.3f} {statistics.median(r.walls):13.1f} {statistics.median(r.dumps):10.0f}")
+        print(
+            f"{variant:<8} {r.median(True):14.3f} {r.median(False):14.3f} {r.median(True, 'step'):12.3f}"
+            f" {r.median(False, 'step'):12.3f} {statistics.median(r.walls):13.1f} {statistics.median(r.dumps):10.0f}"
+        )
     step2 = {v: statistics.median(run[2] for run in r.stages) for v, r in runs.items()}
-    print(f"stages of step 2 alone (past msprobe's first session): none {step2['none']:.3f} s, "
-          f"verl {step2['verl']:.3f} s, ours {step2['ours']:.3f} s, ours/verl {step2['ours'] / step2['verl']:.3f}")
-    print(f"ours_vs_verl_profiled_step={runs['ours'].median(True) / runs['verl'].median(True):.3f} "
-          f"ours_unprofiled_vs_none={runs['ours'].median(False) / runs['none'].median(False):.3f}")
+    print(
+        f"stages of step 2 alone (past msprobe's first session): none {step2['none']:.3f} s, "
+        f"verl {step2['verl']:.3f} s, ours {step2['ours']:.3f} s, ours/verl {step2['ours'] / step2['verl']:.3f}"
+    )
+    print(
+        f"ours_vs_verl_profiled_step={runs['ours'].median(True) / runs['verl'].median(True):.3f} "
+        f"ours_unprofiled_vs_none={runs['ours'].median(False) / runs['none'].median(False):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The bus in thirty lines: emit stages, write an observer, install it from config.
 
-    python examples/quickstart.py
+python examples/quickstart.py
 """
 
 from __future__ import annotations

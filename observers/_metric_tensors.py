@@ -291,7 +291,9 @@ class _ResponseView:
         valid = columns[None, :] < lengths[:, None]
         # As no_padding_2_padding: the output for response token j of a sequence
         # ending at offset e sits at e - length - 1 + j (a model predicts the next token).
-        index = offsets[1:].to(device=values.device, dtype=torch.long)[:, None] - lengths[:, None] - 1 + columns[None, :]
+        index = (
+            offsets[1:].to(device=values.device, dtype=torch.long)[:, None] - lengths[:, None] - 1 + columns[None, :]
+        )
         index = torch.where(valid, index, 0).clamp(0, values.shape[0] - 1)
         if mask is not None and tuple(mask.shape) == tuple(valid.shape):
             valid = valid & mask.to(device=values.device, dtype=torch.bool)
@@ -346,7 +348,9 @@ def _reduce(name: str, whole: torch.Tensor, view: torch.Tensor, mask: torch.Tens
     readings.probes.append(probe)
 
 
-def _reduce_exact(name: str, elements: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: _Readings) -> None:
+def _reduce_exact(
+    name: str, elements: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: _Readings
+) -> None:
     import torch
 
     finite_view = torch.isfinite(view)

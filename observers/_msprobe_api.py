@@ -385,7 +385,9 @@ class _LoggedFlush:
         try:
             self.flush()
         except Exception as exc:
-            logger.error("msprobe's periodic save of dump.json failed; the stage goes on: %s: %s", type(exc).__name__, exc)
+            logger.error(
+                "msprobe's periodic save of dump.json failed; the stage goes on: %s: %s", type(exc).__name__, exc
+            )
 
 
 def _guard_periodic_save(service: Any) -> None:
@@ -413,7 +415,9 @@ def run_compare(a: Path, b: Path, out_dir: Path) -> Path:
     no table.
     """
     if not is_installed():
-        raise ObserverSetupError(f"msprobe is not installed, and compare runs msprobe's compare; install it with: {INSTALL_HINT}")
+        raise ObserverSetupError(
+            f"msprobe is not installed, and compare runs msprobe's compare; install it with: {INSTALL_HINT}"
+        )
     probe = _Probe("verl-events compare")
     name = "msprobe.pytorch.compare.pt_compare"
     pt_compare = probe.function(probe.module(name), name, "pt_compare", ("input_param", "output_path"))
@@ -425,7 +429,9 @@ def run_compare(a: Path, b: Path, out_dir: Path) -> Path:
             warnings.simplefilter("ignore")
             pt_compare({"npu_path": str(a), "bench_path": str(b), "is_print_compare_log": False}, str(out_dir))
     except Exception as exc:
-        raise RuntimeError(f"msprobe compare of {a} and {b} failed: {type(exc).__name__}: {exc}\n{chatter.getvalue()[-2000:]}") from exc
+        raise RuntimeError(
+            f"msprobe compare of {a} and {b} failed: {type(exc).__name__}: {exc}\n{chatter.getvalue()[-2000:]}"
+        ) from exc
     produced = sorted(out_dir.glob(_COMPARE_TABLES), key=lambda p: p.stat().st_mtime)
     if not produced:
         raise RuntimeError(f"msprobe compare of {a} and {b} wrote no table: {chatter.getvalue()[-2000:]}")

@@ -28,7 +28,14 @@ class SessionSlot:
         self.logger.warning(
             "%s: stage %r (step %s, depth %d) is not %s: stage %r (step %s) already has %s's "
             "one-per-process session open (nested stage or another thread)",
-            self.tool, event.stage, event.step, event.depth, self.verb, holder.stage, holder.step, self.tool,
+            self.tool,
+            event.stage,
+            event.step,
+            event.depth,
+            self.verb,
+            holder.stage,
+            holder.step,
+            self.tool,
         )
         return True
 

@@ -354,8 +354,6 @@ def _flatten(items: Any) -> list[Any]:
     return flat
 
 
-
-
 # -- failures ----------------------------------------------------------------
 
 _reported: set[tuple[str, str]] = set()

@@ -43,7 +43,6 @@ from verl_events import (
     prepare_output_dir,
     stage_output_dir,
 )
-
 from verl_events.layout import (
     SavePathTaken,
     claim_save_path,

@@ -249,7 +249,9 @@ class SentinelObserver(Observer):
         self.rules = parse_rules(rules)
         self.non_finite = non_finite
         if isinstance(check_names_after, bool) or not isinstance(check_names_after, int) or check_names_after < 1:
-            raise ConfigError(f"option check_names_after: {check_names_after!r} is not allowed; use an integer of at least 1")
+            raise ConfigError(
+                f"option check_names_after: {check_names_after!r} is not allowed; use an integer of at least 1"
+            )
         self.check_names_after = check_names_after
         self._root = Path()
         self._strict = False
@@ -359,7 +361,9 @@ class SentinelObserver(Observer):
         except Exception:
             if self._strict:
                 raise
-            logger.exception("sentinel: a receiver of the anomaly signal failed for %s at step %s", found.metric, found.step)
+            logger.exception(
+                "sentinel: a receiver of the anomaly signal failed for %s at step %s", found.metric, found.step
+            )
 
     def _append(self, found: AnomalyEvent) -> None:
         """One line, one write; a failure is logged, never raised into training (unless strict)."""
@@ -399,7 +403,9 @@ class SentinelObserver(Observer):
 
     # -- rule names no stage reported -------------------------------------
 
-    def _note_names(self, step: int | None, metrics: Mapping[str, float]) -> tuple[list[str], list[int], list[str]] | None:
+    def _note_names(
+        self, step: int | None, metrics: Mapping[str, float]
+    ) -> tuple[list[str], list[int], list[str]] | None:
         """Record the names seen; once ``check_names_after`` steps are over, the
         rule names never seen (lock held).  None until then, and after."""
         if self._names_seen is None:

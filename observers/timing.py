@@ -138,7 +138,9 @@ class TimingRecord:
         """
         data = _loads(line)
         if type(data) is not dict:
-            raise NotATimingRecord(f"a timing line is a JSON object; this one is {type(data).__name__}: {_excerpt(line)}")
+            raise NotATimingRecord(
+                f"a timing line is a JSON object; this one is {type(data).__name__}: {_excerpt(line)}"
+            )
         if data.keys() != _FIELDS:
             data = _completed(data, line)
         for name in _SEQUENCE_FIELDS:
@@ -177,7 +179,9 @@ def _completed(data: dict[str, Any], line: str | bytes) -> dict[str, Any]:
     record's fields, or NotATimingRecord."""
     if not _REQUIRED_KEYS <= data.keys():
         missing = ", ".join(name for name in _REQUIRED if name not in data)
-        raise NotATimingRecord(f"a timing line needs the keys {', '.join(_REQUIRED)}; this one lacks {missing}: {_excerpt(line)}")
+        raise NotATimingRecord(
+            f"a timing line needs the keys {', '.join(_REQUIRED)}; this one lacks {missing}: {_excerpt(line)}"
+        )
     record = _DEFAULT_RECORD.copy()
     record.update(data)
     if len(record) != len(_DEFAULT_RECORD):  # the line has keys the record does not know

@@ -94,7 +94,10 @@ def test_closing_stops_listening_to_anomalies(tmp_path: Path) -> None:
         ({"trigger": "nan"}, r"observers\[0\].trigger: 'nan' is not allowed; use anomaly"),
         ({"trigger": "anomaly", "capture_steps": 0}, r"capture_steps: 0 is not allowed; use an integer >= 1"),
         ({"trigger": "anomaly", "capture_steps": True}, r"capture_steps: True is not allowed"),
-        ({"trigger": "anomaly", "max_captures": "3"}, r"max_captures: '3' is not allowed; use an integer >= 1, or null"),
+        (
+            {"trigger": "anomaly", "max_captures": "3"},
+            r"max_captures: '3' is not allowed; use an integer >= 1, or null",
+        ),
         ({"capture_steps": 2}, r"capture_steps: only applies with trigger: anomaly"),
     ],
 )
@@ -105,8 +108,11 @@ def test_bad_trigger_keys_are_named(keys: dict[str, object], message: str) -> No
 
 
 def test_an_armed_observer_without_anything_sending_anomalies_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"observer 'tests.support:Capturing' has trigger: anomaly, but no "
-                       r"installed observer sends anomalies.*- name: sentinel"):
+    with pytest.raises(
+        ConfigError,
+        match=r"observer 'tests.support:Capturing' has trigger: anomaly, but no "
+        r"installed observer sends anomalies.*- name: sentinel",
+    ):
         verl_events.install({"save_path": str(tmp_path), "observers": [armed_entry()]})
     assert verl_events.current_installation() is None
 

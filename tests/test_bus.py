@@ -54,9 +54,15 @@ def test_begin_runs_by_priority_then_install_order_and_end_in_reverse() -> None:
         with stage("actor_update", step=1):
             journal.append("body")
     assert journal == [
-        "b.begin", "d.begin", "a.begin", "c.begin",
+        "b.begin",
+        "d.begin",
+        "a.begin",
+        "c.begin",
         "body",
-        "c.end", "a.end", "d.end", "b.end",
+        "c.end",
+        "a.end",
+        "d.end",
+        "b.end",
     ]
 
 
@@ -70,7 +76,10 @@ def test_a_failing_observer_is_logged_and_the_others_and_the_body_still_run(capl
     assert journal == ["first.begin", "broken.begin", "last.begin", "body", "last.end", "broken.end", "first.end"]
     [record] = [r for r in caplog.records if r.name == "verl_events"]
     assert record.levelno == logging.ERROR
-    assert "observer 'broken' failed in on_stage_begin for stage 'actor_update' (step 4, rank 0): RuntimeError: observer bug" in record.getMessage()
+    assert (
+        "observer 'broken' failed in on_stage_begin for stage 'actor_update' (step 4, rank 0): RuntimeError: observer bug"
+        in record.getMessage()
+    )
 
 
 def test_only_the_first_failure_of_an_observer_carries_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
@@ -106,7 +115,10 @@ def test_strict_mode_raises_after_owed_end_hooks_and_skips_the_body() -> None:
     broken.fail_on = "begin"
     ran = False
     with verl_events.install({"strict": True}, observers=[outer, broken, inner]):
-        with pytest.raises(ObserverError, match=r"observer 'broken' failed in on_stage_begin for stage 'actor_update' \(step 1, rank 0\); strict mode") as raised:
+        with pytest.raises(
+            ObserverError,
+            match=r"observer 'broken' failed in on_stage_begin for stage 'actor_update' \(step 1, rank 0\); strict mode",
+        ) as raised:
             with stage("actor_update", step=1):
                 ran = True
     assert not ran
@@ -265,7 +277,9 @@ def test_after_close_stages_once_selected_are_skipped_again() -> None:
             assert event is None
 
 
-def test_a_stage_with_an_unknown_step_is_named_once_when_observers_select_steps(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_stage_with_an_unknown_step_is_named_once_when_observers_select_steps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A verl process that never learns the step (no update_weights, no start_profile)
     would otherwise dump nothing, silently."""
     config = {"observers": [{"name": "recording", "steps": [1]}]}
@@ -277,7 +291,9 @@ def test_a_stage_with_an_unknown_step_is_named_once_when_observers_select_steps(
                 pass
     unknown = [r.getMessage() for r in caplog.records if "unknown step" in r.getMessage()]
     assert len(unknown) == 1
-    assert unknown[0].startswith("stage 'critic_update' (rank 0) runs with an unknown step, so observer 'recording', which select(s) steps")
+    assert unknown[0].startswith(
+        "stage 'critic_update' (rank 0) runs with an unknown step, so observer 'recording', which select(s) steps"
+    )
 
 
 def test_no_word_about_unknown_steps_when_no_observer_selects_steps(caplog: pytest.LogCaptureFixture) -> None:

@@ -27,13 +27,20 @@ def test_check_prints_the_nsys_launch_line(tmp_path: Path, capsys: pytest.Captur
     config = tmp_path / "c.yaml"
     config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: nsys\n    discrete: false\n    steps: [1, 2, 5]\n")
     assert main(["check", str(config)]) == 0
-    assert "launch with: nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=repeat-shutdown:2" in capsys.readouterr().out
+    assert (
+        "launch with: nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=repeat-shutdown:2"
+        in capsys.readouterr().out
+    )
 
 
-def test_check_writes_nothing_and_shows_where_each_observer_comes_from(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_writes_nothing_and_shows_where_each_observer_comes_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "not_yet"
     config = tmp_path / "c.yaml"
-    config.write_text(f"save_path: {out}\nobservers:\n  - name: msprobe\n    steps: [1]\n    quiet: false\n  - name: timing\n")
+    config.write_text(
+        f"save_path: {out}\nobservers:\n  - name: msprobe\n    steps: [1]\n    quiet: false\n  - name: timing\n"
+    )
     assert main(["check", str(config)]) == 0
     printed = capsys.readouterr().out
     assert not out.exists()
@@ -41,7 +48,9 @@ def test_check_writes_nothing_and_shows_where_each_observer_comes_from(tmp_path:
     assert "options: quiet=False" in printed
 
 
-def test_check_after_a_run_notes_the_runs_files_and_cut_off_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_after_a_run_notes_the_runs_files_and_cut_off_sessions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rank_dir = tmp_path / "step_2/actor_update/step0/rank0"
     rank_dir.mkdir(parents=True)
     (rank_dir / "session.incomplete").write_text("cut off during step 2 actor_update (rank 0)\n")
@@ -50,7 +59,10 @@ def test_check_after_a_run_notes_the_runs_files_and_cut_off_sessions(tmp_path: P
     config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: timing\n")
     assert main(["check", str(config)]) == 0
     printed = capsys.readouterr().out
-    assert "note: save_path holds 1 msprobe dump(s) and 0 timing log(s) of run 'run-1'; a new run there is refused" in printed
+    assert (
+        "note: save_path holds 1 msprobe dump(s) and 0 timing log(s) of run 'run-1'; a new run there is refused"
+        in printed
+    )
     assert f"note: {rank_dir} is an incomplete msprobe session: cut off during step 2 actor_update (rank 0)" in printed
 
 
@@ -70,11 +82,15 @@ def test_a_bad_override_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: override {override!r}")
 
 
-def test_an_unwritable_output_is_one_error_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_output_is_one_error_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     (tmp_path / "timing").mkdir()
-    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "actor_update", "step": 1, "rank": 0, "elapsed_s": 0.1, "profiled": false}\n')
+    (tmp_path / "timing/rank0.jsonl").write_text(
+        '{"stage": "actor_update", "step": 1, "rank": 0, "elapsed_s": 0.1, "profiled": false}\n'
+    )
     assert main(["report", str(tmp_path), "--trace", str(blocker / "trace.json"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --trace ") and "cannot be created" in err and len(err.strip().splitlines()) == 1
@@ -85,12 +101,12 @@ def test_check_shows_an_armed_observer_and_refuses_one_without_a_sentinel(
 ) -> None:
     examples = Path(__file__).parent.parent / "examples"
     config = tmp_path / "sentinel.yaml"
-    config.write_text(
-        (examples / "sentinel_spike.yaml").read_text().replace("examples/", f"{examples}/")
-    )
+    config.write_text((examples / "sentinel_spike.yaml").read_text().replace("examples/", f"{examples}/"))
     assert main(["check", str(config)]) == 0
     out = capsys.readouterr().out
     (msprobe,) = [line for line in out.splitlines() if line.strip().startswith("msprobe ")]
     assert "steps=[2] and 1 after each anomaly (at most 1 time)" in msprobe
     assert main(["check", str(config), "observers.0.enabled=false"]) == 2
-    assert "observer 'msprobe' has trigger: anomaly, but no installed observer sends anomalies" in capsys.readouterr().err
+    assert (
+        "observer 'msprobe' has trigger: anomaly, but no installed observer sends anomalies" in capsys.readouterr().err
+    )

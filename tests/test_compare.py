@@ -43,7 +43,9 @@ def stats(**values: float | None) -> dict[str, float | None]:
     return {"max": 1.0, "min": -1.0, "mean": 0.0, "norm": 10.0, **values}
 
 
-def row(a: dict[str, float | None], b: dict[str, float | None], entry: str = "Functional.layer_norm.0.forward.output.0") -> Row:
+def row(
+    a: dict[str, float | None], b: dict[str, float | None], entry: str = "Functional.layer_norm.0.forward.output.0"
+) -> Row:
     return Row(entry=entry, matched=True, dtypes=("torch.float32", "torch.float32"), a_stats=a, b_stats=b)
 
 
@@ -99,7 +101,10 @@ def test_loosening_rtol_turns_a_divergence_into_a_match() -> None:
 def test_an_atol_loosens_a_statistic_that_is_exactly_zero_in_b() -> None:
     """No rtol can: rtol * |b| is 0.  This was msprobe's infinite relative error."""
     off = row(stats(max=1e-6, min=-1.0), stats(max=0.0, min=-1.0))
-    assert judge(off, resolve_tolerances(rtol={"max": 1e9})) == "max 1e-06 in A vs 0 in B: off by 1e-06, where its tolerance is 0"
+    assert (
+        judge(off, resolve_tolerances(rtol={"max": 1e9}))
+        == "max 1e-06 in A vs 0 in B: off by 1e-06, where its tolerance is 0"
+    )
     assert over_tolerance(off, DEFAULT_TOLERANCES)["max"] == math.inf
     assert judge(off, resolve_tolerances(atol={"max": 1e-3})) == ""
 
@@ -132,7 +137,9 @@ def test_an_entry_on_one_side_only_diverges_and_has_no_ratio() -> None:
 
 def test_worst_ranks_rows_by_how_far_past_tolerance_they_are_not_by_relative_error() -> None:
     rows = [
-        row(stats(mean=1e-9), stats(mean=0.0), entry="near_zero_mean"),  # infinite relative error, well within tolerance
+        row(
+            stats(mean=1e-9), stats(mean=0.0), entry="near_zero_mean"
+        ),  # infinite relative error, well within tolerance
         row(stats(), stats(), entry="equal"),
         row(stats(max=1.02), stats(), entry="max_2x"),  # relative error 2 %, twice its tolerance
         Row(entry="only_in_b", matched=False, side="B"),
@@ -159,7 +166,11 @@ def test_the_summary_lists_the_tolerances_it_judged_with() -> None:
         ({"mean": -1.0}, None, "the rtol of mean must be a finite number >= 0, got -1.0"),
         (None, {"norm": math.nan}, "the atol of norm must be a finite number >= 0, got nan"),
         (None, {"max": math.inf}, "the atol of max must be a finite number >= 0, got inf"),
-        ({"median": 0.1}, None, "compare has no statistic 'median' to give an rtol; the statistics are max, min, mean, norm"),
+        (
+            {"median": 0.1},
+            None,
+            "compare has no statistic 'median' to give an rtol; the statistics are max, min, mean, norm",
+        ),
     ],
 )
 def test_a_bad_tolerance_is_refused_with_its_statistic_and_value(
@@ -189,8 +200,14 @@ def test_the_command_line_help_states_the_default_tolerances(capsys: pytest.Capt
         main(["compare", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for stat, tolerance in DEFAULT_TOLERANCES.items():
-        assert f"--{stat}-rtol {stat.upper()}_RTOL relative tolerance of {stat}, a fraction of B's {stat} (default {tolerance.rtol:g})" in text
-        assert f"--{stat}-atol {stat.upper()}_ATOL absolute tolerance of {stat}, a fraction of the tensor's largest |value| in B (default {tolerance.atol:g})" in text
+        assert (
+            f"--{stat}-rtol {stat.upper()}_RTOL relative tolerance of {stat}, a fraction of B's {stat} (default {tolerance.rtol:g})"
+            in text
+        )
+        assert (
+            f"--{stat}-atol {stat.upper()}_ATOL absolute tolerance of {stat}, a fraction of the tensor's largest |value| in B (default {tolerance.atol:g})"
+            in text
+        )
 
 
 def test_the_docs_state_the_default_tolerances() -> None:
@@ -217,9 +234,21 @@ def test_two_runs_with_the_same_seed_match(demo_runs: dict[str, Path], capsys: p
     assert result["first_divergence"] is None
 
 
-def test_a_perturbed_actor_weight_diverges_first_at_the_op_that_reads_it(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_perturbed_actor_weight_diverges_first_at_the_op_that_reads_it(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     table = tmp_path / "table.csv"
-    code, result = compare(capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), "--step", "1", "--stage", "actor_compute_log_prob", "--csv", str(table))
+    code, result = compare(
+        capsys,
+        str(demo_runs["a"]),
+        str(demo_runs["perturbed"]),
+        "--step",
+        "1",
+        "--stage",
+        "actor_compute_log_prob",
+        "--csv",
+        str(table),
+    )
     assert code == 1 and result["verdict"] == "diverged"
     # blocks.1.mlp.0 is the seventh linear of the forward pass; its weight is input 1.
     assert result["first_divergence"]["op"] == "Functional.linear.6.forward"
@@ -230,24 +259,41 @@ def test_a_perturbed_actor_weight_diverges_first_at_the_op_that_reads_it(demo_ru
     assert first["entry"] == "Functional.linear.6.forward.input.1"
     assert all(r["verdict"] == "ok" for r in rows[: rows.index(first)])
     # The reference model was not perturbed, so its stage still matches.
-    code, _ = compare(capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), "--step", "1", "--stage", "ref_compute_log_prob")
+    code, _ = compare(
+        capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), "--step", "1", "--stage", "ref_compute_log_prob"
+    )
     assert code == 0
 
 
 def test_two_steps_of_one_run(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    code, result = compare(capsys, str(demo_runs["a"]), "--step", "1", "--vs-step", "2", "--stage", "actor_compute_log_prob")
+    code, result = compare(
+        capsys, str(demo_runs["a"]), "--step", "1", "--vs-step", "2", "--stage", "actor_compute_log_prob"
+    )
     assert code == 1
     assert result["a"].endswith("step_1/actor_compute_log_prob/step0/rank0/dump.json")
     assert result["b"].endswith("step_2/actor_compute_log_prob/step0/rank0/dump.json")
 
 
 def test_two_ranks_of_one_run(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    code, result = compare(capsys, str(demo_runs["two_ranks"]), "--step", "1", "--stage", "ref_compute_log_prob", "--rank", "0", "--vs-rank", "1")
+    code, result = compare(
+        capsys,
+        str(demo_runs["two_ranks"]),
+        "--step",
+        "1",
+        "--stage",
+        "ref_compute_log_prob",
+        "--rank",
+        "0",
+        "--vs-rank",
+        "1",
+    )
     assert code == 1  # each rank samples its own batch
     assert result["b"].endswith("rank1/dump.json")
 
 
-def test_unmatched_entries_are_never_reported_as_passing(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_unmatched_entries_are_never_reported_as_passing(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     source = demo_runs["a"] / DUMP.format(step=1, stage="actor_compute_log_prob", rank=0)
     dump = json.loads(source.read_text())
     dropped = next(name for name in dump["data"] if name.startswith("Functional.gelu"))
@@ -261,7 +307,9 @@ def test_unmatched_entries_are_never_reported_as_passing(demo_runs: dict[str, Pa
     assert result["first_divergence"]["reason"] == "only in A"
 
 
-def test_nan_and_inf_in_a_dump_parse_and_are_reported(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_nan_and_inf_in_a_dump_parse_and_are_reported(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     source = demo_runs["a"] / DUMP.format(step=1, stage="actor_compute_log_prob", rank=0)
     dump = json.loads(source.read_text())
     target = next(name for name in dump["data"] if name.startswith("Functional.linear.2"))
@@ -288,7 +336,12 @@ def test_nan_and_inf_in_a_dump_parse_and_are_reported(demo_runs: dict[str, Path]
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(
-    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path, layout: str, args: list[str], message: str
+    demo_runs: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    layout: str,
+    args: list[str],
+    message: str,
 ) -> None:
     run = demo_runs["a"]
     if layout == "proc":
@@ -309,28 +362,57 @@ def test_bad_input_exits_2_with_a_clear_message(
     assert message in capsys.readouterr().err
 
 
-def test_a_second_side_or_a_vs_option_is_required(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_second_side_or_a_vs_option_is_required(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["compare", str(demo_runs["a"]), "--step", "1", "--stage", "actor_update"]) == 2
     assert "give a second run B" in capsys.readouterr().err
 
 
-def test_the_text_summary_names_the_first_divergence(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["compare", str(demo_runs["a"]), str(demo_runs["perturbed"]), "--step", "1", "--stage", "actor_compute_log_prob", "--top", "2"])
+def test_the_text_summary_names_the_first_divergence(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "compare",
+            str(demo_runs["a"]),
+            str(demo_runs["perturbed"]),
+            "--step",
+            "1",
+            "--stage",
+            "actor_compute_log_prob",
+            "--top",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert "DIVERGED. First divergence in execution order: Functional.linear.6.forward" in out
     assert "Furthest from tolerance (|a-b| / tolerance; above 1 diverged):" in out
 
 
-def test_tolerances_can_be_loosened_until_a_perturbed_run_matches(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_tolerances_can_be_loosened_until_a_perturbed_run_matches(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     """Loose enough for any finite difference, so the verdict holds whatever this CPU's rounding."""
     loose = [arg for stat in STATS for kind in ("rtol", "atol") for arg in (f"--{stat}-{kind}", "1e9")]
-    code, result = compare(capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), "--step", "1", "--stage", "actor_compute_log_prob", *loose)
+    code, result = compare(
+        capsys,
+        str(demo_runs["a"]),
+        str(demo_runs["perturbed"]),
+        "--step",
+        "1",
+        "--stage",
+        "actor_compute_log_prob",
+        *loose,
+    )
     assert code == 0 and result["verdict"] == "match" and result["first_divergence"] is None
     assert result["tolerances"]["norm"] == {"rtol": 1e9, "atol": 1e9}
 
 
-def test_a_session_cut_off_is_never_compared(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_session_cut_off_is_never_compared(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """kill -9 inside a dumped stage leaves the session's marker (and maybe a partial
     dump.json): compare says incomplete and exits 2, never MATCH or DIVERGED."""
     cut = tmp_path / "cut"
@@ -339,8 +421,16 @@ def test_a_session_cut_off_is_never_compared(demo_runs: dict[str, Path], capsys:
     (rank_dir / "session.incomplete").write_text("cut off during step 2 actor_update (rank 0)\n")
     for a, b in ((cut, demo_runs["a"]), (demo_runs["a"], cut), (cut, cut)):
         assert main(["compare", str(a), str(b), "--step", "2", "--stage", "actor_update"]) == 2
-        assert "is an incomplete msprobe session, not a whole stage: cut off during step 2 actor_update (rank 0)" in capsys.readouterr().err
-    assert main(["compare", str(rank_dir / "dump.json"), str(demo_runs["a"] / "step_2/actor_update/step0/rank0/dump.json")]) == 2
+        assert (
+            "is an incomplete msprobe session, not a whole stage: cut off during step 2 actor_update (rank 0)"
+            in capsys.readouterr().err
+        )
+    assert (
+        main(
+            ["compare", str(rank_dir / "dump.json"), str(demo_runs["a"] / "step_2/actor_update/step0/rank0/dump.json")]
+        )
+        == 2
+    )
 
 
 def test_an_msprobe_without_its_compare_exits_2_naming_the_version_and_the_name(
@@ -365,7 +455,15 @@ def test_md5_dumps_are_refused_rather_than_called_a_match(tmp_path: Path, capsys
     import verl_events
 
     config = tmp_path / "md5.json"
-    config.write_text(json.dumps({"task": "statistics", "level": "L1", "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "md5"}}))
+    config.write_text(
+        json.dumps(
+            {
+                "task": "statistics",
+                "level": "L1",
+                "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "md5"},
+            }
+        )
+    )
     model = torch.nn.Linear(4, 1)
     observer = {"name": "msprobe", "config_path": str(config), "warm_up": False}
     with verl_events.install({"save_path": str(tmp_path / "run"), "observers": [observer]}):
@@ -379,5 +477,7 @@ def test_md5_dumps_are_refused_rather_than_called_a_match(tmp_path: Path, capsys
 def test_an_empty_compare_table_is_refused(tmp_path: Path) -> None:
     table = tmp_path / "compare_result.csv"
     table.write_text("")
-    with pytest.raises(CompareInputError, match=re.escape(f"msprobe's compare table {table} has no column 'NPU Name', 'Bench Name'")):
+    with pytest.raises(
+        CompareInputError, match=re.escape(f"msprobe's compare table {table} has no column 'NPU Name', 'Bench Name'")
+    ):
         rows_from_msprobe_csv(table)

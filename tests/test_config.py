@@ -74,12 +74,16 @@ def test_missing_file_is_an_error(tmp_path: Path) -> None:
 def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="must hold a mapping with keys save_path, strict, max_failures, observers; found a list"):
+    with pytest.raises(
+        ConfigError, match="must hold a mapping with keys save_path, strict, max_failures, observers; found a list"
+    ):
         load_config(path)
 
 
 def test_unknown_top_level_keys_are_errors() -> None:
-    with pytest.raises(ConfigError, match=r"config: unknown key 'observer'; allowed: save_path, strict, max_failures, observers"):
+    with pytest.raises(
+        ConfigError, match=r"config: unknown key 'observer'; allowed: save_path, strict, max_failures, observers"
+    ):
         load_config({"observer": []})
 
 
@@ -94,7 +98,10 @@ def test_unknown_top_level_keys_are_errors() -> None:
         ({"observers": [{"steps": [1]}]}, r"observers\[0\]: give exactly one of 'name'"),
         ({"observers": [{"name": "a", "_target_": "b.C"}]}, r"give exactly one of"),
         ({"observers": [{"name": ""}]}, r"observers\[0\]\.name: '' is not allowed"),
-        ({"observers": [{"name": "recording", "priority": "high"}]}, r"observers\[0\]\.priority: 'high' is not allowed; use an integer"),
+        (
+            {"observers": [{"name": "recording", "priority": "high"}]},
+            r"observers\[0\]\.priority: 'high' is not allowed; use an integer",
+        ),
         ({"observers": [{"name": "recording", "priority": True}]}, r"priority: True is not allowed"),
         ({"observers": [{"name": "recording", "enabled": 1}]}, r"enabled: 1 is not allowed"),
         ({"observers": [{"name": "recording", "steps": ["5-2"]}]}, r"observers\[0\]\.steps: '5-2' is not allowed"),

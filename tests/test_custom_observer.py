@@ -4,9 +4,9 @@ YAML in a fresh interpreter that has the target on its path."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import os
 import textwrap
 from pathlib import Path
 
@@ -56,7 +56,9 @@ def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_env: dic
                     model(torch.ones(2, 4))
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=nanwatch_env)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=nanwatch_env
+    )
     assert result.returncode == 0, result.stderr
     assert "loaded NanWatchObserver" in result.stdout
     found = [line for line in result.stderr.splitlines() if line.startswith("nanwatch ")]
@@ -68,7 +70,14 @@ def test_an_installed_observer_package_loads_by_name_from_yaml(nanwatch_env: dic
 
 def test_the_example_observer_is_listed_once_installed(nanwatch_env: dict[str, str]) -> None:
     listed = subprocess.run(
-        [sys.executable, "-c", "from verl_events.config import available_observers; print(sorted(available_observers()))"],
-        capture_output=True, text=True, check=True, env=nanwatch_env,
+        [
+            sys.executable,
+            "-c",
+            "from verl_events.config import available_observers; print(sorted(available_observers()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=nanwatch_env,
     ).stdout
     assert "'nan_watch'" in listed

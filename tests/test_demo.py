@@ -16,7 +16,14 @@ pytest.importorskip("msprobe")
 from verl_events.apps.overhead import read_timing_records
 
 ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
-ALL_STAGES = {"rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update"}
+ALL_STAGES = {
+    "rollout_generate",
+    "ref_compute_log_prob",
+    "actor_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "actor_update",
+}
 
 
 def verl_events_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,7 +54,9 @@ def test_two_processes_dump_each_rank_under_the_same_step_and_stage(tmp_path: Pa
     out = tmp_path / "run"
     result = verl_events_cli("demo", "--steps", "2", "--nproc", "2", "--save-path", str(out))
     assert result.returncode == 0, result.stderr
-    assert dumps(out) == sorted(f"step_{s}/{stage}/step0/rank{r}/dump.json" for s in (1, 2) for stage in ACTOR_REF for r in (0, 1))
+    assert dumps(out) == sorted(
+        f"step_{s}/{stage}/step0/rank{r}/dump.json" for s in (1, 2) for stage in ACTOR_REF for r in (0, 1)
+    )
     # Gradients are all-reduced across the two ranks inside actor_update.
     entries = json.loads((out / "step_1/actor_update/step0/rank1/dump.json").read_text())["data"]
     assert any(key.startswith("Distributed.all_reduce") for key in entries)
@@ -90,9 +99,20 @@ def test_the_stacked_example_runs_three_tools_in_one_run(tmp_path: Path) -> None
     out = tmp_path / "run"
     repo = Path(__file__).parent.parent
     result = subprocess.run(
-        [shutil.which("verl-events", path=str(Path(sys.executable).parent)) or "verl-events",
-         "demo", "--config", "examples/stacked.yaml", "--steps", "4", "--save-path", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=repo,
+        [
+            shutil.which("verl-events", path=str(Path(sys.executable).parent)) or "verl-events",
+            "demo",
+            "--config",
+            "examples/stacked.yaml",
+            "--steps",
+            "4",
+            "--save-path",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
     )
     assert result.returncode == 0, result.stderr
     assert dumps(out) == [f"step_{s}/{stage}/step0/rank0/dump.json" for s in (1, 2) for stage in ACTOR_REF]

@@ -14,7 +14,6 @@ import verl_events
 from verl_events import ConfigError, StageEnd, emits_stage, stage
 from verl_events.testing import RecordingObserver, capture_events
 
-
 try:  # the core suite runs without numpy and torch; their step types are checked when present
     import numpy
     import torch
@@ -159,7 +158,9 @@ def test_rank_comes_from_the_environment_without_torch_distributed(monkeypatch: 
     assert (events[0].rank, events[0].world_size) == (3, 8)
 
 
-def test_a_bad_rank_variable_warns_once_and_uses_zero(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_bad_rank_variable_warns_once_and_uses_zero(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("RANK", "abc")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with capture_events() as events:
@@ -218,7 +219,10 @@ def test_missing_model_warns_once_naming_stage_role_and_every_path(caplog: pytes
     message = record.getMessage()
     assert record.levelno == logging.WARNING
     assert "model not resolved for stage 'actor_update' (role 'actor', step 1): observer 'dumper' needs one" in message
-    assert "actor.engine.module, actor.actor_module, actor.actor_module_fsdp, actor_module_fsdp, actor_module, module" in message
+    assert (
+        "actor.engine.module, actor.actor_module, actor.actor_module_fsdp, actor_module_fsdp, actor_module, module"
+        in message
+    )
     assert len(observer.calls) == 4  # the stage still reaches the observer
 
 

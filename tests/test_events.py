@@ -29,7 +29,13 @@ def test_ended_copies_every_field_and_adds_time_and_error() -> None:
     end = begin.ended(1.5, error)
     assert isinstance(end, StageEnd)
     assert (end.stage, end.step, end.rank, end.world_size, end.depth, end.parent, end.seq) == (
-        "actor_update", 7, 3, 4, 1, "outer", 42,
+        "actor_update",
+        7,
+        3,
+        4,
+        1,
+        "outer",
+        42,
     )
     assert end.elapsed_s == 1.5 and end.error is error
 

@@ -43,8 +43,10 @@ def test_spike_scales_the_first_linear_weight_by_default(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("keys", "message"),
-    [({"kind": "zero", "step": 2}, "option kind: 'zero' is not allowed; use one of 'nan', 'spike'"),
-     ({"kind": "nan", "step": 0}, "step: 0 is not allowed; use a step number >= 1")],
+    [
+        ({"kind": "zero", "step": 2}, "option kind: 'zero' is not allowed; use one of 'nan', 'spike'"),
+        ({"kind": "nan", "step": 0}, "step: 0 is not allowed; use a step number >= 1"),
+    ],
 )
 def test_bad_options_are_named(tmp_path: Path, keys: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -53,5 +55,7 @@ def test_bad_options_are_named(tmp_path: Path, keys: dict[str, object], message:
 
 @pytest.mark.parametrize("text", ["nan", "nan@", "nan@0", "nan@7", "zero@2", "nan@two"])
 def test_the_demo_names_a_bad_inject_value(text: str) -> None:
-    with pytest.raises(ValueError, match=rf"--inject: '{text}' is not allowed; use nan@STEP or spike@STEP with STEP from 1 to 6"):
+    with pytest.raises(
+        ValueError, match=rf"--inject: '{text}' is not allowed; use nan@STEP or spike@STEP with STEP from 1 to 6"
+    ):
         Injection.parse(text, steps=6)

@@ -34,7 +34,10 @@ def test_close_twice_is_harmless() -> None:
 
 def test_install_twice_is_an_error_naming_the_open_installation() -> None:
     with install(observers=[RecordingObserver()]):
-        with pytest.raises(RuntimeError, match=r"already installed in this process \(<Installation \[RecordingObserver\]>\); close that handle first"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"already installed in this process \(<Installation \[RecordingObserver\]>\); close that handle first",
+        ):
             install()
 
 
@@ -123,14 +126,21 @@ def claim(name: str, **selection: object) -> Observer:
 
 
 def test_two_observers_on_one_exclusive_resource_and_overlapping_stages_are_rejected() -> None:
-    with pytest.raises(verl_events.ConfigError, match=r"observers 'torch_profiler' and 'npu' both need 'kineto' \(the torch profiler's one Kineto session per process\) on overlapping stages"):
+    with pytest.raises(
+        verl_events.ConfigError,
+        match=r"observers 'torch_profiler' and 'npu' both need 'kineto' \(the torch profiler's one Kineto session per process\) on overlapping stages",
+    ):
         install(observers=[claim("torch_profiler", steps=[1, 2]), claim("npu", steps=["2-3"])])
     assert verl_events.current_installation() is None
 
 
 @pytest.mark.parametrize(
     ("first", "second"),
-    [({"steps": [1]}, {"steps": [2]}), ({"stages": ["actor_update"]}, {"stages": ["critic_update"]}), ({"ranks": [0]}, {"ranks": [1]})],
+    [
+        ({"steps": [1]}, {"steps": [2]}),
+        ({"stages": ["actor_update"]}, {"stages": ["critic_update"]}),
+        ({"ranks": [0]}, {"ranks": [1]}),
+    ],
 )
 def test_disjoint_selections_may_share_a_resource(first: dict, second: dict) -> None:  # type: ignore[type-arg]
     with install(observers=[claim("a", **first), claim("b", **second)]) as inst:
@@ -139,7 +149,10 @@ def test_disjoint_selections_may_share_a_resource(first: dict, second: dict) -> 
 
 def test_two_msprobe_observers_on_the_same_steps_are_rejected(tmp_path: Path) -> None:
     pytest.importorskip("msprobe")
-    config = {"save_path": str(tmp_path), "observers": [{"name": "msprobe", "steps": [1]}, {"name": "msprobe", "steps": [1, 2]}]}
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [{"name": "msprobe", "steps": [1]}, {"name": "msprobe", "steps": [1, 2]}],
+    }
     with pytest.raises(verl_events.ConfigError, match=r"observers 'msprobe' and 'msprobe#2' both need 'msprobe'"):
         install(config)
 
@@ -147,7 +160,9 @@ def test_two_msprobe_observers_on_the_same_steps_are_rejected(tmp_path: Path) ->
 def test_an_empty_config_file_says_nothing_will_be_observed(tmp_path: Path) -> None:
     empty = tmp_path / "observers.yaml"
     empty.write_text("")
-    with pytest.warns(VerlEventsWarning, match=rf"config '{re.escape(str(empty))}' has no observers; nothing will be observed"):
+    with pytest.warns(
+        VerlEventsWarning, match=rf"config '{re.escape(str(empty))}' has no observers; nothing will be observed"
+    ):
         verl_events.install(empty).close()
 
 

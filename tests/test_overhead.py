@@ -9,10 +9,20 @@ from verl_events.apps.overhead import overhead_table, read_timing_records
 from verl_events.observers.timing import TimingRecord
 
 
-def record(stage: str, step: int, elapsed: float, overhead: float = 0.0, dump: int = 0, rank: int = 0, by: str = "msprobe") -> TimingRecord:
+def record(
+    stage: str, step: int, elapsed: float, overhead: float = 0.0, dump: int = 0, rank: int = 0, by: str = "msprobe"
+) -> TimingRecord:
     profiled = overhead > 0 or dump > 0
-    return TimingRecord(stage=stage, step=step, rank=rank, elapsed_s=elapsed, overhead_s=overhead,
-                        profiled=profiled, profiled_by=(by,) if profiled else (), dump_bytes=dump)
+    return TimingRecord(
+        stage=stage,
+        step=step,
+        rank=rank,
+        elapsed_s=elapsed,
+        overhead_s=overhead,
+        profiled=profiled,
+        profiled_by=(by,) if profiled else (),
+        dump_bytes=dump,
+    )
 
 
 def test_overhead_is_profiled_cost_over_the_unprofiled_median() -> None:
@@ -47,7 +57,10 @@ def test_records_are_read_from_every_rank_file(tmp_path: Path) -> None:
     (tmp_path / "timing").mkdir()
     for rank in (0, 1):
         (tmp_path / f"timing/rank{rank}.jsonl").write_text(record("actor_update", 1, 1.0, rank=rank).to_json() + "\n\n")
-    assert read_timing_records(tmp_path) == [record("actor_update", 1, 1.0, rank=0), record("actor_update", 1, 1.0, rank=1)]
+    assert read_timing_records(tmp_path) == [
+        record("actor_update", 1, 1.0, rank=0),
+        record("actor_update", 1, 1.0, rank=1),
+    ]
 
 
 def test_a_corrupt_line_inside_a_log_names_file_and_line(tmp_path: Path) -> None:
@@ -59,6 +72,8 @@ def test_a_corrupt_line_inside_a_log_names_file_and_line(tmp_path: Path) -> None
 
 def test_a_cut_last_line_is_a_warning_when_no_list_collects_it(tmp_path: Path) -> None:
     (tmp_path / "timing").mkdir()
-    (tmp_path / "timing/rank0.jsonl").write_text('{"stage": "a", "step": 1, "rank": 0, "elapsed_s": 0.1, "profiled": false}\n{oops')
+    (tmp_path / "timing/rank0.jsonl").write_text(
+        '{"stage": "a", "step": 1, "rank": 0, "elapsed_s": 0.1, "profiled": false}\n{oops'
+    )
     with pytest.warns(VerlEventsWarning, match=r"rank0.jsonl:2: the last line is cut short and was skipped"):
         assert [r.stage for r in read_timing_records(tmp_path)] == ["a"]

@@ -28,7 +28,9 @@ def test_a_wheel_holds_only_verl_events_and_its_dist_info(tmp_path: Path) -> Non
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".*", "build", "outputs", "*.egg-info", "__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(source)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     (wheel,) = tmp_path.glob("verl_events-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -36,4 +38,6 @@ def test_a_wheel_holds_only_verl_events_and_its_dist_info(tmp_path: Path) -> Non
     assert {t for t in top if not t.endswith(".dist-info")} == {"verl_events"}
     assert "verl_events/observers/msprobe.py" in names and "verl_events/apps/verl_cpu/shim.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "msprobe = verl_events.observers.msprobe:MsprobeObserver" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert (
+        "msprobe = verl_events.observers.msprobe:MsprobeObserver" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )

@@ -42,7 +42,9 @@ def test_target_resolves_an_import_path_in_both_spellings() -> None:
 
 
 def test_unknown_name_lists_the_available_ones() -> None:
-    with pytest.raises(ConfigError, match=r"observers\[0\]\.name: 'nsys2' is not an installed observer; available: .*recording"):
+    with pytest.raises(
+        ConfigError, match=r"observers\[0\]\.name: 'nsys2' is not an installed observer; available: .*recording"
+    ):
         install({"observers": [{"name": "nsys2"}]})
 
 
@@ -52,7 +54,10 @@ def test_unknown_name_lists_the_available_ones() -> None:
         ("no_such_module_xyz:Thing", r"module 'no_such_module_xyz' .* failed to import: ModuleNotFoundError"),
         ("verl_events.testing:Nope", r"'verl_events.testing' has no attribute 'Nope'"),
         ("Justaname", r"'Justaname' is not an import path"),
-        ("verl_events.testing:capture_events", r"is <function capture_events.*>, not a subclass of verl_events.Observer"),
+        (
+            "verl_events.testing:capture_events",
+            r"is <function capture_events.*>, not a subclass of verl_events.Observer",
+        ),
     ],
 )
 def test_bad_targets_are_clear_errors(target: str, pattern: str) -> None:
@@ -60,10 +65,20 @@ def test_bad_targets_are_clear_errors(target: str, pattern: str) -> None:
         install({"observers": [{"_target_": target}]})
 
 
-def test_an_entry_point_that_fails_to_import_names_distribution_and_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    add_distribution(tmp_path, "broken_obs", "broken = broken_obs_mod:Broken\n", {"broken_obs_mod": "raise ImportError('needs libfoo')\n"})
+def test_an_entry_point_that_fails_to_import_names_distribution_and_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_distribution(
+        tmp_path,
+        "broken_obs",
+        "broken = broken_obs_mod:Broken\n",
+        {"broken_obs_mod": "raise ImportError('needs libfoo')\n"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match=r"entry point 'broken' \(broken_obs_mod:Broken\) of distribution 'broken_obs' failed to import: ImportError: needs libfoo"):
+    with pytest.raises(
+        ConfigError,
+        match=r"entry point 'broken' \(broken_obs_mod:Broken\) of distribution 'broken_obs' failed to import: ImportError: needs libfoo",
+    ):
         install({"observers": [{"name": "broken"}]})
 
 
@@ -93,7 +108,10 @@ def test_a_third_party_entry_point_is_a_first_class_observer(tmp_path: Path, mon
 
 
 def test_unknown_observer_options_list_the_allowed_ones() -> None:
-    with pytest.raises(ConfigError, match=r"observers\[0\] \(recording\): unknown option 'timing'; RecordingObserver takes timings, fail_on, and every observer takes name, steps, stages, roles, ranks, priority, enabled"):
+    with pytest.raises(
+        ConfigError,
+        match=r"observers\[0\] \(recording\): unknown option 'timing'; RecordingObserver takes timings, fail_on, and every observer takes name, steps, stages, roles, ranks, priority, enabled",
+    ):
         install({"observers": [{"name": "recording", "timing": True}]})
 
 
@@ -110,13 +128,18 @@ class BadOption(verl_events.Observer):
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_an_observer_whose_init_raises_is_named_at_install(strict: bool) -> None:
-    with pytest.raises(ObserverSetupError, match=r"observers\[0\] \(tests.test_registry:ExplodingInit\) could not be created: OSError: device busy"):
+    with pytest.raises(
+        ObserverSetupError,
+        match=r"observers\[0\] \(tests.test_registry:ExplodingInit\) could not be created: OSError: device busy",
+    ):
         install({"strict": strict, "observers": [{"_target_": "tests.test_registry:ExplodingInit"}]})
     assert verl_events.current_installation() is None
 
 
 def test_a_config_error_from_an_observer_keeps_its_type_and_gains_its_location() -> None:
-    with pytest.raises(ConfigError, match=r"observers\[0\] \(tests.test_registry:BadOption\): level: 'L9' is not allowed"):
+    with pytest.raises(
+        ConfigError, match=r"observers\[0\] \(tests.test_registry:BadOption\): level: 'L9' is not allowed"
+    ):
         install({"observers": [{"_target_": "tests.test_registry:BadOption", "level": "L9"}]})
 
 
@@ -136,7 +159,18 @@ class Options(verl_events.Observer):
         anything: Any = None,
         untyped=None,  # type: ignore[no-untyped-def]
     ) -> None:
-        self.given = dict(flag=flag, count=count, ratio=ratio, label=label, names=names, level=level, limit=limit, pair=pair, anything=anything, untyped=untyped)
+        self.given = dict(
+            flag=flag,
+            count=count,
+            ratio=ratio,
+            label=label,
+            names=names,
+            level=level,
+            limit=limit,
+            pair=pair,
+            anything=anything,
+            untyped=untyped,
+        )
 
 
 class ForwardOnly(verl_events.Observer):
@@ -197,12 +231,16 @@ def test_an_option_whose_annotation_cannot_be_resolved_is_not_checked_and_the_ot
 
 def test_a_builtin_observers_options_are_checked_the_same_way(tmp_path: Path) -> None:
     config = {"save_path": str(tmp_path), "observers": [{"name": "recording"}, {"name": "timing", "console": "no"}]}
-    with pytest.raises(ConfigError, match=r"^observers\[1\] \(timing\): option console: 'no' is not allowed; use true or false$"):
+    with pytest.raises(
+        ConfigError, match=r"^observers\[1\] \(timing\): option console: 'no' is not allowed; use true or false$"
+    ):
         install(config)
     assert verl_events.current_installation() is None
 
 
-def test_a_third_party_entry_points_options_are_checked_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_third_party_entry_points_options_are_checked_the_same_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     add_distribution(
         tmp_path,
         "typed_obs",
@@ -220,12 +258,16 @@ def test_a_third_party_entry_points_options_are_checked_the_same_way(tmp_path: P
         },
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match=r"^observers\[0\] \(typed\): option mode: 'slow' is not allowed; use one of 'fast', 'full'$"):
+    with pytest.raises(
+        ConfigError, match=r"^observers\[0\] \(typed\): option mode: 'slow' is not allowed; use one of 'fast', 'full'$"
+    ):
         install({"observers": [{"name": "typed", "mode": "slow"}]})
     with install({"observers": [{"name": "typed", "mode": "full", "every": 2}]}) as inst:
         assert (inst.observers[0].mode, inst.observers[0].every) == ("full", 2)  # type: ignore[attr-defined]
 
 
 def test_unknown_options_are_refused_before_any_value_is_checked() -> None:
-    with pytest.raises(ConfigError, match=r"\(tests.test_registry:Options\): unknown option 'levle'; Options takes flag, count"):
+    with pytest.raises(
+        ConfigError, match=r"\(tests.test_registry:Options\): unknown option 'levle'; Options takes flag, count"
+    ):
         build_options(levle="L9", flag="no")

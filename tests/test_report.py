@@ -7,10 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from verl_events.observers.timing import rank_bytes
 from verl_events.apps.cli import main
+from verl_events.observers.timing import rank_bytes
 
-STAGES = {"rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update"}
+STAGES = {
+    "rollout_generate",
+    "ref_compute_log_prob",
+    "actor_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "actor_update",
+}
 
 
 def report_json(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> dict:  # type: ignore[type-arg]
@@ -18,7 +25,9 @@ def report_json(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> di
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
 
 
-def test_a_two_rank_run_reports_every_stage_of_every_step(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_two_rank_run_reports_every_stage_of_every_step(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     run = demo_runs["two_ranks"]
     result = report_json(capsys, run)
     assert result["ranks"] == [0, 1] and result["records"] == 2 * 3 * 6
@@ -32,10 +41,16 @@ def test_a_two_rank_run_reports_every_stage_of_every_step(demo_runs: dict[str, P
             assert row["dump_bytes"] == rank_bytes(stage_dir, 0) + rank_bytes(stage_dir, 1) > 0
         else:
             assert row["dump_bytes"] == 0 and row["ratio"] is None
-    assert {o["stage"] for o in result["overhead"] if o["profiled_by"]} == {"actor_compute_log_prob", "ref_compute_log_prob", "actor_update"}
+    assert {o["stage"] for o in result["overhead"] if o["profiled_by"]} == {
+        "actor_compute_log_prob",
+        "ref_compute_log_prob",
+        "actor_update",
+    }
 
 
-def test_the_table_shows_the_slowest_rank_with_several_ranks(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_table_shows_the_slowest_rank_with_several_ranks(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["report", str(demo_runs["two_ranks"])]) == 0
     out = capsys.readouterr().out
     assert "Stages by step" in out and "slowest" in out and "spread" in out and "rank" in out
@@ -48,7 +63,9 @@ def test_plot_writes_a_png(demo_runs: dict[str, Path], capsys: pytest.CaptureFix
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
 
 
-def test_trace_has_a_track_per_rank_and_hooks_inside_each_stage(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_trace_has_a_track_per_rank_and_hooks_inside_each_stage(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     trace_path = tmp_path / "trace.json"
     assert main(["report", str(demo_runs["two_ranks"]), "--trace", str(trace_path), "--quiet"]) == 0
     events = json.loads(trace_path.read_text())["traceEvents"]
@@ -57,8 +74,15 @@ def test_trace_has_a_track_per_rank_and_hooks_inside_each_stage(demo_runs: dict[
     stages = [e for e in events if e["ph"] == "X" and e["name"] in STAGES]
     assert len(stages) == 36
     dumped = next(e for e in stages if e["name"] == "actor_update" and e["args"]["step"] == 1 and e["pid"] == 1)
-    inside = [e for e in events if e["ph"] == "X" and e["pid"] == 1 and e["name"] not in STAGES
-              and dumped["ts"] <= e["ts"] and e["ts"] + e["dur"] <= dumped["ts"] + dumped["dur"] + 1]
+    inside = [
+        e
+        for e in events
+        if e["ph"] == "X"
+        and e["pid"] == 1
+        and e["name"] not in STAGES
+        and dumped["ts"] <= e["ts"]
+        and e["ts"] + e["dur"] <= dumped["ts"] + dumped["dur"] + 1
+    ]
     assert [e["name"] for e in inside] == ["timing begin", "msprobe begin", "body", "msprobe end", "timing end"]
 
 
@@ -76,7 +100,9 @@ def report_json_and_warnings(capsys: pytest.CaptureFixture[str], run: Path) -> t
 
 
 def record(step: int, run: str = "r1") -> str:
-    return json.dumps({"run": run, "stage": "actor_update", "step": step, "rank": 0, "elapsed_s": 0.01 * step, "profiled": False})
+    return json.dumps(
+        {"run": run, "stage": "actor_update", "step": step, "rank": 0, "elapsed_s": 0.01 * step, "profiled": False}
+    )
 
 
 def write_log(run: Path, *lines: str, end: str = "\n") -> None:
@@ -97,7 +123,9 @@ def test_a_damaged_line_inside_a_log_names_file_and_line(tmp_path: Path, capsys:
     assert "rank0.jsonl:2 is not a JSON line" in capsys.readouterr().err
 
 
-def test_lines_that_are_not_stage_records_are_skipped_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_lines_that_are_not_stage_records_are_skipped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_log(tmp_path, record(1), '{"event": "something else"}', "[1, 2]")
     result, warnings = report_json_and_warnings(capsys, tmp_path)
     assert result["records"] == 1
@@ -110,16 +138,24 @@ def test_a_log_holding_two_runs_is_reported_with_a_warning(tmp_path: Path, capsy
     assert "the timing logs hold records of 2 runs (first, second); their figures are mixed" in warnings
 
 
-def test_outputs_go_into_directories_that_do_not_exist_yet(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_outputs_go_into_directories_that_do_not_exist_yet(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     trace = tmp_path / "new/deeper/trace.json"
     assert main(["report", str(demo_runs["a"]), "--trace", str(trace), "--quiet"]) == 0
     assert json.loads(trace.read_text())["traceEvents"]
 
 
-def test_each_observers_own_hook_time_is_shown_per_stage(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_each_observers_own_hook_time_is_shown_per_stage(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     result = report_json(capsys, demo_runs["a"])
     hooks = {(row["observer"], row["stage"]): row for row in result["observer_hooks"]}
-    assert {stage for observer, stage in hooks if observer == "msprobe"} == {"actor_compute_log_prob", "ref_compute_log_prob", "actor_update"}
+    assert {stage for observer, stage in hooks if observer == "msprobe"} == {
+        "actor_compute_log_prob",
+        "ref_compute_log_prob",
+        "actor_update",
+    }
     assert {stage for observer, stage in hooks if observer == "timing"} == STAGES
     msprobe = hooks[("msprobe", "actor_update")]
     assert msprobe["n"] == 2 and 0 < msprobe["median_s"] <= msprobe["max_s"]
@@ -127,17 +163,26 @@ def test_each_observers_own_hook_time_is_shown_per_stage(demo_runs: dict[str, Pa
     assert "Each observer's own hook time per stage" in capsys.readouterr().out
 
 
-def test_an_incomplete_session_is_named(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_an_incomplete_session_is_named(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     import shutil
 
     cut = tmp_path / "cut"
     shutil.copytree(demo_runs["a"], cut)
-    (cut / "step_1/actor_update/step0/rank0/session.incomplete").write_text("cut off during step 1 actor_update (rank 0)\n")
+    (cut / "step_1/actor_update/step0/rank0/session.incomplete").write_text(
+        "cut off during step 1 actor_update (rank 0)\n"
+    )
     _, warnings = report_json_and_warnings(capsys, cut)
-    assert "step_1/actor_update/step0/rank0 is an incomplete msprobe session: cut off during step 1 actor_update (rank 0)" in warnings
+    assert (
+        "step_1/actor_update/step0/rank0 is an incomplete msprobe session: cut off during step 1 actor_update (rank 0)"
+        in warnings
+    )
 
 
-def test_plot_without_matplotlib_names_the_extra(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_names_the_extra(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without it gives

@@ -58,12 +58,16 @@ def test_a_made_up_id_is_inherited_by_the_processes_this_one_starts() -> None:
     assert mine.startswith("run-") and run_id() == mine
     child = subprocess.run(
         [sys.executable, "-c", "from verl_events._run import run_id; print(run_id())"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert child.stdout.strip() == mine
 
 
-def test_files_of_another_run_are_refused_and_this_runs_are_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_files_of_another_run_are_refused_and_this_runs_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "a")
     claim_save_path(tmp_path, [])
     dump = tmp_path / "step_1/actor_update/step0/rank0"
@@ -76,7 +80,9 @@ def test_files_of_another_run_are_refused_and_this_runs_are_not(tmp_path: Path, 
         refuse_other_runs(tmp_path, [dump], "dumps")
 
 
-def test_a_stale_claim_is_replaced_and_an_unreadable_one_names_no_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stale_claim_is_replaced_and_an_unreadable_one_names_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stale: made before this process started, by a run that wrote nothing here."""
     (tmp_path / RUN_FILE).write_text('{"run_id": "old"}')
     os.utime(tmp_path / RUN_FILE, (1_000_000_000, 1_000_000_000))
@@ -88,7 +94,9 @@ def test_a_stale_claim_is_replaced_and_an_unreadable_one_names_no_run(tmp_path: 
     assert owner_of(tmp_path) is None
 
 
-def test_the_first_claim_wins_over_a_run_started_beside_it_or_holding_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_claim_wins_over_a_run_started_beside_it_or_holding_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "first")
     claim_save_path(tmp_path, [])
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "second")

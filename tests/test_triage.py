@@ -62,7 +62,12 @@ def msprobe_run(save_path: Path, level: str, steps: list[int]) -> Iterator[None]
     config = write_msprobe_config(save_path.parent / f"{save_path.name}-msprobe.json", level=level)
     saved = os.environ.pop(RUN_ID_ENV, None)
     try:
-        with verl_events.install({"save_path": str(save_path), "observers": [{"name": "msprobe", "config_path": str(config), "steps": steps}]}):
+        with verl_events.install(
+            {
+                "save_path": str(save_path),
+                "observers": [{"name": "msprobe", "config_path": str(config), "steps": steps}],
+            }
+        ):
             yield
     finally:
         os.environ.pop(RUN_ID_ENV, None)
@@ -98,7 +103,9 @@ def write_anomalies(run: Path, *events: AnomalyEvent, extra: str = "") -> Path:
 
 
 def loss_nan(step: int = 1, rank: int = 0) -> AnomalyEvent:
-    return AnomalyEvent(step=step, stage=STAGE, rank=rank, metric="loss", value=math.nan, rule="non_finite", detail="loss is NaN")
+    return AnomalyEvent(
+        step=step, stage=STAGE, rank=rank, metric="loss", value=math.nan, rule="non_finite", detail="loss is NaN"
+    )
 
 
 def grad_norm_spike(step: int = 2) -> AnomalyEvent:
@@ -141,7 +148,11 @@ def test_a_nan_weight_is_traced_to_the_first_non_finite_op_with_module_parameter
     # mix names the API call inside fc1, L0 the module itself.
     assert op["op"] == ("Functional.linear.0.forward" if level == "mix" else "Module.fc1.Linear.forward.0")
     assert (op["module"], op["module_entry"], op["parameter"]) == ("fc1", "Module.fc1.Linear.forward.0", "fc1.weight")
-    assert op["source"]["file"] == __file__ and op["source"]["line"] == forward_line() and op["source"]["function"] == "forward"
+    assert (
+        op["source"]["file"] == __file__
+        and op["source"]["line"] == forward_line()
+        and op["source"]["function"] == "forward"
+    )
     # It is the first non-finite entry in dump.json's order, and not the only one.
     entries = json.loads((dump / "dump.json").read_text())["data"]
     bad = [name for name, entry in entries.items() if not all(math.isfinite(v) for v in _statistics(entry))]
@@ -158,7 +169,9 @@ def _statistics(value: object) -> list[float]:
     return []
 
 
-def test_mix_names_the_weight_the_linear_read_among_its_non_finite_parts(nan_run: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_mix_names_the_weight_the_linear_read_among_its_non_finite_parts(
+    nan_run: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     level, run = nan_run
     op = triage_json(run, capsys)["op"]
     assert isinstance(op, dict)
@@ -166,7 +179,9 @@ def test_mix_names_the_weight_the_linear_read_among_its_non_finite_parts(nan_run
     assert op["parts"] == expected
 
 
-def test_triage_prints_the_anomaly_the_op_and_its_source_line(nan_run: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_triage_prints_the_anomaly_the_op_and_its_source_line(
+    nan_run: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     run = nan_run[1]
     assert main(["triage", str(run)]) == 1
     out = capsys.readouterr().out
@@ -175,15 +190,27 @@ def test_triage_prints_the_anomaly_the_op_and_its_source_line(nan_run: tuple[str
     assert "first in execution order with a NaN/Inf" in out
     assert "module  fc1 (Module.fc1.Linear.forward.0)" in out
     assert "param   fc1.weight" in out
-    assert f"source  {__file__}:{forward_line()} in forward: out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))" in out
+    assert (
+        f"source  {__file__}:{forward_line()} in forward: out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))" in out
+    )
 
 
-def test_json_has_one_shape_for_every_outcome(nan_run: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_has_one_shape_for_every_outcome(
+    nan_run: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     keys = {"run", "anomalies", "anomaly", "found", "dump", "healthy_dump", "op", "reason", "notes", "warnings"}
     found = triage_json(nan_run[1], capsys)
     assert set(found) == keys and found["found"] is True and found["anomalies"] == 1 and found["reason"] is None
     assert isinstance(found["op"], dict) and set(found["op"]) == {
-        "op", "parts", "module", "module_entry", "parameter", "source", "factor", "parameter_factor", "largest"
+        "op",
+        "parts",
+        "module",
+        "module_entry",
+        "parameter",
+        "source",
+        "factor",
+        "parameter_factor",
+        "largest",
     }
     assert found["anomaly"] == dict(loss_nan().as_record(), run=owner_of(nan_run[1]), time=1.0, line=1)
     nothing = triage_json(tmp_path, capsys, expect=0)
@@ -208,7 +235,9 @@ def test_later_anomalies_are_counted_and_the_earliest_is_triaged(
     assert "anomaly step 1 actor_update" in out and "(1 more recorded, step(s) 2; the first is triaged)" in out
 
 
-def test_a_spike_names_the_scaled_layer_against_the_last_healthy_dump(spike_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_spike_names_the_scaled_layer_against_the_last_healthy_dump(
+    spike_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     result = triage_json(spike_run, capsys)
     assert result["healthy_dump"] == str(spike_run / "step_1" / STAGE / "step0" / "rank0")
     assert result["dump"] == str(spike_run / "step_3" / STAGE / "step0" / "rank0")
@@ -307,7 +336,9 @@ def test_at_l1_a_near_zero_kl_does_not_outweigh_the_layer_where_the_jump_entered
     assert op["source"]["file"] == __file__ and op["source"]["line"] == policy_line()
 
 
-def test_a_spike_without_a_parameter_jump_names_the_op_whose_output_moved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_spike_without_a_parameter_jump_names_the_op_whose_output_moved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = write_anomalies(record_run(tmp_path / "run", "mix", [1, 3], {3: "input"}), grad_norm_spike())
     op = triage_json(run, capsys)["op"]
     assert isinstance(op, dict)
@@ -317,7 +348,9 @@ def test_a_spike_without_a_parameter_jump_names_the_op_whose_output_moved(tmp_pa
     assert "op      Functional.linear.0.forward  (output.0 norm x" in capsys.readouterr().out
 
 
-def test_a_spike_without_an_earlier_dump_of_its_stage_names_no_op(spike_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_spike_without_an_earlier_dump_of_its_stage_names_no_op(
+    spike_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = copy_run(spike_run, tmp_path)
     shutil.rmtree(run / "step_1")
     assert main(["triage", str(run)]) == 1
@@ -334,10 +367,15 @@ def test_a_non_finite_anomaly_whose_dumps_hold_no_nan_says_it_did_not_recur(
     run = write_anomalies(copy_run(spike_run, tmp_path), loss_nan(step=2))
     result = triage_json(run, capsys)
     assert result["op"] is None
-    assert result["reason"] == "none of the 1 dump(s) after step 2 (steps 3) holds a NaN or Inf: the non-finite value did not recur in the dumped stages"
+    assert (
+        result["reason"]
+        == "none of the 1 dump(s) after step 2 (steps 3) holds a NaN or Inf: the non-finite value did not recur in the dumped stages"
+    )
 
 
-def test_an_anomaly_without_dumps_after_it_is_printed_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_anomaly_without_dumps_after_it_is_printed_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_anomalies(tmp_path, loss_nan(step=4))
     assert main(["triage", str(tmp_path)]) == 1
     out = capsys.readouterr().out
@@ -381,7 +419,10 @@ def test_the_user_frame_is_the_first_outside_torch_msprobe_and_the_stdlib() -> N
         "File /work/train.py, line 9, in main, \n model(x)",
     ]
     assert user_frame(frames) == {
-        "file": f"{site}/transformers/models/llama/modeling_llama.py", "line": 200, "function": "forward", "code": "x = self.up(x)"
+        "file": f"{site}/transformers/models/llama/modeling_llama.py",
+        "line": 200,
+        "function": "forward",
+        "code": "x = self.up(x)",
     }
     assert is_library_frame(f"{site}/msprobe/pytorch/hook.py") and is_library_frame("<frozen runpy>")
     assert not is_library_frame("/home/me/torch/train.py")

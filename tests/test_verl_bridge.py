@@ -23,8 +23,8 @@ from verl.utils.profiler.config import TorchProfilerToolConfig
 import verl_events
 from verl_events import ConfigError, StageEnd, VerlEventsWarning
 from verl_events.config import load_config
-from verl_events.verl_bridge import VerlBridgeError, install_verl_bridge, uninstall_verl_bridge
 from verl_events.testing import RecordingObserver, capture_events
+from verl_events.verl_bridge import VerlBridgeError, install_verl_bridge, uninstall_verl_bridge
 
 from .observers.support import write_msprobe_config
 from .verl_workers import ActorRolloutRefWorker, CriticWorker, batch, train_step
@@ -141,7 +141,9 @@ def test_bridged_worker_classes_pickle_for_ray_and_emit_where_they_land(bridge: 
 
     recorder = RecordingObserver()
     with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}, observers=[recorder]):
-        colocated = create_colocated_worker_cls({"actor_rollout": RayClassWithInitArgs(cls=ray.remote(engine_workers.ActorRolloutRefWorker))})
+        colocated = create_colocated_worker_cls(
+            {"actor_rollout": RayClassWithInitArgs(cls=ray.remote(engine_workers.ActorRolloutRefWorker))}
+        )
         cloudpickle.dumps(colocated.cls.__ray_metadata__.modified_class)
         mine = ray.remote(local_worker_class())
         copy = cloudpickle.loads(cloudpickle.dumps(mine.__ray_metadata__.modified_class))
@@ -185,12 +187,23 @@ def test_the_stage_runs_once_whatever_the_observers_do(bridge: None) -> None:
     broken = RecordingObserver(fail_on="begin")
     with verl_events.install(observers=[broken]):
         train_step(actor, None, 1, profiled=True)
-    assert actor.call_counts() == {"generate_sequences": 1, "compute_ref_log_prob": 1, "compute_log_prob": 1, "update_actor": 1}
+    assert actor.call_counts() == {
+        "generate_sequences": 1,
+        "compute_ref_log_prob": 1,
+        "compute_log_prob": 1,
+        "update_actor": 1,
+    }
     assert len(broken.calls) == 8
 
 
 def test_verls_own_profiler_keeps_working_beside_the_bridge(bridge: None, tmp_path: Path) -> None:
-    config = ProfilerConfig(tool="torch", enable=True, all_ranks=True, save_path=str(tmp_path), tool_config=TorchProfilerToolConfig(discrete=True))
+    config = ProfilerConfig(
+        tool="torch",
+        enable=True,
+        all_ranks=True,
+        save_path=str(tmp_path),
+        tool_config=TorchProfilerToolConfig(discrete=True),
+    )
     actor = ActorRolloutRefWorker(profiler=DistProfiler(rank=0, config=config, tool_config=config.tool_config))
     with capture_events() as events:
         actor.start_profile(role="train", profile_step=1)
@@ -201,10 +214,15 @@ def test_verls_own_profiler_keeps_working_beside_the_bridge(bridge: None, tmp_pa
 
 
 @pytest.mark.parametrize(("owner", "name"), [(DistProfiler, "stop"), (verl_profiler, "DistProfilerExtension")])
-def test_a_verl_without_what_the_bridge_needs_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
+def test_a_verl_without_what_the_bridge_needs_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str
+) -> None:
     monkeypatch.delattr(owner, name)
     version = re.escape(verl.__version__)
-    with pytest.raises(VerlBridgeError, match=rf"verl {version} lacks verl\.utils\.profiler\.(DistProfiler\.)?{name}, which the verl_events bridge relies on"):
+    with pytest.raises(
+        VerlBridgeError,
+        match=rf"verl {version} lacks verl\.utils\.profiler\.(DistProfiler\.)?{name}, which the verl_events bridge relies on",
+    ):
         install_verl_bridge()
     assert not verl_events.verl_bridge.verl_bridge_installed()
 
@@ -235,7 +253,9 @@ actor_rollout_ref:
 """
 
 
-def test_the_guides_minimal_example_writes_the_guides_output_layout(bridge: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_guides_minimal_example_writes_the_guides_output_layout(
+    bridge: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "verl.yaml"
     config.write_text(GUIDE_MINIMAL_EXAMPLE.format(config_path=write_msprobe_config(tmp_path / "dump_config.json")))
@@ -250,31 +270,52 @@ def test_the_guides_minimal_example_writes_the_guides_output_layout(bridge: None
 
 def test_roles_not_enabled_are_not_observed_and_rollout_is_skipped(bridge: None, tmp_path: Path) -> None:
     raw = {
-        "global_profiler": {"tool": "precision_debugger", "steps": [1], "save_path": str(tmp_path / "p"),
-                            "global_tool_config": {"precision_debugger": {"config_path": None, "stages": None}}},
-        "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}, "ref": {"profiler": {"enable": False}},
-                              "rollout": {"profiler": {"enable": True}}},
+        "global_profiler": {
+            "tool": "precision_debugger",
+            "steps": [1],
+            "save_path": str(tmp_path / "p"),
+            "global_tool_config": {"precision_debugger": {"config_path": None, "stages": None}},
+        },
+        "actor_rollout_ref": {
+            "actor": {"profiler": {"enable": True}},
+            "ref": {"profiler": {"enable": False}},
+            "rollout": {"profiler": {"enable": True}},
+        },
         "critic": {"profiler": {"enable": False}},
         "trainer": {"total_epochs": 1},  # the rest of a verl config is verl's business
     }
     with verl_events.install(raw):
         train_step(ActorRolloutRefWorker(), CriticWorker(), 1, profiled=True)
-    assert dumps_under(tmp_path / "p") == [f"step_1/{stage}/step0/rank0/dump.json" for stage in ("actor_compute_log_prob", "actor_update")]
+    assert dumps_under(tmp_path / "p") == [
+        f"step_1/{stage}/step0/rank0/dump.json" for stage in ("actor_compute_log_prob", "actor_update")
+    ]
 
 
 def test_deprecated_precision_debugger_steps_warns_as_verl_does(tmp_path: Path) -> None:
-    raw = {"global_profiler": {"tool": "precision_debugger", "steps": [1], "save_path": str(tmp_path),
-                               "global_tool_config": {"precision_debugger": {"steps": [1, 2]}}},
-           "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}}
+    raw = {
+        "global_profiler": {
+            "tool": "precision_debugger",
+            "steps": [1],
+            "save_path": str(tmp_path),
+            "global_tool_config": {"precision_debugger": {"steps": [1, 2]}},
+        },
+        "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}},
+    }
     with pytest.warns(VerlEventsWarning, match="precision_debugger.steps is deprecated and ignored, as in verl"):
         config = load_config(raw)
     assert config.observers[0].selection.steps == {1}
 
 
 def test_rollout_generate_in_stages_is_dropped_with_a_warning(tmp_path: Path) -> None:
-    raw = {"global_profiler": {"tool": "precision_debugger", "steps": [1], "save_path": str(tmp_path),
-                               "global_tool_config": {"precision_debugger": {"stages": ["rollout_generate", "actor_update"]}}},
-           "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}}
+    raw = {
+        "global_profiler": {
+            "tool": "precision_debugger",
+            "steps": [1],
+            "save_path": str(tmp_path),
+            "global_tool_config": {"precision_debugger": {"stages": ["rollout_generate", "actor_update"]}},
+        },
+        "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}},
+    }
     with pytest.warns(VerlEventsWarning, match="rollout_generate is skipped, as in verl"):
         config = load_config(raw)
     assert config.observers[0].selection.stages == {"actor_update"}
@@ -282,23 +323,43 @@ def test_rollout_generate_in_stages_is_dropped_with_a_warning(tmp_path: Path) ->
 
 @pytest.mark.parametrize("tool", ["torch_memory", "nsight"])
 def test_tools_without_an_observer_are_a_clear_error(tool: str) -> None:
-    with pytest.raises(ConfigError, match=rf"global_profiler.tool: '{tool}' has no verl_events observer; supported: precision_debugger, nsys, npu, torch"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"global_profiler.tool: '{tool}' has no verl_events observer; supported: precision_debugger, nsys, npu, torch",
+    ):
         load_config({"global_profiler": {"tool": tool, "steps": [1]}})
 
 
 def test_null_steps_profile_nothing_as_in_verl() -> None:
     with pytest.warns(VerlEventsWarning, match="global_profiler.steps is null, so precision_debugger profiles nothing"):
-        config = load_config({"global_profiler": {"tool": "precision_debugger", "steps": None},
-                                          "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}}})
+        config = load_config(
+            {
+                "global_profiler": {"tool": "precision_debugger", "steps": None},
+                "actor_rollout_ref": {"actor": {"profiler": {"enable": True}}},
+            }
+        )
     assert config.observers == ()
 
 
 def test_verl_torch_tool_maps_to_our_torch_profiler_with_verls_rank_rule() -> None:
-    raw = {"global_profiler": {"tool": "torch", "steps": [2]},
-           "actor_rollout_ref": {"actor": {"profiler": {"enable": True, "ranks": [1], "tool_config": {"torch": {"contents": ["cpu"], "discrete": True}}}}},
-           "observers": [{"name": "timing"}]}
+    raw = {
+        "global_profiler": {"tool": "torch", "steps": [2]},
+        "actor_rollout_ref": {
+            "actor": {
+                "profiler": {
+                    "enable": True,
+                    "ranks": [1],
+                    "tool_config": {"torch": {"contents": ["cpu"], "discrete": True}},
+                }
+            }
+        },
+        "observers": [{"name": "timing"}],
+    }
     torch_profiler, timing = load_config(raw).observers
-    assert torch_profiler.name == "torch_profiler" and dict(torch_profiler.options) == {"contents": ["cpu"], "discrete": True}
+    assert torch_profiler.name == "torch_profiler" and dict(torch_profiler.options) == {
+        "contents": ["cpu"],
+        "discrete": True,
+    }
     assert torch_profiler.selection.ranks == {1} and torch_profiler.selection.roles == {"actor"}
     assert timing.name == "timing"
 
@@ -342,20 +403,30 @@ def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> Non
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = subprocess.run([sys.executable, "two_ranks.py", str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "two_ranks.py", str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert dumps_under(tmp_path / "outputs/profile") == sorted(
-        f"step_{step}/{stage}/step0/rank{rank}/dump.json" for step in (1, 2) for stage in GUIDE_STAGES for rank in (0, 1)
+        f"step_{step}/{stage}/step0/rank{rank}/dump.json"
+        for step in (1, 2)
+        for stage in GUIDE_STAGES
+        for rank in (0, 1)
     )
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
+)
 def test_ray_actors_are_bridged_by_the_documented_switch_alone(tmp_path: Path) -> None:
     import ray
 
     config = tmp_path / "verl.yaml"
-    config.write_text(GUIDE_MINIMAL_EXAMPLE.replace("  steps: [1, 2]", f"  steps: [1, 2]\n  save_path: {tmp_path / 'profile'}")
-                      .format(config_path=write_msprobe_config(tmp_path / "dump_config.json")))
+    config.write_text(
+        GUIDE_MINIMAL_EXAMPLE.replace(
+            "  steps: [1, 2]", f"  steps: [1, 2]\n  save_path: {tmp_path / 'profile'}"
+        ).format(config_path=write_msprobe_config(tmp_path / "dump_config.json"))
+    )
     runtime_env = {
         # The switch docs/verl.md documents: a setup hook and the config's path.
         "worker_process_setup_hook": "verl_events.verl_bridge.setup_worker",
@@ -366,7 +437,10 @@ def test_ray_actors_are_bridged_by_the_documented_switch_alone(tmp_path: Path) -
         from .verl_workers import ActorRolloutRefWorker as Worker
 
         # verl's RayWorkerGroup gives each worker its RANK the same way.
-        actors = [ray.remote(Worker).options(runtime_env={"env_vars": {"RANK": str(rank)}}).remote(rank=rank) for rank in (0, 1)]
+        actors = [
+            ray.remote(Worker).options(runtime_env={"env_vars": {"RANK": str(rank)}}).remote(rank=rank)
+            for rank in (0, 1)
+        ]
         for step in (1, 2, 3):
             profiled = step in (1, 2)
             if profiled:
@@ -381,9 +455,14 @@ def test_ray_actors_are_bridged_by_the_documented_switch_alone(tmp_path: Path) -
         counts = ray.get([a.call_counts.remote() for a in actors])
     finally:
         ray.shutdown()
-    assert counts == [{"generate_sequences": 3, "compute_ref_log_prob": 3, "compute_log_prob": 3, "update_actor": 3}] * 2
+    assert (
+        counts == [{"generate_sequences": 3, "compute_ref_log_prob": 3, "compute_log_prob": 3, "update_actor": 3}] * 2
+    )
     assert dumps_under(tmp_path / "profile") == sorted(
-        f"step_{step}/{stage}/step0/rank{rank}/dump.json" for step in (1, 2) for stage in GUIDE_STAGES for rank in (0, 1)
+        f"step_{step}/{stage}/step0/rank{rank}/dump.json"
+        for step in (1, 2)
+        for stage in GUIDE_STAGES
+        for rank in (0, 1)
     )
 
 
@@ -397,6 +476,7 @@ def test_a_subclass_hook_verl_defines_is_kept_and_restored(monkeypatch: pytest.M
     monkeypatch.setattr(verl_profiler.DistProfilerExtension, "__init_subclass__", hook, raising=False)
     install_verl_bridge()
     try:
+
         class Later(verl_profiler.DistProfilerExtension):  # type: ignore[misc]
             @DistProfiler.annotate(role="actor_update")
             def update_actor(self) -> None: ...
@@ -409,7 +489,11 @@ def test_a_subclass_hook_verl_defines_is_kept_and_restored(monkeypatch: pytest.M
 
 
 def test_verls_form_is_checked_like_ours_and_a_string_is_not_a_bool() -> None:
-    raw = {"global_profiler": {"tool": "torch", "steps": [2]},
-           "actor_rollout_ref": {"actor": {"profiler": {"enable": True, "tool_config": {"torch": {"discrete": "no"}}}}}}
-    with pytest.raises(ConfigError, match=r"\(torch_profiler\): option discrete: 'no' is not allowed; use true or false"):
+    raw = {
+        "global_profiler": {"tool": "torch", "steps": [2]},
+        "actor_rollout_ref": {"actor": {"profiler": {"enable": True, "tool_config": {"torch": {"discrete": "no"}}}}},
+    }
+    with pytest.raises(
+        ConfigError, match=r"\(torch_profiler\): option discrete: 'no' is not allowed; use true or false"
+    ):
         verl_events.install(raw)

@@ -47,7 +47,9 @@ def test_the_variable_alone_installs_the_bridge_and_the_observers(tmp_path: Path
         ("observers:\n  - name: no_such_tool\n", "no_such_tool"),
     ],
 )
-def test_a_bad_config_stops_the_process_at_import_with_one_line(tmp_path: Path, content: str | None, reason: str) -> None:
+def test_a_bad_config_stops_the_process_at_import_with_one_line(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
     """verl's loader swallows a plugin's Exception; ours must still stop the process."""
     config = tmp_path / "observers.yaml"
     if content is not None:

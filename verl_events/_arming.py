@@ -68,7 +68,9 @@ def parse_trigger(entry: Any, where: str) -> Trigger | None:
             "(how many steps to capture after each anomaly)"
         )
     max_captures = entry.get("max_captures", DEFAULT_MAX_CAPTURES)
-    if max_captures is not None and (isinstance(max_captures, bool) or not isinstance(max_captures, int) or max_captures < 1):
+    if max_captures is not None and (
+        isinstance(max_captures, bool) or not isinstance(max_captures, int) or max_captures < 1
+    ):
         raise ConfigError(
             f"{where}.max_captures: {max_captures!r} is not allowed; use an integer >= 1, or null for no limit"
         )

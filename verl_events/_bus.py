@@ -42,9 +42,7 @@ from ._observer import Observer
 logger = logging.getLogger("verl_events")
 
 signals = Namespace()
-stage_begin = signals.signal(
-    "stage_begin", doc="Sent with the stage name as sender and event=StageEvent."
-)
+stage_begin = signals.signal("stage_begin", doc="Sent with the stage name as sender and event=StageEvent.")
 stage_end = signals.signal("stage_end", doc="Sent with the stage name as sender and event=StageEnd.")
 
 
@@ -188,7 +186,9 @@ class Dispatcher:
             event=event,
             observers=tuple(o.name for o in frame.delivered),
             passive=frozenset(o.name for o in frame.delivered if o.passive),
-            hook_seconds=MappingProxyType({name: begin.get(name, 0.0) + end.get(name, 0.0) for name in begin.keys() | end.keys()}),
+            hook_seconds=MappingProxyType(
+                {name: begin.get(name, 0.0) + end.get(name, 0.0) for name in begin.keys() | end.keys()}
+            ),
             begin_seconds=MappingProxyType(begin),
             end_seconds=MappingProxyType(end),
             enclosing=frame.enclosing,
@@ -227,9 +227,7 @@ class Dispatcher:
     def _candidates(self, stage: str) -> tuple[Observer, ...]:
         found = self._by_stage.get(stage)
         if found is None:
-            found = tuple(
-                o for o in self.observers if o.selection.stages is None or stage in o.selection.stages
-            )
+            found = tuple(o for o in self.observers if o.selection.stages is None or stage in o.selection.stages)
             self._by_stage[stage] = found
         return found
 

@@ -95,8 +95,7 @@ def read_config(source: Any) -> dict[str, Any]:
     if isinstance(source, Mapping):
         return dict(source)
     raise ConfigError(
-        f"config: {type(source).__name__} is not a config; pass a YAML file path, "
-        "a dict or an OmegaConf DictConfig"
+        f"config: {type(source).__name__} is not a config; pass a YAML file path, a dict or an OmegaConf DictConfig"
     )
 
 
@@ -160,9 +159,7 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
         raw = from_verl_config(raw)
     unknown = sorted(set(map(str, raw)) - set(TOP_LEVEL_KEYS))
     if unknown:
-        raise ConfigError(
-            f"config: unknown key {', '.join(map(repr, unknown))}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
-        )
+        raise ConfigError(f"config: unknown key {', '.join(map(repr, unknown))}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
     strict = raw.get("strict", False)
     if not isinstance(strict, bool):
         raise ConfigError(f"strict: {strict!r} is not allowed; use true or false")
@@ -170,7 +167,9 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     if not isinstance(save_path, (str, os.PathLike)) or not str(save_path):
         raise ConfigError(f"save_path: {save_path!r} is not allowed; use a directory path")
     max_failures = raw.get("max_failures", DEFAULT_MAX_FAILURES)
-    if max_failures is not None and (isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1):
+    if max_failures is not None and (
+        isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1
+    ):
         raise ConfigError(f"max_failures: {max_failures!r} is not allowed; use an integer >= 1, or null for never")
     entries = raw.get("observers") or []
     if not isinstance(entries, list):
@@ -200,9 +199,7 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
     enabled = entry.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled: {enabled!r} is not allowed; use true or false")
-    selection = Selection.parse(
-        **{key: entry.get(key) for key in SELECTION_KEYS}, where=where, strict=strict
-    )
+    selection = Selection.parse(**{key: entry.get(key) for key in SELECTION_KEYS}, where=where, strict=strict)
     options = {str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS}
     trigger = parse_trigger(entry, where)
     return ObserverSpec(

@@ -27,8 +27,8 @@ from types import MappingProxyType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from ._bus import WANTS_RESULT, stage_begin, stage_end
-from ._listened import listeners as _listeners
 from ._events import EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
+from ._listened import listeners as _listeners
 from ._resolve import check_step, current_step, find_model, find_rank, find_step
 
 P = ParamSpec("P")
@@ -157,7 +157,16 @@ class stage:
     """
 
     __slots__ = (
-        "_name", "_role", "_step", "_model", "_meta", "_inputs", "_event", "_started", "_wants_result", "_result",
+        "_name",
+        "_role",
+        "_step",
+        "_model",
+        "_meta",
+        "_inputs",
+        "_event",
+        "_started",
+        "_wants_result",
+        "_result",
     )
 
     def __init__(

@@ -117,7 +117,6 @@ def _on_receiver_disconnected(signal: Any, *, receiver: Callable[..., Any], send
         _publish()
 
 
-
 def follow(*signals: NamedSignal) -> None:
     """Keep the record for these signals; call before anything connects to them."""
     for signal in signals:

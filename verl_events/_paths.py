@@ -9,7 +9,6 @@ from pathlib import Path
 from ._errors import ConfigError
 from ._events import StageEvent
 
-
 TIMING_DIR = "timing"
 
 
@@ -42,7 +41,9 @@ def prepare_output_dir(path: Path, key: str = "save_path") -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise ConfigError(f"{key}: {str(path)!r} is not writable ({exc.strerror or exc}); use a writable directory") from exc
+        raise ConfigError(
+            f"{key}: {str(path)!r} is not writable ({exc.strerror or exc}); use a writable directory"
+        ) from exc
     return path
 
 

@@ -58,9 +58,7 @@ def observer_class(spec: ObserverSpec) -> type[Observer]:
         loaded = _import_target(spec.target, f"{spec.where}._target_")
         where = f"{spec.where}._target_: {spec.target!r}"
     if not (isinstance(loaded, type) and issubclass(loaded, Observer)):
-        raise ConfigError(
-            f"{where} is {loaded!r}, not a subclass of verl_events.Observer"
-        )
+        raise ConfigError(f"{where} is {loaded!r}, not a subclass of verl_events.Observer")
     return loaded
 
 
@@ -91,9 +89,7 @@ def _option_names(cls: type[Observer]) -> tuple[list[str], bool]:
     """(keyword options the constructor takes, whether it takes **kwargs)."""
     params = inspect.signature(cls).parameters.values()
     names = [
-        p.name
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     ]
     return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
@@ -157,7 +153,7 @@ def _describe(hint: Any, *, plural: bool = False) -> str:
         items = ", ".join(_describe(arg) for arg in args)
         return f"lists of {len(args)} items ({items})" if plural else f"a list of {len(args)} items ({items})"
     what = f"lists of {_describe(args[0], plural=True)}" if args else "lists"
-    return what if plural else "a list" + what[len("lists"):]
+    return what if plural else "a list" + what[len("lists") :]
 
 
 def _refusal(value: Any, hint: Any) -> _Refusal | None:
@@ -243,9 +239,7 @@ def check_options(cls: type[Observer], options: Mapping[str, Any]) -> None:
             continue
         refusal = _refusal(value, hint)
         if refusal is not None:
-            raise ConfigError(
-                f"option {key}{refusal.path}: {refusal.value!r} is not allowed; use {refusal.allowed}"
-            )
+            raise ConfigError(f"option {key}{refusal.path}: {refusal.value!r} is not allowed; use {refusal.allowed}")
 
 
 def observer_origin(spec: ObserverSpec) -> str:

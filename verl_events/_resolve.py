@@ -63,9 +63,7 @@ def add_model_paths(role: str | None, *paths: str) -> None:
     """
     for path in paths:
         if not isinstance(path, str) or not all(part.isidentifier() for part in path.split(".")):
-            raise ValueError(
-                f"add_model_paths: {path!r} is not a dotted attribute path like 'actor.engine.module'"
-            )
+            raise ValueError(f"add_model_paths: {path!r} is not a dotted attribute path like 'actor.engine.module'")
     with _paths_lock:
         _user_paths[role] = tuple(dict.fromkeys(paths + _user_paths.get(role, ())))
 

@@ -50,7 +50,7 @@ def parse_numbers(value: Any, key: str) -> frozenset[int] | None:
 def _bad_number(key: str, item: object) -> ConfigError:
     return ConfigError(
         f"{key}: {item!r} is not allowed; use non-negative integers or inclusive "
-        f"ranges like \"4-6\" (start <= end), e.g. {key.rsplit('.', 1)[-1]}: [1, \"4-6\"], "
+        f'ranges like "4-6" (start <= end), e.g. {key.rsplit(".", 1)[-1]}: [1, "4-6"], '
         "or null for all"
     )
 
@@ -61,9 +61,7 @@ def _parse_names(value: Any, key: str) -> frozenset[str] | None:
     items = value if isinstance(value, (list, tuple)) else [value]
     for item in items:
         if not isinstance(item, str) or not item:
-            raise ConfigError(
-                f"{key}: {item!r} is not allowed; use a list of non-empty names, or null for all"
-            )
+            raise ConfigError(f"{key}: {item!r} is not allowed; use a list of non-empty names, or null for all")
     return frozenset(items)
 
 

@@ -65,7 +65,9 @@ def from_verl_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     """
     profiler = raw["global_profiler"]
     if not isinstance(profiler, Mapping):
-        raise ConfigError(f"global_profiler: {profiler!r} is not allowed; use a mapping like verl's global_profiler block")
+        raise ConfigError(
+            f"global_profiler: {profiler!r} is not allowed; use a mapping like verl's global_profiler block"
+        )
     ours = {key: raw[key] for key in ("strict", "max_failures") if key in raw}
     ours["save_path"] = profiler.get("save_path") or "outputs/profile"
     extra = list(raw.get("observers") or [])
@@ -101,11 +103,21 @@ def from_verl_config(raw: Mapping[str, Any]) -> dict[str, Any]:
             discrete = _block(tools, "nsys").get("discrete", options.get("discrete", False))
             observer = {"name": "nsys", "discrete": discrete, **selection}
         elif tool == "torch":
-            observer = {"name": "torch_profiler", "contents": options.get("contents") or [],
-                        "discrete": options.get("discrete", False), **selection}
+            observer = {
+                "name": "torch_profiler",
+                "contents": options.get("contents") or [],
+                "discrete": options.get("discrete", False),
+                **selection,
+            }
         else:
-            observer = {"name": "npu", "contents": options.get("contents") or [], "level": options.get("level", "level0"),
-                        "analysis": options.get("analysis", True), "discrete": options.get("discrete", False), **selection}
+            observer = {
+                "name": "npu",
+                "contents": options.get("contents") or [],
+                "level": options.get("level", "level0"),
+                "analysis": options.get("analysis", True),
+                "discrete": options.get("discrete", False),
+                **selection,
+            }
     ours["observers"] = [observer, *extra]
     return ours
 

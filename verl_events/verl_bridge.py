@@ -34,8 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ._emit import emits_stage
-from ._events import check_stage_name
 from ._errors import ConfigError
+from ._events import check_stage_name
 from ._resolve import set_step
 
 logger = logging.getLogger("verl_events.verl")
@@ -118,7 +118,9 @@ class _Bridge:
                 if stage is None:
                     continue
                 if inspect.iscoroutinefunction(value):
-                    logger.warning("verl_events bridge: %s.%s is async; its stage %r is not bridged", cls.__qualname__, name, stage)
+                    logger.warning(
+                        "verl_events bridge: %s.%s is async; its stage %r is not bridged", cls.__qualname__, name, stage
+                    )
                     continue
                 self._replace(cls, name, value, emits_stage(stage)(value))
 
@@ -307,7 +309,9 @@ def install_from_environment() -> None:
         if path and current_installation() is None:
             install(path)
     except Exception as exc:
-        raise SystemExit(f"verl_events: {CONFIG_ENV}={path!r} could not be installed: {type(exc).__name__}: {exc}") from exc
+        raise SystemExit(
+            f"verl_events: {CONFIG_ENV}={path!r} could not be installed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def setup_worker() -> None:

@@ -33,6 +33,7 @@ class NanWatchObserver(Observer):
         def check(output: Any) -> None:
             if seq not in self._first and isinstance(output, torch.Tensor) and not torch.isfinite(output).all():
                 self._first[seq] = name
+
         return check
 
     def on_stage_end(self, event: StageEnd) -> None:
@@ -40,5 +41,10 @@ class NanWatchObserver(Observer):
             handle.remove()
         culprit = self._first.pop(event.seq, None)
         if culprit is not None:
-            logger.error("stage %r (step %s, rank %s): first non-finite output from module %r",
-                         event.stage, event.step, event.rank, culprit)
+            logger.error(
+                "stage %r (step %s, rank %s): first non-finite output from module %r",
+                event.stage,
+                event.step,
+                event.rank,
+                culprit,
+            )

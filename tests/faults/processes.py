@@ -26,8 +26,16 @@ class Child:
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])), **(env or {})},
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
+                **(env or {}),
+            },
         )
         self.stdout_lines: list[str] = []
         self.stderr_lines: list[str] = []
@@ -59,7 +67,9 @@ class Child:
                 raise AssertionError(f"no {prefix!r} line within {TIMEOUT_S} s; stderr:\n{self.stderr}") from None
             if line is None:
                 self.finish()
-                raise AssertionError(f"the process ended (exit {self.proc.returncode}) before printing {prefix!r}; stderr:\n{self.stderr}")
+                raise AssertionError(
+                    f"the process ended (exit {self.proc.returncode}) before printing {prefix!r}; stderr:\n{self.stderr}"
+                )
             if line.startswith(prefix):
                 return line.rstrip("\n")
 

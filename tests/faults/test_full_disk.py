@@ -71,7 +71,9 @@ def disk(way: str, root: Path) -> Iterator[tuple[Path, Callable[[Child], None]]]
         pytest.skip("mounting a tmpfs needs root; the 'file size limit' case covers a write failure")
     mount = root / "disk"
     mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here: {mounted.stderr.strip()}")
     try:
@@ -144,7 +146,9 @@ def test_report_skips_the_cut_timing_line_with_a_warning(full_at_the_stop: Fille
     assert f"warning: {cut} is an incomplete msprobe session: cut off during step 2 actor_update" in result.stderr
 
 
-def test_no_reader_prints_a_traceback_after_a_full_disk(full_at_the_stop: Filled, whole_run: Path, tmp_path: Path) -> None:
+def test_no_reader_prints_a_traceback_after_a_full_disk(
+    full_at_the_stop: Filled, whole_run: Path, tmp_path: Path
+) -> None:
     run = full_at_the_stop
     compare = cli("compare", str(run.save_path), str(whole_run), "--step", "2", "--stage", "actor_update")
     assert compare.returncode == 2
@@ -166,7 +170,9 @@ def full_before_the_periodic_save(tmp_path: Path) -> Iterator[Filled]:
     yield from run_filled_at("file size limit", tmp_path, "1:200", 2)
 
 
-def test_training_finishes_when_the_disk_fills_before_msprobes_periodic_save(full_before_the_periodic_save: Filled) -> None:
+def test_training_finishes_when_the_disk_fills_before_msprobes_periodic_save(
+    full_before_the_periodic_save: Filled,
+) -> None:
     run = full_before_the_periodic_save
     assert run.returncode == 0, run.stderr
     assert run.stdout.endswith("TRAINING FINISHED\n")

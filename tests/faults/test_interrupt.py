@@ -35,7 +35,14 @@ MOMENTS = {  # name: (Interrupter's moment, step, stage)
     "dumped stage": ("body", 1, "actor_update"),
     "undumped stage": ("body", 2, "compute_values"),
 }
-DEMO_STAGES = ["rollout_generate", "ref_compute_log_prob", "actor_compute_log_prob", "compute_values", "critic_update", "actor_update"]
+DEMO_STAGES = [
+    "rollout_generate",
+    "ref_compute_log_prob",
+    "actor_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "actor_update",
+]
 DUMPED = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
 
 
@@ -58,7 +65,9 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Int
             config = root / "observers.yaml"
             config.write_text(CONFIG.format(moment=moment, step=step, stage=stage))
             save_path = root / "run"
-            child = Child([verl_events_exe(), "demo", "--steps", "3", "--config", str(config), "--save-path", str(save_path)])
+            child = Child(
+                [verl_events_exe(), "demo", "--steps", "3", "--config", str(config), "--save-path", str(save_path)]
+            )
             child.wait_for("WAITING")
             child.proc.send_signal(signal.SIGINT)
             done[name] = Interrupted(save_path, child.finish(), child.stderr)
@@ -73,17 +82,24 @@ def timing_records(save_path: Path) -> list[tuple[int, str, str | None]]:
 
 
 @pytest.mark.parametrize("moment", MOMENTS)
-def test_ctrl_c_exits_130_with_one_line_and_no_traceback(interrupted: Callable[[str], Interrupted], moment: str) -> None:
+def test_ctrl_c_exits_130_with_one_line_and_no_traceback(
+    interrupted: Callable[[str], Interrupted], moment: str
+) -> None:
     run = interrupted(moment)
     assert run.returncode == 130, run.stderr
     assert run.stderr.strip().splitlines()[-1] == "verl-events: interrupted"
     assert "Traceback" not in run.stderr
 
 
-def test_ctrl_c_in_a_dumped_stage_marks_its_session_raised_keyboard_interrupt(interrupted: Callable[[str], Interrupted]) -> None:
+def test_ctrl_c_in_a_dumped_stage_marks_its_session_raised_keyboard_interrupt(
+    interrupted: Callable[[str], Interrupted],
+) -> None:
     run = interrupted("dumped stage")
     cut = session(run.save_path, 1, "actor_update")
-    assert marker(cut) == "step 1 actor_update (rank 0) raised KeyboardInterrupt; the dump holds the stage only up to there"
+    assert (
+        marker(cut)
+        == "step 1 actor_update (rank 0) raised KeyboardInterrupt; the dump holds the stage only up to there"
+    )
     assert markers_under(run.save_path) == [cut]
     # The session was stopped, so msprobe wrote what it had: the forward
     # pass up to the interrupt, no backward.
@@ -95,7 +111,10 @@ def test_ctrl_c_in_a_dumped_stage_marks_its_session_raised_keyboard_interrupt(in
     ("moment", "whole"),
     [
         ("dumped stage", [(1, "ref_compute_log_prob"), (1, "actor_compute_log_prob")]),
-        ("undumped stage", [(step, stage) for step in (1, 2) for stage in DUMPED if (step, stage) != (2, "actor_update")]),
+        (
+            "undumped stage",
+            [(step, stage) for step in (1, 2) for stage in DUMPED if (step, stage) != (2, "actor_update")],
+        ),
     ],
 )
 def test_sessions_finished_before_ctrl_c_are_whole(
@@ -123,7 +142,9 @@ def test_the_timing_log_holds_every_stage_up_to_the_interrupted_one(
     assert records == [(step, stage, None) for step, stage in ran[:-1]] + [(*ran[-1], "KeyboardInterrupt")]
 
 
-def test_ctrl_c_before_the_first_stage_leaves_nothing_that_blocks_a_rerun(interrupted: Callable[[str], Interrupted], tmp_path: Path) -> None:
+def test_ctrl_c_before_the_first_stage_leaves_nothing_that_blocks_a_rerun(
+    interrupted: Callable[[str], Interrupted], tmp_path: Path
+) -> None:
     run = interrupted("install")
     assert not list(run.save_path.glob("step_*")) and not (run.save_path / "run.json").exists()
     assert not list(run.save_path.glob("timing/*.jsonl"))
@@ -137,7 +158,10 @@ def test_report_and_compare_name_the_session_cut_by_ctrl_c(interrupted: Callable
     cut = session(cut_run, 1, "actor_update")
     report = cli("report", str(cut_run))
     assert report.returncode == 0, report.stderr
-    assert f"warning: {cut} is an incomplete msprobe session: step 1 actor_update (rank 0) raised KeyboardInterrupt" in report.stderr
+    assert (
+        f"warning: {cut} is an incomplete msprobe session: step 1 actor_update (rank 0) raised KeyboardInterrupt"
+        in report.stderr
+    )
     compare = cli("compare", str(cut_run), str(whole_run), "--step", "1", "--stage", "actor_update")
     assert compare.returncode == 2
     assert f"{cut} is an incomplete msprobe session" in compare.stderr

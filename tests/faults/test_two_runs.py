@@ -22,7 +22,9 @@ import pytest
 from .processes import Child, driver, entries, log_records, marker
 
 BATCH = {"run-alpha": 4, "run-beta": 6}
-SESSIONS = [f"step_{step}/{stage}/step0/rank0" for step in (1, 2) for stage in ("actor_compute_log_prob", "actor_update")]
+SESSIONS = [
+    f"step_{step}/{stage}/step0/rank0" for step in (1, 2) for stage in ("actor_compute_log_prob", "actor_update")
+]
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,10 @@ def test_the_run_that_wrote_first_keeps_the_save_path(two_runs: TwoRuns) -> None
 
 def test_every_dump_belongs_to_the_run_named_in_run_json(two_runs: TwoRuns) -> None:
     owner = two_runs.owner
-    written = {str(path.parent.relative_to(two_runs.save_path)): batches(entries(path.parent)) for path in two_runs.save_path.rglob("dump.json")}
+    written = {
+        str(path.parent.relative_to(two_runs.save_path)): batches(entries(path.parent))
+        for path in two_runs.save_path.rglob("dump.json")
+    }
     assert written == {rank_dir: {BATCH[owner]} for rank_dir in SESSIONS}, f"run.json names {owner}"
     for rank_dir in SESSIONS:
         assert marker(two_runs.save_path / rank_dir) is None
@@ -103,7 +108,9 @@ def test_no_timing_log_holds_records_of_both_runs(two_runs: TwoRuns) -> None:
     assert logs
     for log in logs:
         runs = [json.loads(line)["run"] for line in log.read_text(encoding="utf-8").splitlines()]
-        assert set(runs) == {two_runs.owner}, f"{log} holds {len(runs)} records: " + ", ".join(f"{runs.count(r)} of {r}" for r in sorted(set(runs)))
+        assert set(runs) == {two_runs.owner}, f"{log} holds {len(runs)} records: " + ", ".join(
+            f"{runs.count(r)} of {r}" for r in sorted(set(runs))
+        )
         assert len(runs) == 2 * 3  # every stage of the owner, none lost
 
 

@@ -86,7 +86,13 @@ def test_a_nan_anywhere_in_a_list_makes_the_metric_nan() -> None:
 
 def test_engine_worker_update_metrics_get_the_role_prefix_the_trainer_gives_them() -> None:
     """verl 0.9's update_actor returns train_mini_batch's TensorDict; _update_actor renames its keys."""
-    metrics = {"grad_norm": [2.0, 4.0], "loss": [0.5, 0.5], "mfu": [0.25, 0.75], "actor/pg_loss": [1.0, 2.0], "lr": 0.125}
+    metrics = {
+        "grad_norm": [2.0, 4.0],
+        "loss": [0.5, 0.5],
+        "mfu": [0.25, 0.75],
+        "actor/pg_loss": [1.0, 2.0],
+        "lr": 0.125,
+    }
     result = tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
 
     assert extract_metrics("actor_update", result) == {
@@ -114,7 +120,9 @@ def test_train_batch_takes_its_role_from_the_keys_and_combines_ranks_metric_obje
 def test_a_bare_number_is_the_stage_result_and_a_plain_mapping_is_read_key_by_key() -> None:
     assert extract_metrics("critic_update", 0.5) == {"critic_update/result": 0.5}
     assert extract_metrics("critic_update", torch.tensor([2.0])) == {"critic_update/result": 2.0}
-    found = extract_metrics("my_stage", {"loss": torch.tensor(0.25, requires_grad=True) * 2, "scores": torch.tensor([1.0, -4.0, NAN])})
+    found = extract_metrics(
+        "my_stage", {"loss": torch.tensor(0.25, requires_grad=True) * 2, "scores": torch.tensor([1.0, -4.0, NAN])}
+    )
     assert found == {"loss": 0.5, "scores/nonfinite_count": 1.0, "scores/abs_max": 4.0, "scores/mean": -1.5}
 
 
@@ -124,7 +132,9 @@ def test_a_bare_number_is_the_stage_result_and_a_plain_mapping_is_read_key_by_ke
 def test_padded_log_probs_are_reduced_over_response_tokens_and_nonfinite_counts_cover_padding() -> None:
     old = torch.tensor([[-1.0, -3.0, NAN, 0.0], [-0.5, -0.5, -0.5, -0.5], [-8.0, 0.0, 0.0, INF]])
     entropys = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.5, 1.5, 1.5, 1.5], [2.5, 0.0, 0.0, 0.0]])
-    result = DataProto.from_dict({"old_log_probs": old, "entropys": entropys, "response_mask": padded_batch().batch["response_mask"]})
+    result = DataProto.from_dict(
+        {"old_log_probs": old, "entropys": entropys, "response_mask": padded_batch().batch["response_mask"]}
+    )
 
     found = extract_metrics("actor_compute_log_prob", result)
 
@@ -137,7 +147,11 @@ def test_padded_log_probs_are_reduced_over_response_tokens_and_nonfinite_counts_
 
 
 def test_each_stage_reads_only_the_tensors_it_makes() -> None:
-    carried = {"old_log_probs": torch.ones(3, 4), "ref_log_prob": torch.full((3, 4), -2.0), "values": torch.full((3, 4), 4.0)}
+    carried = {
+        "old_log_probs": torch.ones(3, 4),
+        "ref_log_prob": torch.full((3, 4), -2.0),
+        "values": torch.full((3, 4), 4.0),
+    }
     result = DataProto.from_dict(carried)
 
     assert set(extract_metrics("compute_values", result)) == {"values/nonfinite_count", "values/abs_max", "values/mean"}
@@ -200,7 +214,9 @@ def test_tokens_where_either_side_is_not_finite_are_left_out_of_the_gap() -> Non
 
 def test_reference_log_probs_computed_by_the_actor_are_named_as_reference_with_no_gap() -> None:
     """verl 0.9 with the reference inside the actor (LoRA) calls compute_log_prob with calculate_entropy=False."""
-    data = engine_inputs(padded_batch(rollout_log_probs=torch.zeros(3, 4)), calculate_entropy=False, no_lora_adapter=True)
+    data = engine_inputs(
+        padded_batch(rollout_log_probs=torch.zeros(3, 4)), calculate_entropy=False, no_lora_adapter=True
+    )
     total = data["input_ids"].values().shape[0]
     result = tu.get_tensordict(tensor_dict={"log_probs": nested_like(data, torch.full((total,), -2.0))})
 
@@ -212,7 +228,9 @@ def test_reference_log_probs_computed_by_the_actor_are_named_as_reference_with_n
 
 def test_a_nested_tensor_without_response_lengths_counts_every_element() -> None:
     values = torch.tensor([1.0, -2.0, 4.0, NAN])
-    result = TensorDict({"log_probs": torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor([0, 1, 4]))}, batch_size=[2])
+    result = TensorDict(
+        {"log_probs": torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor([0, 1, 4]))}, batch_size=[2]
+    )
 
     found = extract_metrics("ref_compute_log_prob", result, None)
 

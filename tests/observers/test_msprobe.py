@@ -46,9 +46,7 @@ def test_each_selected_stage_gets_its_own_dump_at_verls_path(tmp_path: Path, mod
         run_steps(model, range(1, 4))
     out = tmp_path / "out"
     dumps = sorted(str(p.relative_to(out)) for p in out.rglob("dump.json"))
-    assert dumps == [
-        f"step_{s}/{name}/step0/rank0/dump.json" for s in (1, 2) for name in sorted(ACTOR_STAGES)
-    ]
+    assert dumps == [f"step_{s}/{name}/step0/rank0/dump.json" for s in (1, 2) for name in sorted(ACTOR_STAGES)]
 
 
 def test_dump_json_holds_one_stage_only_and_does_not_grow(tmp_path: Path, model: Small) -> None:
@@ -117,12 +115,17 @@ def test_a_step_list_in_config_json_is_ignored_with_a_warning(tmp_path: Path, mo
     [
         (None, r"config_path '.*missing.json' cannot be read"),
         ("{not json", r"config_path '.*cfg.json' is not valid JSON at line 1, column 2"),
-        ('{"task": "overflow_check"}', r"field 'task' is 'overflow_check' \(that is an msprobe command-line tool.*allowed: statistics, tensor"),
+        (
+            '{"task": "overflow_check"}',
+            r"field 'task' is 'overflow_check' \(that is an msprobe command-line tool.*allowed: statistics, tensor",
+        ),
         ('{"task": "statistics", "level": "L3"}', r"field 'level' is 'L3'; allowed: L0, L1, L2, mix, debug"),
         ("[1, 2]", r"must hold a JSON object"),
     ],
 )
-def test_bad_config_json_fails_at_install_naming_file_and_field(tmp_path: Path, contents: str | None, pattern: str) -> None:
+def test_bad_config_json_fails_at_install_naming_file_and_field(
+    tmp_path: Path, contents: str | None, pattern: str
+) -> None:
     name = "missing.json" if contents is None else "cfg.json"
     if contents is not None:
         (tmp_path / name).write_text(contents)
@@ -141,7 +144,9 @@ def test_msprobe_rejections_we_do_not_check_ourselves_still_fail_at_install(tmp_
 def test_paths_msprobe_would_reject_fail_at_install(tmp_path: Path, bad_dir: str) -> None:
     config = write_msprobe_config(tmp_path / "cfg.json")
     with pytest.raises(ConfigError, match=r"save_path: .* contains characters msprobe rejects"):
-        verl_events.install({"save_path": str(tmp_path / bad_dir), "observers": [{"name": "msprobe", "config_path": str(config)}]})
+        verl_events.install(
+            {"save_path": str(tmp_path / bad_dir), "observers": [{"name": "msprobe", "config_path": str(config)}]}
+        )
     bad_config = tmp_path / bad_dir / "cfg.json"
     bad_config.parent.mkdir(exist_ok=True)
     write_msprobe_config(bad_config)
@@ -156,16 +161,23 @@ def test_a_save_path_that_cannot_be_created_fails_at_install(tmp_path: Path) -> 
         verl_events.install({"save_path": str(blocker / "out"), "observers": [{"name": "msprobe"}]})
 
 
-def test_dumps_from_another_run_are_refused_at_install(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dumps_from_another_run_are_refused_at_install(
+    tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "first")
     with verl_events.install(msprobe_config(tmp_path)):
         run_steps(model, range(1, 2), ["actor_update"])
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "second")
-    with pytest.raises(ConfigError, match=r"already holds 1 msprobe dump\(s\) from another run \(run 'first'; this is run 'second'\), e.g. .*step_1/actor_update/step0/rank0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"already holds 1 msprobe dump\(s\) from another run \(run 'first'; this is run 'second'\), e.g. .*step_1/actor_update/step0/rank0",
+    ):
         verl_events.install(msprobe_config(tmp_path))
 
 
-def test_a_process_joining_its_run_mid_way_is_welcome(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_process_joining_its_run_mid_way_is_welcome(
+    tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Ray worker process started after others have dumped: same run id, same rank 0 before
     torch.distributed is up.  It installs, and dumps its own stages beside the others'."""
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "ray-session_2026-11-30_09-12-44_503511_2710-01000000")
@@ -174,10 +186,14 @@ def test_a_process_joining_its_run_mid_way_is_welcome(tmp_path: Path, model: Sma
     with verl_events.install(msprobe_config(tmp_path)):
         run_steps(model, range(2, 3), ["actor_update"])
     assert sorted(p.parents[3].name for p in (tmp_path / "out").rglob("dump.json")) == ["step_1", "step_2"]
-    assert json.loads((tmp_path / "out/run.json").read_text()) == {"run_id": "ray-session_2026-11-30_09-12-44_503511_2710-01000000"}
+    assert json.loads((tmp_path / "out/run.json").read_text()) == {
+        "run_id": "ray-session_2026-11-30_09-12-44_503511_2710-01000000"
+    }
 
 
-def test_the_save_path_is_claimed_at_the_first_dump_not_at_install(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_save_path_is_claimed_at_the_first_dump_not_at_install(
+    tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """verl's driver installs the observers too and never dumps: it must not claim the save_path."""
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "driver")
     with verl_events.install(msprobe_config(tmp_path)):
@@ -188,7 +204,9 @@ def test_the_save_path_is_claimed_at_the_first_dump_not_at_install(tmp_path: Pat
     assert json.loads((tmp_path / "out/run.json").read_text()) == {"run_id": "workers"}
 
 
-def test_a_dump_directory_appearing_after_install_is_never_overwritten(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dump_directory_appearing_after_install_is_never_overwritten(
+    tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture
+) -> None:
     with verl_events.install(msprobe_config(tmp_path)):
         stale = tmp_path / "out/step_1/actor_update/step0/rank0"
         stale.mkdir(parents=True)
@@ -202,7 +220,9 @@ def test_a_dump_directory_appearing_after_install_is_never_overwritten(tmp_path:
 def test_level_l0_dumps_modules_of_the_stage_model(tmp_path: Path) -> None:
     # msprobe skips a model's first and last submodule at L0 once verl is imported,
     # so look at a middle one.
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    )
     config = write_msprobe_config(tmp_path / "cfg.json", level="L0")
     with verl_events.install(msprobe_config(tmp_path, config_path=str(config))):
         with stage("actor_update", step=1, model=model):
@@ -212,7 +232,9 @@ def test_level_l0_dumps_modules_of_the_stage_model(tmp_path: Path) -> None:
     assert not any(key.startswith("Functional.") for key in entries)
 
 
-def test_l0_without_a_model_warns_once_with_the_paths_tried_and_dumps_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_l0_without_a_model_warns_once_with_the_paths_tried_and_dumps_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     class Worker:
         @verl_events.emits_stage("actor_update")
         def update_actor(self) -> int:
@@ -238,9 +260,14 @@ def test_l0_without_a_model_is_an_error_in_strict_mode(tmp_path: Path) -> None:
     assert "level mix needs the model of stage 'actor_update'" in str(raised.value.__cause__)
 
 
-def test_missing_msprobe_warns_and_turns_the_observer_off(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_msprobe_warns_and_turns_the_observer_off(
+    tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "msprobe", None)  # how Python spells "not importable"
-    with pytest.warns(VerlEventsWarning, match=r"msprobe is not installed, so the msprobe observer is off; install it with: pip install 'verl-events\[msprobe\]'"):
+    with pytest.warns(
+        VerlEventsWarning,
+        match=r"msprobe is not installed, so the msprobe observer is off; install it with: pip install 'verl-events\[msprobe\]'",
+    ):
         installation = verl_events.install(msprobe_config(tmp_path))
     with installation:
         run_steps(model, range(1, 2), ["actor_update"])
@@ -249,20 +276,29 @@ def test_missing_msprobe_warns_and_turns_the_observer_off(tmp_path: Path, model:
 
 def test_missing_msprobe_is_an_error_in_strict_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "msprobe", None)
-    with pytest.raises(ObserverSetupError, match=r"observers\[0\] \(msprobe\) failed to set up: ImportError: msprobe is not installed"):
+    with pytest.raises(
+        ObserverSetupError, match=r"observers\[0\] \(msprobe\) failed to set up: ImportError: msprobe is not installed"
+    ):
         verl_events.install({**msprobe_config(tmp_path), "strict": True})
 
 
-def test_a_nested_stage_is_not_dumped_and_the_warning_names_both(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_nested_stage_is_not_dumped_and_the_warning_names_both(
+    tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture
+) -> None:
     with verl_events.install(msprobe_config(tmp_path)):
         with stage("actor_update", step=1, model=model):
             with stage("actor_compute_log_prob", step=1, model=model):
                 run_model(model)
-    assert "stage 'actor_compute_log_prob' (step 1, depth 1) is not dumped: stage 'actor_update' (step 1) already has msprobe's one-per-process session open" in caplog.text
+    assert (
+        "stage 'actor_compute_log_prob' (step 1, depth 1) is not dumped: stage 'actor_update' (step 1) already has msprobe's one-per-process session open"
+        in caplog.text
+    )
     assert [p.parts[-4] for p in (tmp_path / "out").rglob("dump.json")] == ["actor_update"]
 
 
-def test_a_stage_on_another_thread_never_opens_a_second_session(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_stage_on_another_thread_never_opens_a_second_session(
+    tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture
+) -> None:
     session_open, other_done = threading.Event(), threading.Event()
 
     def other_thread() -> None:
@@ -283,7 +319,9 @@ def test_a_stage_on_another_thread_never_opens_a_second_session(tmp_path: Path, 
     assert not (tmp_path / "out/step_1/ref_compute_log_prob").exists()
 
 
-def test_a_failed_msprobe_start_leaves_msprobe_clean(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_msprobe_start_leaves_msprobe_clean(
+    tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture
+) -> None:
     runs = []
     with verl_events.install(msprobe_config(tmp_path)):
         blocker = tmp_path / "out/step_1/actor_update"
@@ -374,12 +412,17 @@ def test_the_warm_up_session_at_install_leaves_no_trace(tmp_path: Path, level: s
     """msprobe's one-off set-up is paid at install, in a throw-away session: nothing of it
     stays on disk, and the first real dump holds the same entries as without it."""
     # Four layers: at L0 msprobe skips a model's first and last submodule once verl is imported.
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    )
     entries = {}
     for warm_up in (True, False):
         out = tmp_path / f"warm_up_{warm_up}"
         config_path = write_msprobe_config(out.with_suffix(".json"), level=level)
-        config = {"save_path": str(out), "observers": [{"name": "msprobe", "config_path": str(config_path), "warm_up": warm_up}]}
+        config = {
+            "save_path": str(out),
+            "observers": [{"name": "msprobe", "config_path": str(config_path), "warm_up": warm_up}],
+        }
         with verl_events.install(config):
             assert sorted(p.name for p in out.iterdir()) == []
             with stage("actor_update", step=1, model=model):
@@ -389,7 +432,9 @@ def test_the_warm_up_session_at_install_leaves_no_trace(tmp_path: Path, level: s
     assert entries[True] == entries[False] and entries[True]
 
 
-def test_each_stage_dumps_under_its_own_rank_after_the_warm_up(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_stage_dumps_under_its_own_rank_after_the_warm_up(
+    tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """msprobe fixes the rank at its first start, which is now the warm-up at install, when
     a Ray worker may not know its rank yet; every stage still dumps under the rank it ran on."""
     with verl_events.install(msprobe_config(tmp_path)):
@@ -443,12 +488,28 @@ def test_the_probe_passes_on_the_installed_msprobe(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("owner", "name", "named"),
     [
-        ("msprobe.pytorch.dump.debugger.debugger_config", "DebuggerConfig", "msprobe.pytorch.dump.debugger.debugger_config.DebuggerConfig"),
-        ("msprobe.core.dump.debugger.precision_debugger:BasePrecisionDebugger", "set_init_step", "msprobe.pytorch.PrecisionDebugger.set_init_step"),
-        ("msprobe.core.dump.service:BaseService", "_is_need_api_hook", "msprobe.pytorch.dump.pytorch_service.PytorchService._is_need_api_hook"),
+        (
+            "msprobe.pytorch.dump.debugger.debugger_config",
+            "DebuggerConfig",
+            "msprobe.pytorch.dump.debugger.debugger_config.DebuggerConfig",
+        ),
+        (
+            "msprobe.core.dump.debugger.precision_debugger:BasePrecisionDebugger",
+            "set_init_step",
+            "msprobe.pytorch.PrecisionDebugger.set_init_step",
+        ),
+        (
+            "msprobe.core.dump.service:BaseService",
+            "_is_need_api_hook",
+            "msprobe.pytorch.dump.pytorch_service.PytorchService._is_need_api_hook",
+        ),
         ("msprobe.core.common.runtime:Runtime", "is_running", "msprobe.core.common.runtime.Runtime.is_running"),
         # Set on the built debugger, so checked on it: msprobe's singleton exists (see below).
-        ("msprobe.core.dump.api_dump.api_registry:ApiRegistry", "restore_all_api", "PrecisionDebugger().service.api_register.restore_all_api"),
+        (
+            "msprobe.core.dump.api_dump.api_registry:ApiRegistry",
+            "restore_all_api",
+            "PrecisionDebugger().service.api_register.restore_all_api",
+        ),
     ],
 )
 def test_an_msprobe_without_an_internal_we_use_fails_setup_naming_the_version_and_the_name(
@@ -470,9 +531,15 @@ def test_every_missing_internal_is_named_in_one_error(tmp_path: Path, monkeypatc
 
     monkeypatch.delattr(debugger_config, "DebuggerConfig")
     monkeypatch.delattr(Runtime, "is_running")
-    with pytest.raises(ObserverSetupError, match=re.escape(missing_message(
-        "msprobe.pytorch.dump.debugger.debugger_config.DebuggerConfig", "msprobe.core.common.runtime.Runtime.is_running"
-    ))):
+    with pytest.raises(
+        ObserverSetupError,
+        match=re.escape(
+            missing_message(
+                "msprobe.pytorch.dump.debugger.debugger_config.DebuggerConfig",
+                "msprobe.core.common.runtime.Runtime.is_running",
+            )
+        ),
+    ):
         verl_events.install({**msprobe_config(tmp_path), "strict": True})
 
 
@@ -488,10 +555,17 @@ def start_on_the_instance(self: object, model: object = None, rank_id: object = 
     ("owner", "name", "replacement", "named"),
     [
         (
-            "BasePrecisionDebugger", "set_init_step", classmethod(takes_step_and_loop),
+            "BasePrecisionDebugger",
+            "set_init_step",
+            classmethod(takes_step_and_loop),
             "msprobe.pytorch.PrecisionDebugger.set_init_step(step): it is msprobe.pytorch.PrecisionDebugger.set_init_step(step, loop)",
         ),
-        ("PrecisionDebugger", "start", start_on_the_instance, "msprobe.pytorch.PrecisionDebugger.start as a classmethod: it is a function"),
+        (
+            "PrecisionDebugger",
+            "start",
+            start_on_the_instance,
+            "msprobe.pytorch.PrecisionDebugger.start as a classmethod: it is a function",
+        ),
     ],
 )
 def test_an_internal_of_another_shape_fails_setup_showing_what_it_is(
@@ -500,7 +574,11 @@ def test_an_internal_of_another_shape_fails_setup_showing_what_it_is(
     from msprobe.core.dump.debugger.precision_debugger import BasePrecisionDebugger
     from msprobe.pytorch import PrecisionDebugger
 
-    monkeypatch.setattr({"BasePrecisionDebugger": BasePrecisionDebugger, "PrecisionDebugger": PrecisionDebugger}[owner], name, replacement)
+    monkeypatch.setattr(
+        {"BasePrecisionDebugger": BasePrecisionDebugger, "PrecisionDebugger": PrecisionDebugger}[owner],
+        name,
+        replacement,
+    )
     with pytest.raises(ObserverSetupError, match=re.escape(missing_message(named))):
         verl_events.install(msprobe_config(tmp_path, warm_up=False))
 
@@ -539,17 +617,26 @@ def test_msprobe_writes_each_session_where_msprobe_layout_says(tmp_path: Path, m
     assert msprobe_layout.holds_sessions(stage_dir)
     assert not msprobe_layout.holds_sessions(tmp_path / "out")  # our step_1 is not msprobe's step{k}
     for call in (0, 1):
-        assert msprobe_layout.rank_dirs(msprobe_layout.step_dir(stage_dir, call)) == [msprobe_layout.session_dir(stage_dir, call, 0)]
+        assert msprobe_layout.rank_dirs(msprobe_layout.step_dir(stage_dir, call)) == [
+            msprobe_layout.session_dir(stage_dir, call, 0)
+        ]
         dump = msprobe_layout.dump_file(msprobe_layout.session_dir(stage_dir, call, 0))
         entries = dump_entries(dump)
         stacks = json.loads(msprobe_layout.stack_file(dump).read_text())
         # stack.json: {index: [[entry names], [stack lines]]}; every forward call has one.
-        assert {name for names, _ in stacks.values() for name in names} >= {n for n in entries if n.endswith(".forward")}
+        assert {name for names, _ in stacks.values() for name in names} >= {
+            n for n in entries if n.endswith(".forward")
+        }
         assert json.loads(msprobe_layout.construct_file(dump).read_text()) == {}  # level L1: no modules
     assert msprobe_layout.proc_dirs(msprobe_layout.step_dir(stage_dir, 0)) == []
 
 
 def test_stack_file_is_found_beside_a_dump_json_only() -> None:
     assert msprobe_layout.stack_file(Path("s/step0/rank0/dump.json")) == Path("s/step0/rank0/stack.json")
-    with pytest.raises(ValueError, match=re.escape("'s/step0/rank0' is not an msprobe dump.json; stack.json is found beside a session's dump.json")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "'s/step0/rank0' is not an msprobe dump.json; stack.json is found beside a session's dump.json"
+        ),
+    ):
         msprobe_layout.stack_file(Path("s/step0/rank0"))

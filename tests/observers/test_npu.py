@@ -20,7 +20,9 @@ def npu_config(tmp_path: Path, **options: object) -> dict[str, object]:
     return {"save_path": str(tmp_path), "observers": [{"name": "npu", **options}]}
 
 
-def test_discrete_mode_profiles_each_selected_stage_into_the_stage_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_discrete_mode_profiles_each_selected_stage_into_the_stage_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = install_fake_torch_npu(monkeypatch)
     options = {"level": "level1", "contents": ["npu", "cpu", "shapes", "module"], "analysis": False, "steps": [1]}
     with verl_events.install(npu_config(tmp_path, **options)):
@@ -28,7 +30,14 @@ def test_discrete_mode_profiles_each_selected_stage_into_the_stage_tree(tmp_path
             with stage("actor_update", step=step):
                 pass
     names = [name for name, _ in calls]
-    assert names == ["_ExperimentalConfig", "tensorboard_trace_handler", "profile", "profile.start", "profile.stop", "on_trace_ready"]
+    assert names == [
+        "_ExperimentalConfig",
+        "tensorboard_trace_handler",
+        "profile",
+        "profile.start",
+        "profile.stop",
+        "on_trace_ready",
+    ]
     config, handler, profile = (args for _, args in calls[:3])
     assert config["profiler_level"] == "Level1" and config["data_simplification"] is True
     assert handler == {
@@ -37,10 +46,17 @@ def test_discrete_mode_profiles_each_selected_stage_into_the_stage_tree(tmp_path
         "analyse_flag": False,
     }
     assert profile["activities"] == ["ProfilerActivity.CPU", "ProfilerActivity.NPU"]
-    assert (profile["record_shapes"], profile["with_modules"], profile["profile_memory"], profile["with_stack"]) == (True, True, False, False)
+    assert (profile["record_shapes"], profile["with_modules"], profile["profile_memory"], profile["with_stack"]) == (
+        True,
+        True,
+        False,
+        False,
+    )
 
 
-def test_continuous_mode_opens_one_profile_for_consecutive_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_continuous_mode_opens_one_profile_for_consecutive_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = install_fake_torch_npu(monkeypatch)
     with verl_events.install(npu_config(tmp_path, discrete=False, steps=["2-3"])):
         for step in (1, 2, 3, 4):
@@ -93,6 +109,9 @@ def test_without_torch_npu_strict_install_fails(tmp_path: Path, monkeypatch: pyt
 
 def test_npu_and_torch_profiler_on_one_stage_are_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_fake_torch_npu(monkeypatch)
-    config = {"save_path": str(tmp_path), "observers": [{"name": "torch_profiler", "steps": [1]}, {"name": "npu", "steps": [1]}]}
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [{"name": "torch_profiler", "steps": [1]}, {"name": "npu", "steps": [1]}],
+    }
     with pytest.raises(ConfigError, match=r"observers 'torch_profiler' and 'npu' both need 'kineto'"):
         verl_events.install(config)

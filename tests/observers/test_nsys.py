@@ -14,8 +14,8 @@ import pytest
 import torch.cuda.profiler
 
 import verl_events
-from verl_events.observers.nsys import NsysObserver, capture_ranges, nsys_command
 from verl_events import ConfigError, ObserverSetupError, Selection, VerlEventsWarning, stage
+from verl_events.observers.nsys import NsysObserver, capture_ranges, nsys_command
 
 
 class CudaProfilerAPI:
@@ -49,7 +49,10 @@ class NvtxSpy:
 
 
 def nsys_installation(tmp_path: Path, **options: object) -> tuple[Any, NsysObserver, NvtxSpy, CudaProfilerAPI]:
-    with pytest.warns(VerlEventsWarning, match="CUDA is not available, so capture ranges .* are skipped; NVTX ranges are still emitted"):
+    with pytest.warns(
+        VerlEventsWarning,
+        match="CUDA is not available, so capture ranges .* are skipped; NVTX ranges are still emitted",
+    ):
         installation = verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "nsys", **options}]})
     [observer] = installation.observers
     assert isinstance(observer, NsysObserver)
@@ -105,18 +108,26 @@ def test_without_cuda_nvtx_ranges_still_work_and_nothing_is_captured(tmp_path: P
 
 
 def test_nsys_discrete_and_continuous_on_the_same_steps_are_rejected(tmp_path: Path) -> None:
-    config = {"save_path": str(tmp_path), "observers": [
-        {"name": "nsys", "steps": [1, 2]},
-        {"name": "nsys", "discrete": False, "steps": [2, 3]},
-    ]}
-    with pytest.raises(ConfigError, match=r"observers 'nsys' and 'nsys#2' both need 'cuda_profiler_api' \(the CUDA profiler API that nsys captures with\)"):
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [
+            {"name": "nsys", "steps": [1, 2]},
+            {"name": "nsys", "discrete": False, "steps": [2, 3]},
+        ],
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"observers 'nsys' and 'nsys#2' both need 'cuda_profiler_api' \(the CUDA profiler API that nsys captures with\)",
+    ):
         with pytest.warns(VerlEventsWarning):
             verl_events.install(config)
 
 
 def test_missing_nvtx_warns_and_the_observer_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvtx", None)
-    with pytest.warns(VerlEventsWarning, match=r"the nvtx package is not importable .* pip install 'verl-events\[nsys\]'"):
+    with pytest.warns(
+        VerlEventsWarning, match=r"the nvtx package is not importable .* pip install 'verl-events\[nsys\]'"
+    ):
         installation = verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "nsys"}]})
     with installation:
         run_steps(range(1, 2))
@@ -138,7 +149,9 @@ def test_missing_nvtx_is_an_error_in_strict_mode(tmp_path: Path, monkeypatch: py
         (None, None, False, None),
     ],
 )
-def test_capture_range_count_follows_the_selection(steps: Any, stages: Any, discrete: bool, expected: int | None) -> None:
+def test_capture_range_count_follows_the_selection(
+    steps: Any, stages: Any, discrete: bool, expected: int | None
+) -> None:
     sel = Selection.parse(steps=steps, stages=stages)
     assert capture_ranges(sel.steps, sel.stages, discrete) == expected
 

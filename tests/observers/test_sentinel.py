@@ -116,14 +116,20 @@ def test_a_spike_triggers_against_the_median_of_the_history_once_warmed_up(tmp_p
     # The first five values are the warm-up: even a wild one does not trigger.
     values = [1.0, 2.0, 64.0, 1.0, 2.0, 2.0, 1.0, 2.0, 16.0]
     worker = Worker()
-    with anomalies_sent() as sent, verl_events.install(config(tmp_path, rules={"actor/grad_norm": {"spike": {"z": 6, "warmup": 5}}})):
+    with (
+        anomalies_sent() as sent,
+        verl_events.install(config(tmp_path, rules={"actor/grad_norm": {"spike": {"z": 6, "warmup": 5}}})),
+    ):
         for step, value in enumerate(values, 1):
             worker.update_actor(step_batch(step, **{"actor/grad_norm": value}))
 
     [line] = records(tmp_path)
     # History 1, 2, 64, 1, 2, 2, 1, 2: median 2, MAD 0.5, so z = 0.6745 * 14 / 0.5 = 18.9.
     assert (line["step"], line["rule"], line["value"], line["baseline"]) == (9, "spike", 16.0, 2.0)
-    assert line["detail"] == "actor/grad_norm 16 is 18.9 robust z above the median 2 of the last 8 values (MAD 0.5); the limit is 6"
+    assert (
+        line["detail"]
+        == "actor/grad_norm 16 is 18.9 robust z above the median 2 of the last 8 values (MAD 0.5); the limit is 6"
+    )
     assert [event.step for _, event in sent] == [9]
 
 
@@ -210,7 +216,9 @@ def test_ranks_writing_at_once_leave_whole_lines(tmp_path: Path) -> None:
     assert {(r["metric"], r["step"]) for r in lines} == {(f"thread{i}/loss", s) for i in range(4) for s in range(1, 26)}
 
 
-def test_a_failing_write_is_logged_and_the_signal_still_goes_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_write_is_logged_and_the_signal_still_goes_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     worker = Worker()
     with anomalies_sent() as sent, verl_events.install(config(tmp_path)):
         (tmp_path / ANOMALY_LOG).mkdir()  # the file cannot be opened for writing
@@ -220,14 +228,18 @@ def test_a_failing_write_is_logged_and_the_signal_still_goes_out(tmp_path: Path,
 
     assert [event.metric for _, event in sent] == ["actor/grad_norm"]
     [error] = [r for r in sentinel_logs(caplog) if r.levelno == logging.ERROR]
-    assert error.getMessage().startswith(f"sentinel: could not record the anomaly (actor/grad_norm at step 1) in {tmp_path / ANOMALY_LOG}: IsADirectoryError")
+    assert error.getMessage().startswith(
+        f"sentinel: could not record the anomaly (actor/grad_norm at step 1) in {tmp_path / ANOMALY_LOG}: IsADirectoryError"
+    )
 
 
 def test_a_save_path_holding_another_runs_anomalies_is_refused(tmp_path: Path) -> None:
     (tmp_path / ANOMALY_LOG).write_text('{"step": 1}\n')
     (tmp_path / RUN_FILE).write_text(json.dumps({"run_id": "another-run"}))
 
-    with pytest.raises(ConfigError, match=r"already holds 1 anomaly record file\(s\) from another run \(run 'another-run'"):
+    with pytest.raises(
+        ConfigError, match=r"already holds 1 anomaly record file\(s\) from another run \(run 'another-run'"
+    ):
         verl_events.install(config(tmp_path))
 
 
@@ -237,25 +249,63 @@ def test_a_save_path_holding_another_runs_anomalies_is_refused(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"rules": {"actor/grad_norm": {"above": "big"}}}, "option rules.actor/grad_norm.above: 'big' is not allowed; use a number"),
-        ({"rules": {"actor/grad_norm": {"above": True}}}, "option rules.actor/grad_norm.above: True is not allowed; use a number"),
-        ({"rules": {"actor/grad_norm": {"below": float("nan")}}}, "option rules.actor/grad_norm.below: nan is not allowed; use a finite number"),
-        ({"rules": {"actor/grad_norm": {"abvoe": 1}}}, "option rules.actor/grad_norm: unknown key 'abvoe'; use any of above, below, spike, non_finite"),
-        ({"rules": {"actor/grad_norm": 1000}}, "option rules.actor/grad_norm: 1000 is not allowed; use a mapping with any of above, below, spike, non_finite"),
-        ({"rules": ["actor/grad_norm"]}, r"option rules: \['actor/grad_norm'\] is not allowed; use a mapping of metric name to its rules"),
-        ({"rules": {"x": {"above": 1, "below": 2}}}, r"option rules.x: above \(1\) is less than below \(2\), so every value would trigger"),
+        (
+            {"rules": {"actor/grad_norm": {"above": "big"}}},
+            "option rules.actor/grad_norm.above: 'big' is not allowed; use a number",
+        ),
+        (
+            {"rules": {"actor/grad_norm": {"above": True}}},
+            "option rules.actor/grad_norm.above: True is not allowed; use a number",
+        ),
+        (
+            {"rules": {"actor/grad_norm": {"below": float("nan")}}},
+            "option rules.actor/grad_norm.below: nan is not allowed; use a finite number",
+        ),
+        (
+            {"rules": {"actor/grad_norm": {"abvoe": 1}}},
+            "option rules.actor/grad_norm: unknown key 'abvoe'; use any of above, below, spike, non_finite",
+        ),
+        (
+            {"rules": {"actor/grad_norm": 1000}},
+            "option rules.actor/grad_norm: 1000 is not allowed; use a mapping with any of above, below, spike, non_finite",
+        ),
+        (
+            {"rules": ["actor/grad_norm"]},
+            r"option rules: \['actor/grad_norm'\] is not allowed; use a mapping of metric name to its rules",
+        ),
+        (
+            {"rules": {"x": {"above": 1, "below": 2}}},
+            r"option rules.x: above \(1\) is less than below \(2\), so every value would trigger",
+        ),
         ({"rules": {"x": {"non_finite": "yes"}}}, "option rules.x.non_finite: 'yes' is not allowed; use true or false"),
-        ({"rules": {"x": {"spike": "on"}}}, "option rules.x.spike: 'on' is not allowed; use true, false, or a mapping with any of z, warmup, window, direction"),
+        (
+            {"rules": {"x": {"spike": "on"}}},
+            "option rules.x.spike: 'on' is not allowed; use true, false, or a mapping with any of z, warmup, window, direction",
+        ),
         ({"rules": {"x": {"spike": {"z": -1}}}}, "option rules.x.spike.z: -1.0 is not allowed; use a positive number"),
-        ({"rules": {"x": {"spike": {"warmup": 2}}}}, r"option rules.x.spike.warmup: 2 is not allowed; use an integer of at least 3 \(a median and MAD need at least 3 values\)"),
-        ({"rules": {"x": {"spike": {"warmup": 10, "window": 5}}}}, r"option rules.x.spike: warmup \(10\) is larger than window \(5\)"),
-        ({"rules": {"x": {"spike": {"direction": "sideways"}}}}, "option rules.x.spike.direction: 'sideways' is not allowed; use one of 'up', 'down', 'both'"),
-        ({"rules": {"x": {"spike": {"zz": 1}}}}, "option rules.x.spike: unknown key 'zz'; use any of z, warmup, window, direction"),
+        (
+            {"rules": {"x": {"spike": {"warmup": 2}}}},
+            r"option rules.x.spike.warmup: 2 is not allowed; use an integer of at least 3 \(a median and MAD need at least 3 values\)",
+        ),
+        (
+            {"rules": {"x": {"spike": {"warmup": 10, "window": 5}}}},
+            r"option rules.x.spike: warmup \(10\) is larger than window \(5\)",
+        ),
+        (
+            {"rules": {"x": {"spike": {"direction": "sideways"}}}},
+            "option rules.x.spike.direction: 'sideways' is not allowed; use one of 'up', 'down', 'both'",
+        ),
+        (
+            {"rules": {"x": {"spike": {"zz": 1}}}},
+            "option rules.x.spike: unknown key 'zz'; use any of z, warmup, window, direction",
+        ),
         ({"check_names_after": 0}, "option check_names_after: 0 is not allowed; use an integer of at least 1"),
         ({"non_finite": "no"}, "option non_finite: 'no' is not allowed; use true or false"),
     ],
 )
-def test_bad_options_are_refused_at_install_naming_the_path(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+def test_bad_options_are_refused_at_install_naming_the_path(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ConfigError, match=rf"^observers\[0\] \(sentinel\): {message}"):
         verl_events.install(config(tmp_path, **options))
 
@@ -307,7 +357,9 @@ def test_a_run_shorter_than_the_check_is_checked_at_close(tmp_path: Path, caplog
     assert "rules name 'gap/log_prob_abs_max', which no stage of this process reported in step(s) 1" in message
 
 
-def test_no_warning_when_every_rule_name_was_reported_or_nothing_ran(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_no_warning_when_every_rule_name_was_reported_or_nothing_ran(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="verl_events.sentinel")
     worker = Worker()
     with verl_events.install(config(tmp_path, rules={"actor/grad_norm": {"above": 10}})):

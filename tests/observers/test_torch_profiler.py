@@ -55,11 +55,17 @@ def test_continuous_writes_one_trace_across_the_selected_steps(tmp_path: Path, m
     profile(tmp_path, model, range(1, 6), ("actor_compute_log_prob", "actor_update"), discrete=False, steps=["2-3"])
     [trace] = list(tmp_path.rglob("*.json"))
     assert str(trace.relative_to(tmp_path)) == "step_2/torch_profiler_step_2-3_rank0.json"
-    spans = [e for e in trace_events(trace) if e.get("name") in ("actor_update", "actor_compute_log_prob") and e.get("ph") == "X"]
+    spans = [
+        e
+        for e in trace_events(trace)
+        if e.get("name") in ("actor_update", "actor_compute_log_prob") and e.get("ph") == "X"
+    ]
     assert len(spans) == 4  # two stages on each of steps 2 and 3, none from 1, 4 or 5
 
 
-def test_ranks_and_repeated_stages_never_share_a_file(tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_and_repeated_stages_never_share_a_file(
+    tmp_path: Path, model: Small, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "torch_profiler"}]}):
         for rank in ("0", "1"):
             monkeypatch.setenv("RANK", rank)
@@ -82,7 +88,9 @@ def test_shapes_and_memory_contents_reach_the_trace(tmp_path: Path, model: Small
     assert any(e.get("name") == "[memory]" for e in events)
 
 
-def test_a_nested_stage_is_not_traced_separately(tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_nested_stage_is_not_traced_separately(
+    tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture
+) -> None:
     with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "torch_profiler"}]}):
         with stage("actor_update", step=1, model=model):
             with stage("actor_compute_log_prob", step=1, model=model):
@@ -107,9 +115,12 @@ def test_bad_options_are_rejected_at_install(tmp_path: Path, options: dict, patt
 
 
 def test_two_torch_profilers_on_one_stage_are_rejected(tmp_path: Path) -> None:
-    config = {"save_path": str(tmp_path), "observers": [
-        {"name": "torch_profiler", "steps": [1, 2]},
-        {"name": "torch_profiler", "discrete": False, "steps": [2, 3], "stages": ["actor_update"]},
-    ]}
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [
+            {"name": "torch_profiler", "steps": [1, 2]},
+            {"name": "torch_profiler", "discrete": False, "steps": [2, 3], "stages": ["actor_update"]},
+        ],
+    }
     with pytest.raises(ConfigError, match=r"observers 'torch_profiler' and 'torch_profiler#2' both need 'kineto'"):
         verl_events.install(config)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import time
-
-from verl_events.config import load_config, read_config
 from verl_events import ConfigError, ObserverSetupError
+from verl_events.config import load_config, read_config
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -129,7 +128,9 @@ def _report(args: argparse.Namespace) -> int:
 
     out = terminal_console(stderr=False)
     try:
-        text = report(Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet)
+        text = report(
+            Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet
+        )
     except TimingLogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -145,7 +146,16 @@ def _compare(args: argparse.Namespace) -> int:
     """Find where two msprobe dumps first diverge."""
     import json
 
-    from .compare import STATS, CompareInputError, Pick, compare_dumps, resolve_dump, resolve_tolerances, summary, write_csv
+    from .compare import (
+        STATS,
+        CompareInputError,
+        Pick,
+        compare_dumps,
+        resolve_dump,
+        resolve_tolerances,
+        summary,
+        write_csv,
+    )
     from .report import terminal_console
 
     b_root = Path(args.b) if args.b else Path(args.a)
@@ -161,7 +171,8 @@ def _compare(args: argparse.Namespace) -> int:
     )
     try:
         tolerances = resolve_tolerances(
-            {stat: getattr(args, f"{stat}_rtol") for stat in STATS}, {stat: getattr(args, f"{stat}_atol") for stat in STATS}
+            {stat: getattr(args, f"{stat}_rtol") for stat in STATS},
+            {stat: getattr(args, f"{stat}_atol") for stat in STATS},
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -222,7 +233,9 @@ def _print_comparison(result: dict[str, object], csv_path: str | None) -> None:
     if worst:
         print("Furthest from tolerance (|a-b| / tolerance; above 1 diverged):")
         for item in worst:
-            print(f"  {item['over_tol']:>10.3g}  {item['entry']}{'  (' + item['reason'] + ')' if item['reason'] else ''}")
+            print(
+                f"  {item['over_tol']:>10.3g}  {item['entry']}{'  (' + item['reason'] + ')' if item['reason'] else ''}"
+            )
     if csv_path:
         print(f"Full table: {csv_path}")
 
@@ -241,17 +254,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="run a miniature PPO loop on CPU with msprobe dumps and timing")
     demo.add_argument(
-        "--engine", choices=("tiny", "verl"), default="tiny",
+        "--engine",
+        choices=("tiny", "verl"),
+        default="tiny",
         help="tiny: the miniature loop (default); verl: verl's real trainer on CPU (needs verl-events[verl-cpu])",
     )
-    demo.add_argument("--config", help="observers YAML (default: msprobe L1 on steps 1-2 for actor/ref stages, timing always; "
-                      "verl engine: also torch.profiler on step 2's actor_update)")
+    demo.add_argument(
+        "--config",
+        help="observers YAML (default: msprobe L1 on steps 1-2 for actor/ref stages, timing always; "
+        "verl engine: also torch.profiler on step 2's actor_update)",
+    )
     demo.add_argument("--steps", type=int, help="training steps (default 6; verl engine 3)")
-    demo.add_argument("--save-path", help="output directory (default: a fresh outputs/demo-<time>, verl engine outputs/verl-demo-<time>)")
-    demo.add_argument("--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1; tiny engine)")
+    demo.add_argument(
+        "--save-path",
+        help="output directory (default: a fresh outputs/demo-<time>, verl engine outputs/verl-demo-<time>)",
+    )
+    demo.add_argument(
+        "--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1; tiny engine)"
+    )
     demo.add_argument("--seed", type=int, help="seed (default 0; tiny engine)")
-    demo.add_argument("--perturb", type=float, default=0.0, help="scale one actor weight (blocks.1.mlp.0) by 1+PERTURB, to try compare (tiny engine)")
-    demo.add_argument("--inject", metavar="KIND@STEP", help="nan@STEP or spike@STEP: corrupt that actor weight at STEP's update on the last rank, to try the sentinel (tiny engine; see docs/sentinel.md)")
+    demo.add_argument(
+        "--perturb",
+        type=float,
+        default=0.0,
+        help="scale one actor weight (blocks.1.mlp.0) by 1+PERTURB, to try compare (tiny engine)",
+    )
+    demo.add_argument(
+        "--inject",
+        metavar="KIND@STEP",
+        help="nan@STEP or spike@STEP: corrupt that actor weight at STEP's update on the last rank, to try the sentinel (tiny engine; see docs/sentinel.md)",
+    )
     demo.set_defaults(run_command=_demo)
 
     rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")
@@ -262,21 +294,30 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
     rep.set_defaults(run_command=_report)
 
-    cmp = commands.add_parser("compare", help="find where two msprobe dumps first diverge (exit 0 match, 1 diverged, 2 bad input)")
+    cmp = commands.add_parser(
+        "compare", help="find where two msprobe dumps first diverge (exit 0 match, 1 diverged, 2 bad input)"
+    )
     cmp.add_argument("a", help="run dir, stage dir, rank dir or dump.json")
     cmp.add_argument("b", nargs="?", help="the other side (default: A again, with --vs-step/--vs-rank)")
     cmp.add_argument("--step", type=int, help="global step to pick in a run dir")
     cmp.add_argument("--stage", help="stage to pick in a run dir")
     cmp.add_argument("--rank", type=int, default=0, help="rank to pick (default 0)")
-    cmp.add_argument("--call", type=int, default=0, help="msprobe inner step, for a stage run more than once per step (default 0)")
+    cmp.add_argument(
+        "--call", type=int, default=0, help="msprobe inner step, for a stage run more than once per step (default 0)"
+    )
     cmp.add_argument("--vs-step", type=int, help="step for B (default: --step)")
     cmp.add_argument("--vs-rank", type=int, help="rank for B (default: --rank)")
     from .compare import DEFAULT_TOLERANCES  # stdlib only at import: the parser stays cheap
 
     for stat, default in DEFAULT_TOLERANCES.items():
-        cmp.add_argument(f"--{stat}-rtol", type=float, help=f"relative tolerance of {stat}, a fraction of B's {stat} (default {default.rtol:g})")
         cmp.add_argument(
-            f"--{stat}-atol", type=float,
+            f"--{stat}-rtol",
+            type=float,
+            help=f"relative tolerance of {stat}, a fraction of B's {stat} (default {default.rtol:g})",
+        )
+        cmp.add_argument(
+            f"--{stat}-atol",
+            type=float,
             help=f"absolute tolerance of {stat}, a fraction of the tensor's largest |value| in B (default {default.atol:g})",
         )
     cmp.add_argument("--top", type=int, default=5, help="how many of the worst entries to list (default 5)")
@@ -286,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.set_defaults(run_command=_compare)
 
     tri = commands.add_parser(
-        "triage", help="name the op behind a run's first anomaly, from anomalies.jsonl and msprobe's dumps (exit 0 none, 1 anomaly, 2 bad input)"
+        "triage",
+        help="name the op behind a run's first anomaly, from anomalies.jsonl and msprobe's dumps (exit 0 none, 1 anomaly, 2 bad input)",
     )
     tri.add_argument("run", help="the run's save_path (holding anomalies.jsonl and step_*/ dumps)")
     tri.add_argument("--json", action="store_true", help="print the result as JSON")

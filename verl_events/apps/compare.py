@@ -92,7 +92,9 @@ def resolve_dump(path: Path, pick: Pick) -> Path:
             )
         stage_dir = path / f"step_{pick.step}" / pick.stage
         if not stage_dir.is_dir():
-            raise CompareInputError(f"{stage_dir} does not exist: step {pick.step} of stage {pick.stage!r} was not dumped")
+            raise CompareInputError(
+                f"{stage_dir} does not exist: step {pick.step} of stage {pick.stage!r} was not dumped"
+            )
         path = stage_dir
     if layout.holds_sessions(path):  # a stage directory: msprobe's dump_path
         path = layout.step_dir(path, pick.call)
@@ -211,12 +213,14 @@ class Tolerance:
 #: magnitude, so it gets an atol of 1e-3 of that magnitude: a layer norm's
 #: mean of 1e-9 in one run and exactly 0.0 in the other is no divergence,
 #: while a shift of the whole tensor by 0.1 % of its largest value is.
-DEFAULT_TOLERANCES: Mapping[str, Tolerance] = MappingProxyType({
-    "max": Tolerance(rtol=0.01),
-    "min": Tolerance(rtol=0.01),
-    "mean": Tolerance(rtol=0.01, atol=0.001),
-    "norm": Tolerance(rtol=0.001),
-})
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = MappingProxyType(
+    {
+        "max": Tolerance(rtol=0.01),
+        "min": Tolerance(rtol=0.01),
+        "mean": Tolerance(rtol=0.01, atol=0.001),
+        "norm": Tolerance(rtol=0.001),
+    }
+)
 
 
 def resolve_tolerances(
@@ -230,7 +234,9 @@ def resolve_tolerances(
     for kind, overrides in (("rtol", rtol or {}), ("atol", atol or {})):
         for stat, value in overrides.items():
             if stat not in resolved:
-                raise ValueError(f"compare has no statistic {stat!r} to give an {kind}; the statistics are {', '.join(STATS)}")
+                raise ValueError(
+                    f"compare has no statistic {stat!r} to give an {kind}; the statistics are {', '.join(STATS)}"
+                )
             if value is None:
                 continue
             if not (math.isfinite(value) and value >= 0):
@@ -395,7 +401,9 @@ def compare_rows(a: Path, b: Path, rows: list[Row], tolerances: Mapping[str, Tol
     every statistic raises ValueError."""
     resolved = dict(DEFAULT_TOLERANCES if tolerances is None else tolerances)
     if missing := [stat for stat in STATS if stat not in resolved]:
-        raise ValueError(f"compare tolerances must cover {', '.join(STATS)}; {', '.join(missing)} missing (resolve_tolerances fills in defaults)")
+        raise ValueError(
+            f"compare tolerances must cover {', '.join(STATS)}; {', '.join(missing)} missing (resolve_tolerances fills in defaults)"
+        )
     for row in rows:
         row.problem = judge(row, resolved)
         row.over = over_tolerance(row, resolved)
@@ -421,13 +429,17 @@ def write_csv(comparison: Comparison, path: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(
             ["index", "entry", "op", "matched", "dtype_a", "dtype_b"]
-            + [f"{s}_over_tol" for s in STATS] + [f"{s}_a" for s in STATS] + [f"{s}_b" for s in STATS]
+            + [f"{s}_over_tol" for s in STATS]
+            + [f"{s}_a" for s in STATS]
+            + [f"{s}_b" for s in STATS]
             + ["verdict", "reason"]
         )
         for index, row in enumerate(comparison.rows):
             writer.writerow(
                 [index, row.entry, row.op, row.matched, *row.dtypes]
-                + [row.over.get(s) for s in STATS] + [row.a_stats.get(s) for s in STATS] + [row.b_stats.get(s) for s in STATS]
+                + [row.over.get(s) for s in STATS]
+                + [row.a_stats.get(s) for s in STATS]
+                + [row.b_stats.get(s) for s in STATS]
                 + ["diverged" if row.problem else "ok", row.problem]
             )
 

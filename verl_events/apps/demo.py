@@ -284,7 +284,10 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
     try:
         config = options.config
         if options.inject is not None:
-            config = {**config, "observers": [*config.get("observers", []), options.inject.observer_entry(options.nproc)]}
+            config = {
+                **config,
+                "observers": [*config.get("observers", []), options.inject.observer_entry(options.nproc)],
+            }
         with verl_events.install(config):
             for step in range(1, options.steps + 1):
                 prompts = torch.randint(0, VOCAB, (BATCH, PROMPT_LEN), generator=data_rng)
@@ -347,6 +350,7 @@ def run_demo(options: DemoOptions) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from verl_events.layout import run_id
+
     from .report import terminal_console
 
     console = terminal_console(stderr=True)
@@ -364,7 +368,12 @@ def run_demo(options: DemoOptions) -> Path:
             # Its message is the rank's whole traceback; its last line says what happened.
             raise DemoRankError(f"a demo rank failed: {str(exc).strip().splitlines()[-1]}") from exc
     else:
-        columns = (TextColumn("[bold]step {task.fields[step]}[/] {task.fields[stage]:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (
+            TextColumn("[bold]step {task.fields[step]}[/] {task.fields[stage]:<24}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=console) as bar:
             task = bar.add_task("demo", total=options.steps * len(DEMO_STAGES), step=1, stage="")
 

@@ -25,9 +25,8 @@ from typing import Any
 
 import yaml
 
-from verl_events.config import load_config, read_config
 from verl_events import ConfigError, ObserverSetupError
-from verl_events.config import from_verl_config, is_verl_config
+from verl_events.config import from_verl_config, is_verl_config, load_config, read_config
 
 __all__ = ["DEFAULT_STEPS", "JOB_DIR", "command", "default_config", "missing_modules", "prepare_config", "run"]
 
@@ -46,7 +45,9 @@ def default_config(save_path: str) -> dict[str, Any]:
     from .demo import default_config as fast_demo_config
 
     config = fast_demo_config(save_path)
-    config["observers"].append({"name": "torch_profiler", "steps": [2], "stages": ["actor_update"], "contents": ["cpu"]})
+    config["observers"].append(
+        {"name": "torch_profiler", "steps": [2], "stages": ["actor_update"], "contents": ["cpu"]}
+    )
     return config
 
 
@@ -64,7 +65,10 @@ def _unsupported(args: argparse.Namespace) -> tuple[str, str] | None:
     if args.seed is not None:
         return "--seed", "the job seeds itself, see verl_events.apps.verl_cpu.job"
     if args.inject is not None:
-        return "--inject", "it changes the tiny engine's model; under verl add a WeightFault observer, see docs/sentinel.md"
+        return (
+            "--inject",
+            "it changes the tiny engine's model; under verl add a WeightFault observer, see docs/sentinel.md",
+        )
     return None
 
 
@@ -110,9 +114,10 @@ def preflight(config: dict[str, Any]) -> None:
 def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     """Prepare the job, write the observers file, run verl's trainer with it and
     print the summary; return the trainer's exit code."""
+    from verl_events.verl_bridge import CONFIG_ENV
+
     from .demo import print_summary
     from .report import terminal_console
-    from verl_events.verl_bridge import CONFIG_ENV
     from .verl_cpu.job import prepare, run_trainer, trainer_args, trainer_env
 
     console = terminal_console(stderr=True)
@@ -123,10 +128,7 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     with console.status(f"demo: preparing the tiny job under {job_dir}"):
         files = prepare(job_dir)
-    console.print(
-        f"demo: verl's main_ppo, {steps} steps on CPU, job files in {files.root}; "
-        f"{CONFIG_ENV}={config_path}"
-    )
+    console.print(f"demo: verl's main_ppo, {steps} steps on CPU, job files in {files.root}; {CONFIG_ENV}={config_path}")
     env = trainer_env()
     env[CONFIG_ENV] = str(config_path)
     code = run_trainer(trainer_args(files, steps=steps, save_path=save_path), env)
@@ -142,7 +144,10 @@ def command(args: argparse.Namespace) -> int:
     problem = _unsupported(args)
     if problem is not None:
         option, why = problem
-        print(f"error: {option} is not supported with --engine verl ({why}); it is an option of --engine tiny", file=sys.stderr)
+        print(
+            f"error: {option} is not supported with --engine verl ({why}); it is an option of --engine tiny",
+            file=sys.stderr,
+        )
         return 2
     steps = DEFAULT_STEPS if args.steps is None else args.steps
     if steps < 1:
@@ -159,4 +164,3 @@ def command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return run(config, steps)  # Ctrl-C: the CLI's one line
-

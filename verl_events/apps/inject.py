@@ -47,7 +47,6 @@ class WeightFault(Observer):
             self.done = True
         name, weight = self._weight(event.model)
         import torch
-
         from torch.distributed.tensor import DTensor
 
         with torch.no_grad():

@@ -75,7 +75,9 @@ STATS = ("Max", "Min", "Mean", "Norm")
 LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe"})
 
 #: A module entry: ``Module.{path}.{Class}.{forward|backward|parameters_grad}.{n}``.
-MODULE_ENTRY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<n>\d+)$")
+MODULE_ENTRY = re.compile(
+    r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<n>\d+)$"
+)
 _API = re.compile(r"^(?P<api>.+\.\d+)\.(?P<dir>forward|backward)$")
 _FRAME = re.compile(r"^File (?P<file>.*), line (?P<line>\d+), in (?P<function>.*?), \n ?(?P<code>.*)$", re.DOTALL)
 _STAGE_ORDER = {stage: i for i, stage in enumerate(STAGE_ROLES)}
@@ -104,7 +106,11 @@ def find_dumps(run: Path) -> list[Dump]:
     dumps = []
     for rank_dir in session_dirs(run):
         parts = rank_dir.relative_to(run).parts
-        step, call, rank = parts[0].removeprefix("step_"), parts[2].removeprefix("step"), rank_dir.name.removeprefix("rank")
+        step, call, rank = (
+            parts[0].removeprefix("step_"),
+            parts[2].removeprefix("step"),
+            rank_dir.name.removeprefix("rank"),
+        )
         if step.isdigit() and call.isdigit() and rank.isdigit():
             dumps.append(Dump(rank_dir, int(step), parts[1], int(call), int(rank)))
     return sorted(dumps, key=lambda d: (d.order, d.rank))
@@ -205,7 +211,12 @@ def user_frame(frames: list[str]) -> dict[str, Any] | None:
     for frame in frames:
         match = _FRAME.match(frame)
         if match and not is_library_frame(match["file"]):
-            return {"file": match["file"], "line": int(match["line"]), "function": match["function"], "code": match["code"].strip()}
+            return {
+                "file": match["file"],
+                "line": int(match["line"]),
+                "function": match["function"],
+                "code": match["code"].strip(),
+            }
     return None
 
 

@@ -202,4 +202,9 @@ def observer_hooks(records: Iterable[TimingRecord], stage_order: Iterable[str] =
             times.setdefault((name, record.stage), []).append(float(seconds))
     order = {stage: index for index, stage in enumerate(stage_order)}
     keys = sorted(times, key=lambda k: (k[0], order.get(k[1], len(order)), k[1]))
-    return [ObserverHooks(name, stage, statistics.median(times[(name, stage)]), max(times[(name, stage)]), len(times[(name, stage)])) for name, stage in keys]
+    return [
+        ObserverHooks(
+            name, stage, statistics.median(times[(name, stage)]), max(times[(name, stage)]), len(times[(name, stage)])
+        )
+        for name, stage in keys
+    ]

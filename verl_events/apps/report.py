@@ -15,6 +15,7 @@ from typing import Any
 
 from verl_events import STAGE_ROLES
 from verl_events.layout import TIMING_DIR, incomplete_sessions, timing_log_files
+
 from .overhead import (
     ObserverHooks,
     StageOverhead,
@@ -127,7 +128,15 @@ def chrome_trace(records: list[TimingRecord]) -> dict[str, Any]:
         pieces.append(("body", record.elapsed_s))
         pieces += [(f"{name} end", ends.get(name, 0.0)) for name in reversed(observers)]
         for name, seconds in pieces:
-            events.append({**common, "name": name, "ts": cursor, "dur": seconds * 1e6, "cat": "hook" if name != "body" else "body"})
+            events.append(
+                {
+                    **common,
+                    "name": name,
+                    "ts": cursor,
+                    "dur": seconds * 1e6,
+                    "cat": "hook" if name != "body" else "body",
+                }
+            )
             cursor += seconds * 1e6
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 

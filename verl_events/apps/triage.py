@@ -117,8 +117,10 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
             skipped.append(f"{path}:{number} is not a JSON line ({exc}) and was skipped")
             continue
         if not (
-            isinstance(record, dict) and all(key in record for key in RECORD_KEYS)
-            and isinstance(record["rank"], int) and isinstance(record["stage"], str)
+            isinstance(record, dict)
+            and all(key in record for key in RECORD_KEYS)
+            and isinstance(record["rank"], int)
+            and isinstance(record["stage"], str)
             and (record["step"] is None or isinstance(record["step"], int))
         ):
             skipped.append(
@@ -172,7 +174,9 @@ def triage(run: Path) -> Triage:
     TriageInputError when ``run`` is not a directory or its anomalies.jsonl
     cannot be read; unreadable lines become ``warnings``."""
     if not run.is_dir():
-        raise TriageInputError(f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run")
+        raise TriageInputError(
+            f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
+        )
     result = Triage(run, [])
     anomalies = read_anomalies(run, result.warnings)
     if not anomalies:
@@ -183,7 +187,9 @@ def triage(run: Path) -> Triage:
     runs = list(dict.fromkeys(str(a.record["run"]) for a in anomalies if a.record.get("run") is not None))
     owner = owner_of(run)
     if len(runs) > 1 or (runs and owner is not None and runs != [owner]):
-        result.warnings.append(f"{anomaly_log_path(run)} names run(s) {', '.join(runs)}; the dumps belong to run {owner}")
+        result.warnings.append(
+            f"{anomaly_log_path(run)} names run(s) {', '.join(runs)}; the dumps belong to run {owner}"
+        )
     anomaly = result.anomalies[0]
     if anomaly.step is None:
         result.reason = "the anomaly has no step, so triage cannot tell which dumps follow it"
@@ -197,8 +203,10 @@ def triage(run: Path) -> Triage:
         return result
     rank = anomaly.record["rank"]
     if not any(d.rank == rank for d in dumps):
-        result.notes.append(f"rank {rank} has no dump after step {anomaly.step}; the dumps of rank(s) "
-                            f"{', '.join(map(str, sorted({d.rank for d in dumps})))} are used instead")
+        result.notes.append(
+            f"rank {rank} has no dump after step {anomaly.step}; the dumps of rank(s) "
+            f"{', '.join(map(str, sorted({d.rank for d in dumps})))} are used instead"
+        )
     else:
         dumps = [d for d in dumps if d.rank == rank]
     if anomaly.rule == "non_finite":
@@ -276,19 +284,34 @@ def render(result: Triage, console: Any) -> None:
         return
     if finding.others is not None:
         output = "" if finding.factor is None else f"; its output norm x{finding.factor:.3g}"
-        say("op", f"{finding.op}  (parameter {finding.parameter} moved x{finding.parameter_factor:.3g}, the median parameter "
-            f"x{finding.others:.4g}: the first op to read it, {', '.join(finding.parts)}{output})", "bold red")
+        say(
+            "op",
+            f"{finding.op}  (parameter {finding.parameter} moved x{finding.parameter_factor:.3g}, the median parameter "
+            f"x{finding.others:.4g}: the first op to read it, {', '.join(finding.parts)}{output})",
+            "bold red",
+        )
     elif finding.factor is None:
         say("op", f"{finding.op}  (first in execution order with a NaN/Inf: {', '.join(finding.parts)})", "bold red")
     else:
-        largest = "the largest move" if finding.largest is None else (
-            f"the earliest move of the order of the largest, {finding.largest[0]} x{finding.largest[1]:.3g}")
+        largest = (
+            "the largest move"
+            if finding.largest is None
+            else (f"the earliest move of the order of the largest, {finding.largest[0]} x{finding.largest[1]:.3g}")
+        )
         say("op", f"{finding.op}  ({', '.join(finding.parts)} norm x{finding.factor:.3g}: {largest})", "bold red")
-    say("module", f"{finding.module} ({finding.module_entry})" if finding.module else
-        "none recorded (level L1 records no modules, and msprobe never hooks the root model)")
+    say(
+        "module",
+        f"{finding.module} ({finding.module_entry})"
+        if finding.module
+        else "none recorded (level L1 records no modules, and msprobe never hooks the root model)",
+    )
     if finding.parameter:
         moved = "" if finding.parameter_factor is None else f" (moved x{finding.parameter_factor:.3g})"
         say("param", finding.parameter + moved)
     source = finding.source
-    say("source", f"{source['file']}:{source['line']} in {source['function']}: {source['code']}" if source else
-        "no user frame in its call stack (stack.json missing, or every frame in torch/msprobe/the stdlib)")
+    say(
+        "source",
+        f"{source['file']}:{source['line']} in {source['function']}: {source['code']}"
+        if source
+        else "no user frame in its call stack (stack.json missing, or every frame in torch/msprobe/the stdlib)",
+    )

@@ -29,10 +29,17 @@ class Finding:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "op": self.op, "parts": self.parts, "module": self.module, "module_entry": self.module_entry,
-            "parameter": self.parameter, "source": self.source,
-            "factor": _json_number(self.factor), "parameter_factor": _json_number(self.parameter_factor),
-            "largest": None if self.largest is None else {"op": self.largest[0], "factor": _json_number(self.largest[1])},
+            "op": self.op,
+            "parts": self.parts,
+            "module": self.module,
+            "module_entry": self.module_entry,
+            "parameter": self.parameter,
+            "source": self.source,
+            "factor": _json_number(self.factor),
+            "parameter_factor": _json_number(self.parameter_factor),
+            "largest": None
+            if self.largest is None
+            else {"op": self.largest[0], "factor": _json_number(self.largest[1])},
         }
 
 

@@ -41,8 +41,11 @@ def _name_parameter(finding: Finding, session: Session, own: dict[str, dict[str,
     if own_params := [label.split(".")[1] for label in bad if label.startswith("parameters.")]:
         finding.parameter = f"{finding.module}.{own_params[0]}"
         return
-    params = [(name, stats) for name, stats in tensors(session.entries.get(finding.module_entry, {}).get("parameters", {}))
-              if non_finite(stats)]
+    params = [
+        (name, stats)
+        for name, stats in tensors(session.entries.get(finding.module_entry, {}).get("parameters", {}))
+        if non_finite(stats)
+    ]
     for name, stats in params:
         for i, label in enumerate(bad):
             if same_tensor(stats, own[label]):

@@ -82,8 +82,15 @@ def output_scales(session: Session) -> dict[tuple[str, str], float]:
     known: dict[str, float] = {}
     scales: dict[tuple[str, str], float] = {}
     for entry, value in session.entries.items():
-        parts = [(label, stats, rms) for label, stats in tensors(value) if (rms := _rms(stats)) is not None and math.isfinite(rms)]
-        source = max((known.get(tensor_identity(stats), rms) for label, stats, rms in parts if not _is_output(entry, label)), default=0.0)
+        parts = [
+            (label, stats, rms)
+            for label, stats in tensors(value)
+            if (rms := _rms(stats)) is not None and math.isfinite(rms)
+        ]
+        source = max(
+            (known.get(tensor_identity(stats), rms) for label, stats, rms in parts if not _is_output(entry, label)),
+            default=0.0,
+        )
         for label, stats, rms in parts:
             if _is_output(entry, label):
                 scale = scales[entry, label] = max(rms, source)
@@ -116,7 +123,10 @@ def output_moves(armed: Session, healthy: Session) -> list[tuple[str, float, lis
         factors = {
             label: _factor(new, then, NEAR_ZERO * scales.get((entry, label), 0.0))
             for label, stats in tensors(value)
-            if _is_output(entry, label) and label in old and (new := _rms(stats)) is not None and (then := _rms(old[label])) is not None
+            if _is_output(entry, label)
+            and label in old
+            and (new := _rms(stats)) is not None
+            and (then := _rms(old[label])) is not None
         }
         if factors:
             top = max(factors.values())
@@ -157,7 +167,8 @@ def parameter_moves(armed: Session, healthy: Session) -> dict[str, ParameterMove
     moves = {}
     for full, (module, entry, name, new, old) in pairs.items():
         factors = [
-            _factor(a, b, floor) for measure, floor in zip(measures, floors, strict=True)
+            _factor(a, b, floor)
+            for measure, floor in zip(measures, floors, strict=True)
             if (a := measure(new)) is not None and (b := measure(old)) is not None
         ]
         if factors:
