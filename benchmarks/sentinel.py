@@ -7,8 +7,9 @@ process, as ``verl-events demo`` runs it) with no observers, with the
 sentinel alone on every stage (rules that exercise every check: thresholds
 and spikes on the demo's metrics), and, to tell the bus's share from the
 sentinel's, with an observer that does nothing but ask for every stage's
-result; the runs are interleaved, after one discarded warm-up run.  A step's time runs from its first stage to the next step's first stage
-(the demo's progress callback), so the first step (warm-up) and the last (no
+result; the runs are interleaved in a rotating order, after one discarded
+warm-up run.  A step's time runs from its first stage to the next step's
+first stage (the demo's progress callback), so the first step (warm-up) and the last (no
 next step) of each run are left out.
 
 torch runs on one thread, as each rank of ``verl-events demo --nproc N``
@@ -127,7 +128,9 @@ def run(observers: list[dict[str, Any]], steps: int) -> dict[str, list[float]]:
 VERL_CONFIGS = ("unprofiled", "sentinel")
 
 
-def verl_run(sentinel: bool, files: JobFiles, steps: int, save: Path) -> tuple[dict[int, float], dict[int, float], float, int]:
+def verl_run(
+    sentinel: bool, files: JobFiles, steps: int, save: Path
+) -> tuple[dict[int, float], dict[int, float], float, int]:
     """One ``main_ppo`` run into ``save``: per step, the whole step's seconds and the
     watched stages' seconds (steps 2 .. steps); the run's wall seconds; the number of
     lines the sentinel wrote to ``anomalies.jsonl`` (0 when it wrote none)."""
@@ -146,8 +149,10 @@ def verl_run(sentinel: bool, files: JobFiles, steps: int, save: Path) -> tuple[d
     timers = {step: found for step, found in timers.items() if "step" in found}
     if rc != 0 or sorted(timers) != list(range(1, steps + 1)):
         tail = "\n".join(text.splitlines()[-40:])
-        sys.exit(f"verl {'sentinel' if sentinel else 'unprofiled'}: main_ppo exited {rc}, step timers for steps "
-                 f"{sorted(timers)} of 1..{steps}; last lines of {log}:\n{tail}")
+        sys.exit(
+            f"verl {'sentinel' if sentinel else 'unprofiled'}: main_ppo exited {rc}, step timers for steps "
+            f"{sorted(timers)} of 1..{steps}; last lines of {log}:\n{tail}"
+        )
     anomalies = save / "events" / ANOMALY_LOG
     found = len(anomalies.read_text().splitlines()) if anomalies.exists() else 0
     kept = range(2, steps + 1)  # step 1 is the trainer's warm-up
@@ -165,31 +170,43 @@ def verl_rounds(rounds: int, steps: int) -> tuple[float, float]:
     step_times: dict[str, list[float]] = {name: [] for name in VERL_CONFIGS}
     stage_times: dict[str, list[float]] = {name: [] for name in VERL_CONFIGS}
     fired: list[int] = []
-    print(f"\nverl 0.9.1 main_ppo, tiny CPU job: {steps} steps a run (step 1 not timed), {rounds} round(s), "
-          "order alternating; the trainer's own timers")
+    print(
+        f"\nverl 0.9.1 main_ppo, tiny CPU job: {steps} steps a run (step 1 not timed), {rounds} round(s), "
+        "order alternating; the trainer's own timers"
+    )
     with tempfile.TemporaryDirectory(prefix="sentinel_bench_verl_") as scratch:
         files = prepare(Path(scratch) / "job")
         for round_index in range(1, rounds + 1):
             order = VERL_CONFIGS if round_index % 2 else VERL_CONFIGS[::-1]
             for name in order:
-                times, stages, wall, anomalies = verl_run(name == "sentinel", files, steps, Path(scratch) / f"{name}_{round_index}")
+                times, stages, wall, anomalies = verl_run(
+                    name == "sentinel", files, steps, Path(scratch) / f"{name}_{round_index}"
+                )
                 step_times[name] += times.values()
                 stage_times[name] += stages.values()
                 if name == "sentinel":
                     fired.append(anomalies)
-                print(f"  round {round_index} {name:<10} wall {wall:5.1f} s  step s: "
-                      + " ".join(f"{t:.3f}" for t in times.values())
-                      + "  stages s: " + " ".join(f"{t:.3f}" for t in stages.values()), flush=True)
+                print(
+                    f"  round {round_index} {name:<10} wall {wall:5.1f} s  step s: "
+                    + " ".join(f"{t:.3f}" for t in times.values())
+                    + "  stages s: "
+                    + " ".join(f"{t:.3f}" for t in stages.values()),
+                    flush=True,
+                )
     step_ratio = statistics.median(step_times["sentinel"]) / statistics.median(step_times["unprofiled"])
     stage_ratio = statistics.median(stage_times["sentinel"]) / statistics.median(stage_times["unprofiled"])
     print(f"median over steps 2-{steps}     whole step   watched stages ({' + '.join(STAGE_TIMERS)})")
     for name in VERL_CONFIGS:
-        print(f"  {name:<12} {statistics.median(step_times[name]):9.3f} s  {statistics.median(stage_times[name]):9.3f} s")
+        print(
+            f"  {name:<12} {statistics.median(step_times[name]):9.3f} s  {statistics.median(stage_times[name]):9.3f} s"
+        )
     print(f"  sentinel / unprofiled {step_ratio:9.4f}    {stage_ratio:9.4f}")
     if any(fired):
         print(f"anomalies.jsonl: the sentinel runs wrote {fired} line(s): a false alarm on a healthy job")
     else:
-        print(f"anomalies.jsonl: none written by any of the {len(fired)} sentinel run(s): a healthy run, no false alarm")
+        print(
+            f"anomalies.jsonl: none written by any of the {len(fired)} sentinel run(s): a healthy run, no false alarm"
+        )
     return step_ratio, stage_ratio
 
 
@@ -198,7 +215,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="demo steps per run (the first and last are not timed)")
     parser.add_argument("--repeats", type=int, default=8, help="runs per configuration, interleaved")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="what the last line compares")
-    parser.add_argument("--verl-rounds", type=int, default=1, help="rounds of the tiny verl job, each run without and with the sentinel (0: skip)")
+    parser.add_argument(
+        "--verl-rounds",
+        type=int,
+        default=1,
+        help="rounds of the tiny verl job, each run without and with the sentinel (0: skip)",
+    )
     parser.add_argument("--verl-steps", type=int, default=5, help="steps per verl run (step 1 is not timed)")
     args = parser.parse_args()
     if args.steps < 3:
@@ -214,15 +236,18 @@ def main() -> None:
     run([], 3)  # warm-up: torch's first passes, imports
     times: dict[str, dict[str, list[float]]] = {name: {clock: [] for clock in CLOCKS} for name in CONFIGS}
     TimedSentinel.spent = 0.0
-    for _ in range(args.repeats):
-        for name, observers in CONFIGS.items():
-            for clock, steps in run(observers, args.steps).items():
+    names = list(CONFIGS)
+    for repeat in range(args.repeats):
+        # A different configuration goes first each repeat: no order effect.
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            for clock, steps in run(CONFIGS[name], args.steps).items():
                 times[name][clock] += steps
     hook_per_step = TimedSentinel.spent / (args.repeats * args.steps)
 
     print(
         f"demo: {len(DEMO_STAGES)} stages a step, torch on 1 thread, "
-        f"{args.repeats} runs of {args.steps} steps per configuration, interleaved"
+        f"{args.repeats} runs of {args.steps} steps per configuration, interleaved in a rotating order"
     )
     for clock in CLOCKS:
         plain = times["unprofiled"][clock]
@@ -234,11 +259,16 @@ def main() -> None:
                 f"   ({min(mine) / min(plain):.4f}, {statistics.median(mine) / statistics.median(plain):.4f})"
             )
     base = min(times["unprofiled"][args.clock])
-    print(f"sentinel end hooks (CPU time): {hook_per_step * 1e3:.3f} ms per step, {hook_per_step / base * 100:.2f} % of the best unprofiled step")
+    print(
+        f"sentinel end hooks (CPU time): {hook_per_step * 1e3:.3f} ms per step, "
+        f"{hook_per_step / base * 100:.2f} % of the best unprofiled step"
+    )
     last = f"sentinel_vs_unprofiled_step={min(times['sentinel'][args.clock]) / base:.4f}"
     if args.verl_rounds:
         step_ratio, stage_ratio = verl_rounds(args.verl_rounds, args.verl_steps)
-        last += f" sentinel_vs_unprofiled_verl_step={step_ratio:.4f} sentinel_vs_unprofiled_verl_stages={stage_ratio:.4f}"
+        last += (
+            f" sentinel_vs_unprofiled_verl_step={step_ratio:.4f} sentinel_vs_unprofiled_verl_stages={stage_ratio:.4f}"
+        )
     print(last)
 
 
