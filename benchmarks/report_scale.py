@@ -91,12 +91,14 @@ def main() -> None:
             assert text is not None and json.loads(text)["records"] == records
             results.append((ranks, records, seconds))
             print(
-                f"ranks={ranks:<5} records={records:<8} report_s={seconds:7.3f}  us/record={seconds / records * 1e6:6.2f}"
+                f"ranks={ranks:<5} records={records:<8} report_s={seconds:7.3f}  "
+                f"us/record={seconds / records * 1e6:6.2f}"
             )
     (r_big, n_big, s_big), (r_small, n_small, s_small) = results[-1], results[-2]
     per_million = s_big / n_big * 1e6
     print(
-        f"seconds_per_million_records={per_million:.2f} ratio_{r_big}_vs_{r_small}_ranks={s_big / s_small:.1f} (records x{n_big / n_small:.0f})"
+        f"seconds_per_million_records={per_million:.2f} ratio_{r_big}_vs_{r_small}_ranks={s_big / s_small:.1f} "
+        f"(records x{n_big / n_small:.0f})"
     )
 
 

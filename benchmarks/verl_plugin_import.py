@@ -13,8 +13,8 @@ three variants, alternating ``--runs`` times:
 
 ``plugin - discover`` is our module's import; ``discover - none`` is verl's own discovery,
 which any installed plugin brings. Both are far below the run-to-run spread of a 2 s import,
-so the discover and none runs also time our module's import alone, right after ``import verl``. The last line: ``plugin_import_overhead_ms=<median of the
-paired differences plugin - none>``.
+so the discover and none runs also time our module's import alone, right after ``import verl``.
+The last line: ``plugin_import_overhead_ms=<median of the paired differences plugin - none>``.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def _parse_spike(where: str, spec: Any) -> SpikeRule | None:
         return SpikeRule()
     if not isinstance(spec, Mapping):
         raise ConfigError(
-            f"option {where}: {spec!r} is not allowed; use true, false, or a mapping with any of {', '.join(_SPIKE_KEYS)}"
+            f"option {where}: {spec!r} is not allowed; "
+            f"use true, false, or a mapping with any of {', '.join(_SPIKE_KEYS)}"
         )
     _refuse_unknown(where, spec, _SPIKE_KEYS)
     default = SpikeRule()

@@ -77,8 +77,8 @@ def test_a_failing_observer_is_logged_and_the_others_and_the_body_still_run(capl
     [record] = [r for r in caplog.records if r.name == "verl_events"]
     assert record.levelno == logging.ERROR
     assert (
-        "observer 'broken' failed in on_stage_begin for stage 'actor_update' (step 4, rank 0): RuntimeError: observer bug"
-        in record.getMessage()
+        "observer 'broken' failed in on_stage_begin for stage 'actor_update' (step 4, rank 0): "
+        "RuntimeError: observer bug" in record.getMessage()
     )
 
 
@@ -117,7 +117,8 @@ def test_strict_mode_raises_after_owed_end_hooks_and_skips_the_body() -> None:
     with verl_events.install({"strict": True}, observers=[outer, broken, inner]):
         with pytest.raises(
             ObserverError,
-            match=r"observer 'broken' failed in on_stage_begin for stage 'actor_update' \(step 1, rank 0\); strict mode",
+            match=r"observer 'broken' failed in on_stage_begin for stage 'actor_update' \(step 1, rank 0\); "
+            r"strict mode",
         ) as raised:
             with stage("actor_update", step=1):
                 ran = True

@@ -28,8 +28,8 @@ def test_check_prints_the_nsys_launch_line(tmp_path: Path, capsys: pytest.Captur
     config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: nsys\n    discrete: false\n    steps: [1, 2, 5]\n")
     assert main(["check", str(config)]) == 0
     assert (
-        "launch with: nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=repeat-shutdown:2"
-        in capsys.readouterr().out
+        "launch with: nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi "
+        "--capture-range-end=repeat-shutdown:2" in capsys.readouterr().out
     )
 
 

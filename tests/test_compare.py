@@ -201,12 +201,12 @@ def test_the_command_line_help_states_the_default_tolerances(capsys: pytest.Capt
     text = " ".join(capsys.readouterr().out.split())
     for stat, tolerance in DEFAULT_TOLERANCES.items():
         assert (
-            f"--{stat}-rtol {stat.upper()}_RTOL relative tolerance of {stat}, a fraction of B's {stat} (default {tolerance.rtol:g})"
-            in text
+            f"--{stat}-rtol {stat.upper()}_RTOL relative tolerance of {stat}, "
+            f"a fraction of B's {stat} (default {tolerance.rtol:g})" in text
         )
         assert (
-            f"--{stat}-atol {stat.upper()}_ATOL absolute tolerance of {stat}, a fraction of the tensor's largest |value| in B (default {tolerance.atol:g})"
-            in text
+            f"--{stat}-atol {stat.upper()}_ATOL absolute tolerance of {stat}, "
+            f"a fraction of the tensor's largest |value| in B (default {tolerance.atol:g})" in text
         )
 
 

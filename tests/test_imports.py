@@ -13,7 +13,10 @@ TOOLS = ("torch", "msprobe", "nvtx", "torch_npu", "verl", "ray", "omegaconf", "m
 
 
 def test_importing_the_packages_loads_no_tool_library() -> None:
-    script = f"import sys, verl_events, verl_events.testing, verl_events.observers; print([m for m in {TOOLS!r} if m in sys.modules])"
+    script = (
+        "import sys, verl_events, verl_events.testing, verl_events.observers; "
+        f"print([m for m in {TOOLS!r} if m in sys.modules])"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -36,7 +36,8 @@ def test_install_twice_is_an_error_naming_the_open_installation() -> None:
     with install(observers=[RecordingObserver()]):
         with pytest.raises(
             RuntimeError,
-            match=r"already installed in this process \(<Installation \[RecordingObserver\]>\); close that handle first",
+            match=r"already installed in this process \(<Installation \[RecordingObserver\]>\); "
+            r"close that handle first",
         ):
             install()
 
@@ -128,7 +129,8 @@ def claim(name: str, **selection: object) -> Observer:
 def test_two_observers_on_one_exclusive_resource_and_overlapping_stages_are_rejected() -> None:
     with pytest.raises(
         verl_events.ConfigError,
-        match=r"observers 'torch_profiler' and 'npu' both need 'kineto' \(the torch profiler's one Kineto session per process\) on overlapping stages",
+        match=r"observers 'torch_profiler' and 'npu' both need 'kineto' "
+        r"\(the torch profiler's one Kineto session per process\) on overlapping stages",
     ):
         install(observers=[claim("torch_profiler", steps=[1, 2]), claim("npu", steps=["2-3"])])
     assert verl_events.current_installation() is None

@@ -77,7 +77,8 @@ def test_an_entry_point_that_fails_to_import_names_distribution_and_entry_point(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(
         ConfigError,
-        match=r"entry point 'broken' \(broken_obs_mod:Broken\) of distribution 'broken_obs' failed to import: ImportError: needs libfoo",
+        match=r"entry point 'broken' \(broken_obs_mod:Broken\) of distribution 'broken_obs' failed to import: "
+        r"ImportError: needs libfoo",
     ):
         install({"observers": [{"name": "broken"}]})
 
@@ -110,7 +111,8 @@ def test_a_third_party_entry_point_is_a_first_class_observer(tmp_path: Path, mon
 def test_unknown_observer_options_list_the_allowed_ones() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"observers\[0\] \(recording\): unknown option 'timing'; RecordingObserver takes timings, fail_on, and every observer takes name, steps, stages, roles, ranks, priority, enabled",
+        match=r"observers\[0\] \(recording\): unknown option 'timing'; RecordingObserver takes timings, fail_on, "
+        r"and every observer takes name, steps, stages, roles, ranks, priority, enabled",
     ):
         install({"observers": [{"name": "recording", "timing": True}]})
 

@@ -367,9 +367,9 @@ def test_a_non_finite_anomaly_whose_dumps_hold_no_nan_says_it_did_not_recur(
     run = write_anomalies(copy_run(spike_run, tmp_path), loss_nan(step=2))
     result = triage_json(run, capsys)
     assert result["op"] is None
-    assert (
-        result["reason"]
-        == "none of the 1 dump(s) after step 2 (steps 3) holds a NaN or Inf: the non-finite value did not recur in the dumped stages"
+    assert result["reason"] == (
+        "none of the 1 dump(s) after step 2 (steps 3) holds a NaN or Inf: "
+        "the non-finite value did not recur in the dumped stages"
     )
 
 
@@ -413,7 +413,8 @@ def test_a_run_that_is_missing_or_not_a_directory_exits_2(tmp_path: Path, capsys
 def test_the_user_frame_is_the_first_outside_torch_msprobe_and_the_stdlib() -> None:
     site = "/env/lib/python3.11/site-packages"
     frames = [
-        f"File {site}/torch/nn/modules/linear.py, line 134, in forward, \n return F.linear(input, self.weight, self.bias)",
+        f"File {site}/torch/nn/modules/linear.py, line 134, in forward, "
+        "\n return F.linear(input, self.weight, self.bias)",
         "File /usr/lib/python3.11/contextlib.py, line 81, in inner, \n return func(*args, **kwds)",
         f"File {site}/transformers/models/llama/modeling_llama.py, line 200, in forward, \n x = self.up(x)",
         "File /work/train.py, line 9, in main, \n model(x)",

@@ -221,7 +221,8 @@ def test_a_verl_without_what_the_bridge_needs_is_a_clear_error(
     version = re.escape(verl.__version__)
     with pytest.raises(
         VerlBridgeError,
-        match=rf"verl {version} lacks verl\.utils\.profiler\.(DistProfiler\.)?{name}, which the verl_events bridge relies on",
+        match=rf"verl {version} lacks verl\.utils\.profiler\.(DistProfiler\.)?{name}, "
+        r"which the verl_events bridge relies on",
     ):
         install_verl_bridge()
     assert not verl_events.verl_bridge.verl_bridge_installed()
@@ -325,7 +326,8 @@ def test_rollout_generate_in_stages_is_dropped_with_a_warning(tmp_path: Path) ->
 def test_tools_without_an_observer_are_a_clear_error(tool: str) -> None:
     with pytest.raises(
         ConfigError,
-        match=rf"global_profiler.tool: '{tool}' has no verl_events observer; supported: precision_debugger, nsys, npu, torch",
+        match=rf"global_profiler.tool: '{tool}' has no verl_events observer; "
+        r"supported: precision_debugger, nsys, npu, torch",
     ):
         load_config({"global_profiler": {"tool": tool, "steps": [1]}})
 

@@ -45,7 +45,8 @@ def doc_blocks(language: str, doc: str = DOC) -> list[str]:
 
 
 def doc_commands(marker: str, *, without: str = "\0", doc: str = DOC) -> list[DocCommand]:
-    """The commands of the one main_ppo block of ``doc`` (docs/verl.md) that mentions ``marker`` (and not ``without``)."""
+    """The commands of the one main_ppo block of ``doc`` (docs/verl.md) that mentions ``marker``
+    (and not ``without``)."""
     blocks = [b for b in doc_blocks("bash", doc) if "verl.trainer.main_ppo" in b and marker in b and without not in b]
     assert len(blocks) == 1, f"the doc should have one main_ppo block with {marker!r}, not {without!r}"
     commands = []

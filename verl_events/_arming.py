@@ -104,7 +104,8 @@ class TriggerClock:
                 self._warned_unknown = True
                 logger.warning(
                     "anomaly in stage %r (metric %r) at an unknown step: armed observers cannot tell which "
-                    "step comes next, so nothing is captured for it (see docs/verl.md, 'Which step a stage belongs to')",
+                    "step comes next, so nothing is captured for it "
+                    "(see docs/verl.md, 'Which step a stage belongs to')",
                     event.stage,
                     event.metric,
                 )

@@ -68,7 +68,8 @@ class Child:
             if line is None:
                 self.finish()
                 raise AssertionError(
-                    f"the process ended (exit {self.proc.returncode}) before printing {prefix!r}; stderr:\n{self.stderr}"
+                    f"the process ended (exit {self.proc.returncode}) before printing {prefix!r}; "
+                    f"stderr:\n{self.stderr}"
                 )
             if line.startswith(prefix):
                 return line.rstrip("\n")

@@ -170,7 +170,8 @@ def test_dumps_from_another_run_are_refused_at_install(
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "second")
     with pytest.raises(
         ConfigError,
-        match=r"already holds 1 msprobe dump\(s\) from another run \(run 'first'; this is run 'second'\), e.g. .*step_1/actor_update/step0/rank0",
+        match=r"already holds 1 msprobe dump\(s\) from another run \(run 'first'; this is run 'second'\), "
+        r"e.g. .*step_1/actor_update/step0/rank0",
     ):
         verl_events.install(msprobe_config(tmp_path))
 
@@ -266,7 +267,8 @@ def test_missing_msprobe_warns_and_turns_the_observer_off(
     monkeypatch.setitem(sys.modules, "msprobe", None)  # how Python spells "not importable"
     with pytest.warns(
         VerlEventsWarning,
-        match=r"msprobe is not installed, so the msprobe observer is off; install it with: pip install 'verl-events\[msprobe\]'",
+        match=r"msprobe is not installed, so the msprobe observer is off; "
+        r"install it with: pip install 'verl-events\[msprobe\]'",
     ):
         installation = verl_events.install(msprobe_config(tmp_path))
     with installation:
@@ -290,8 +292,8 @@ def test_a_nested_stage_is_not_dumped_and_the_warning_names_both(
             with stage("actor_compute_log_prob", step=1, model=model):
                 run_model(model)
     assert (
-        "stage 'actor_compute_log_prob' (step 1, depth 1) is not dumped: stage 'actor_update' (step 1) already has msprobe's one-per-process session open"
-        in caplog.text
+        "stage 'actor_compute_log_prob' (step 1, depth 1) is not dumped: "
+        "stage 'actor_update' (step 1) already has msprobe's one-per-process session open" in caplog.text
     )
     assert [p.parts[-4] for p in (tmp_path / "out").rglob("dump.json")] == ["actor_update"]
 
@@ -558,7 +560,8 @@ def start_on_the_instance(self: object, model: object = None, rank_id: object = 
             "BasePrecisionDebugger",
             "set_init_step",
             classmethod(takes_step_and_loop),
-            "msprobe.pytorch.PrecisionDebugger.set_init_step(step): it is msprobe.pytorch.PrecisionDebugger.set_init_step(step, loop)",
+            "msprobe.pytorch.PrecisionDebugger.set_init_step(step): "
+            "it is msprobe.pytorch.PrecisionDebugger.set_init_step(step, loop)",
         ),
         (
             "PrecisionDebugger",

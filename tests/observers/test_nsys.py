@@ -117,7 +117,8 @@ def test_nsys_discrete_and_continuous_on_the_same_steps_are_rejected(tmp_path: P
     }
     with pytest.raises(
         ConfigError,
-        match=r"observers 'nsys' and 'nsys#2' both need 'cuda_profiler_api' \(the CUDA profiler API that nsys captures with\)",
+        match=r"observers 'nsys' and 'nsys#2' both need 'cuda_profiler_api' "
+        r"\(the CUDA profiler API that nsys captures with\)",
     ):
         with pytest.warns(VerlEventsWarning):
             verl_events.install(config)

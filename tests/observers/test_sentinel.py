@@ -229,7 +229,8 @@ def test_a_failing_write_is_logged_and_the_signal_still_goes_out(
     assert [event.metric for _, event in sent] == ["actor/grad_norm"]
     [error] = [r for r in sentinel_logs(caplog) if r.levelno == logging.ERROR]
     assert error.getMessage().startswith(
-        f"sentinel: could not record the anomaly (actor/grad_norm at step 1) in {tmp_path / ANOMALY_LOG}: IsADirectoryError"
+        f"sentinel: could not record the anomaly (actor/grad_norm at step 1) in {tmp_path / ANOMALY_LOG}: "
+        "IsADirectoryError"
     )
 
 
@@ -267,7 +268,8 @@ def test_a_save_path_holding_another_runs_anomalies_is_refused(tmp_path: Path) -
         ),
         (
             {"rules": {"actor/grad_norm": 1000}},
-            "option rules.actor/grad_norm: 1000 is not allowed; use a mapping with any of above, below, spike, non_finite",
+            "option rules.actor/grad_norm: 1000 is not allowed; "
+            "use a mapping with any of above, below, spike, non_finite",
         ),
         (
             {"rules": ["actor/grad_norm"]},
@@ -280,12 +282,14 @@ def test_a_save_path_holding_another_runs_anomalies_is_refused(tmp_path: Path) -
         ({"rules": {"x": {"non_finite": "yes"}}}, "option rules.x.non_finite: 'yes' is not allowed; use true or false"),
         (
             {"rules": {"x": {"spike": "on"}}},
-            "option rules.x.spike: 'on' is not allowed; use true, false, or a mapping with any of z, warmup, window, direction",
+            "option rules.x.spike: 'on' is not allowed; "
+            "use true, false, or a mapping with any of z, warmup, window, direction",
         ),
         ({"rules": {"x": {"spike": {"z": -1}}}}, "option rules.x.spike.z: -1.0 is not allowed; use a positive number"),
         (
             {"rules": {"x": {"spike": {"warmup": 2}}}},
-            r"option rules.x.spike.warmup: 2 is not allowed; use an integer of at least 3 \(a median and MAD need at least 3 values\)",
+            r"option rules.x.spike.warmup: 2 is not allowed; "
+            r"use an integer of at least 3 \(a median and MAD need at least 3 values\)",
         ),
         (
             {"rules": {"x": {"spike": {"warmup": 10, "window": 5}}}},

@@ -237,7 +237,10 @@ def test_a_written_line_holds_every_field_and_reads_back_as_its_record(tmp_path:
 
 
 def test_a_line_of_an_older_writer_reads_with_the_defaults_and_ignores_unknown_keys() -> None:
-    line = '{"stage": "actor_update", "step": 1, "rank": 3, "elapsed_s": 0.5, "profiled": true, "profiled_by": ["msprobe"], "extra": 1}'
+    line = (
+        '{"stage": "actor_update", "step": 1, "rank": 3, "elapsed_s": 0.5, '
+        '"profiled": true, "profiled_by": ["msprobe"], "extra": 1}'
+    )
     assert TimingRecord.from_json(line) == TimingRecord(
         stage="actor_update", step=1, rank=3, elapsed_s=0.5, profiled=True, profiled_by=("msprobe",)
     )

@@ -43,7 +43,10 @@ def _check(args: argparse.Namespace) -> int:
         steps = _fmt(sel.steps)
         if isinstance(sel, ArmedSelection) and spec.trigger is not None:
             limit = spec.trigger.max_captures
-            after = f"{spec.trigger.capture_steps} after each anomaly ({f'at most {limit} time' + ('s' if limit > 1 else '') if limit else 'no limit'})"
+            after = (
+                f"{spec.trigger.capture_steps} after each anomaly "
+                f"({f'at most {limit} time' + ('s' if limit > 1 else '') if limit else 'no limit'})"
+            )
             steps = f"{_fmt(sel.fixed_steps)} and {after}" if sel.fixed_steps else after
         print(
             f"  {observer.name:<20} priority={observer.priority:<4} steps={steps} "
@@ -282,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--inject",
         metavar="KIND@STEP",
-        help="nan@STEP or spike@STEP: corrupt that actor weight at STEP's update on the last rank, to try the sentinel (tiny engine; see docs/sentinel.md)",
+        help="nan@STEP or spike@STEP: corrupt that actor weight at STEP's update on the last rank, "
+        "to try the sentinel (tiny engine; see docs/sentinel.md)",
     )
     demo.set_defaults(run_command=_demo)
 
@@ -318,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmp.add_argument(
             f"--{stat}-atol",
             type=float,
-            help=f"absolute tolerance of {stat}, a fraction of the tensor's largest |value| in B (default {default.atol:g})",
+            help=f"absolute tolerance of {stat}, "
+            f"a fraction of the tensor's largest |value| in B (default {default.atol:g})",
         )
     cmp.add_argument("--top", type=int, default=5, help="how many of the worst entries to list (default 5)")
     cmp.add_argument("--csv", help="write the full judged table to this CSV")
@@ -328,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tri = commands.add_parser(
         "triage",
-        help="name the op behind a run's first anomaly, from anomalies.jsonl and msprobe's dumps (exit 0 none, 1 anomaly, 2 bad input)",
+        help="name the op behind a run's first anomaly, from anomalies.jsonl and msprobe's dumps "
+        "(exit 0 none, 1 anomaly, 2 bad input)",
     )
     tri.add_argument("run", help="the run's save_path (holding anomalies.jsonl and step_*/ dumps)")
     tri.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -402,7 +402,8 @@ def compare_rows(a: Path, b: Path, rows: list[Row], tolerances: Mapping[str, Tol
     resolved = dict(DEFAULT_TOLERANCES if tolerances is None else tolerances)
     if missing := [stat for stat in STATS if stat not in resolved]:
         raise ValueError(
-            f"compare tolerances must cover {', '.join(STATS)}; {', '.join(missing)} missing (resolve_tolerances fills in defaults)"
+            f"compare tolerances must cover {', '.join(STATS)}; {', '.join(missing)} missing "
+            "(resolve_tolerances fills in defaults)"
         )
     for row in rows:
         row.problem = judge(row, resolved)

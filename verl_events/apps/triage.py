@@ -124,7 +124,8 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
             and (record["step"] is None or isinstance(record["step"], int))
         ):
             skipped.append(
-                f"{path}:{number} is not an anomaly record (needs {', '.join(RECORD_KEYS)}; step, rank integers) and was skipped"
+                f"{path}:{number} is not an anomaly record (needs {', '.join(RECORD_KEYS)}; step, rank integers) "
+                "and was skipped"
             )
             continue
         found.append(Anomaly(record, number))
