@@ -42,8 +42,13 @@ STAGE = "actor_update"
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        # msprobe leaves out a model's first and last submodule once verl is imported
+        # (its module_processor's "verl scenario"), as it is in a whole test run; these
+        # two take those places, so the layers under test are dumped either way.
+        self.first = torch.nn.Identity()
         self.fc1 = torch.nn.Linear(4, 4)
         self.fc2 = torch.nn.Linear(4, 1)
+        self.last = torch.nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
@@ -254,9 +259,11 @@ class Policy(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
+        self.first = torch.nn.Identity()  # see Net
         self.norm = torch.nn.LayerNorm(8)
         self.up = torch.nn.Linear(8, 16)
         self.down = torch.nn.Linear(16, 4)
+        self.last = torch.nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down(torch.relu(self.up(self.norm(x))))
