@@ -3,8 +3,8 @@
 The names here serve two audiences:
 
 * training code: :func:`stage`, :func:`emits_stage`, :func:`set_step`,
-  :func:`add_model_paths`, :func:`install` (and :func:`current_installation`),
-  and the events;
+  :func:`add_model_paths`, :func:`install` (its handle, :class:`Installation`,
+  and :func:`current_installation`), and the events;
 * observer authors: :class:`Observer`, :class:`InstallContext`,
   :class:`Selection`, :func:`find_rank`, the events, the ``anomaly``
   signal with its :class:`AnomalyEvent`, the output-path helpers and the
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._emit import emits_stage, stage
     from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
     from ._events import STAGE_ROLES, StageEnd, StageEvent, StageReport
-    from ._install import current_installation, install
+    from ._install import Installation, current_installation, install
     from ._observer import InstallContext, Observer
     from ._paths import prepare_output_dir, stage_output_dir
     from ._resolve import add_model_paths, find_rank, set_step
@@ -52,6 +52,7 @@ _HOMES = {
     "StageEnd": "._events",
     "StageEvent": "._events",
     "StageReport": "._events",
+    "Installation": "._install",
     "current_installation": "._install",
     "install": "._install",
     "InstallContext": "._observer",
@@ -74,7 +75,6 @@ _MOVED = {
     "ObserverSpec": "verl_events.config",
     "load_config": "verl_events.config",
     "available_observers": "verl_events.config",
-    "Installation": "verl_events._install",
     "step_dir_name": "verl_events.layout",
     "current_step": "verl_events._resolve",
     "reset_model_paths": "verl_events._resolve",
@@ -88,6 +88,7 @@ __all__ = [
     "AnomalyEvent",
     "ConfigError",
     "InstallContext",
+    "Installation",
     "Observer",
     "ObserverError",
     "ObserverSetupError",

@@ -269,12 +269,13 @@ def render(result: Triage, console: Any) -> None:
 
     anomaly = result.anomaly
     if anomaly is None:
-        say("", result.reason)
+        console.print(result.reason, markup=False, highlight=False, soft_wrap=True)
         return
     say("anomaly", anomaly.describe(), "bold")
     if len(result.anomalies) > 1:
-        later = sorted({str(a.record["step"]) for a in result.anomalies[1:]})
-        say("", f"({len(result.anomalies) - 1} more recorded, step(s) {', '.join(later)}; the first is triaged)")
+        later = sorted({a.record["step"] for a in result.anomalies[1:]}, key=lambda step: (step is None, step or 0))
+        steps = ", ".join(str(step) for step in later)
+        say("", f"({len(result.anomalies) - 1} more recorded, step(s) {steps}; the first is triaged)")
     if result.healthy_dump is not None and result.dump is not None:
         say("dumps", f"healthy {result.healthy_dump.path}  ->  after {result.dump.path}")
     elif result.dump is not None:
