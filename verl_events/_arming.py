@@ -158,6 +158,7 @@ class Arming:
     armed: set[int] = field(default_factory=set)
     captures: int = 0
     handled: int = -1  # the newest anomaly step acted on
+    said_full: bool = False  # max_captures reached, and logged
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def armed_for(self, step: int) -> bool:
@@ -173,8 +174,8 @@ class Arming:
     def _arm_after(self, anomaly_step: int, step: int) -> None:
         limit = self.trigger.max_captures
         if limit is not None and self.captures >= limit:
-            if self.captures == limit:
-                self.captures += 1  # log once
+            if not self.said_full:
+                self.said_full = True
                 logger.warning(
                     "observer %r reached max_captures (%d): the anomaly at step %d and later ones are not "
                     "captured; raise max_captures, or set it to null, to capture more",

@@ -92,7 +92,7 @@ def _demo(args: argparse.Namespace) -> int:
         if value < 1:
             print(f"error: {flag} {value} is not allowed; use 1 or more", file=sys.stderr)
             return 2
-    from .demo import DemoOptions, DemoRankError, Injection, default_config, run_demo
+    from .demo import DemoOptions, DemoRankError, Injection, default_config, preflight, run_demo
 
     try:
         inject = Injection.parse(args.inject, steps) if args.inject is not None else None
@@ -106,11 +106,7 @@ def _demo(args: argparse.Namespace) -> int:
         config = dict(raw) if raw is not None else default_config(save_path)
         config["save_path"] = str(save_path)
         if args.nproc > 1:
-            # Every observer's files (an msprobe config.json, the save_path) are
-            # checked here, once: a spawned rank would fail with a traceback.
-            from verl_events import install
-
-            install(config).close()
+            preflight(config)  # once here: a spawned rank would fail with a traceback
         else:
             load_config(config)
         seed = 0 if args.seed is None else args.seed

@@ -386,6 +386,15 @@ def run_demo(options: DemoOptions) -> Path:
     return save_path
 
 
+def preflight(config: dict[str, Any]) -> None:
+    """Build the observers once here and close them, so that a config that would
+    fail (msprobe missing, a save path holding another run's files) stops the demo
+    before its worker processes start, where it would end in a traceback.
+    Raises :class:`ConfigError` or :class:`ObserverSetupError`."""
+    with verl_events.install(config):
+        pass
+
+
 def print_summary(save_path: Path, seconds: float, console: Any) -> None:
     from .report import render_overhead
 

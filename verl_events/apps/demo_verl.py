@@ -101,16 +101,6 @@ def prepare_config(config_file: str | None, save_path: str | None) -> dict[str, 
     return config
 
 
-def preflight(config: dict[str, Any]) -> None:
-    """Build the observers once here and close them, so that a config that would
-    fail (msprobe missing, a save path holding another run's files) stops the demo
-    before the trainer starts.  Raises :class:`ConfigError` or :class:`ObserverSetupError`."""
-    from verl_events import install
-
-    with install(config):
-        pass
-
-
 def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     """Prepare the job, write the observers file, run verl's trainer with it and
     print the summary; return the trainer's exit code."""
@@ -157,6 +147,8 @@ def command(args: argparse.Namespace) -> int:
     if missing:
         print(f"error: --engine verl needs {', '.join(missing)}, not installed here; {_INSTALL_HINT}", file=sys.stderr)
         return 2
+    from .demo import preflight
+
     try:
         config = prepare_config(args.config, args.save_path)
         preflight(config)
