@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/sentinel.py    # --steps 8 --repeats 8 --clock cpu --verl-rounds 1 --verl-steps 5
 
-Runs the CPU demo's training loop (``verl_events.apps.demo.run_rank``, one
+Runs the CPU demo's training loop (``verl_events.apps.demo.tiny.run_rank``, one
 process, as ``verl-events demo`` runs it) with no observers, with the
 sentinel alone on every stage (rules that exercise every check: thresholds
 and spikes on the demo's metrics), and, to tell the bus's share from the
@@ -64,7 +64,8 @@ import yaml
 from verl_trainer import STAGE_TIMERS, STEP_LINE, TIMER  # benchmarks/verl_trainer.py, beside this script
 
 from verl_events import Observer, StageEnd, VerlEventsWarning
-from verl_events.apps.demo import DEMO_STAGES, DemoOptions, run_rank
+from verl_events.apps.demo.options import DemoOptions
+from verl_events.apps.demo.tiny import DEMO_STAGES, run_rank
 from verl_events.apps.verl_cpu.job import JobFiles, prepare, run_trainer, trainer_args, trainer_env
 from verl_events.observers.sentinel import ANOMALY_LOG, SentinelObserver
 from verl_events.testing import reset

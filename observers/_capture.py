@@ -33,7 +33,7 @@ from verl_events import (
     prepare_output_dir,
     stage_output_dir,
 )
-from verl_events.layout import step_dir_name
+from verl_events.layout import STEP_DIR_GLOB, stage_dirs, step_dir_name, step_dirs
 
 from ._session import SessionSlot
 
@@ -137,6 +137,14 @@ class CaptureObserver(Observer):
             self.stop_capture(capture)
 
     # -- output naming ------------------------------------------------------
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        """Every capture file this tool's observer names (see :meth:`output_path`)
+        under ``save_path``, discrete and continuous."""
+        pattern = f"{self.tool}_{STEP_DIR_GLOB}_rank*"
+        found = [path for stage in stage_dirs(save_path) for path in stage.glob(pattern)]
+        found += [path for step in step_dirs(save_path) for path in step.glob(pattern)]
+        return sorted(found)
 
     def output_path(self, capture: Capture, suffix: str) -> Path:
         """A fresh path for a capture's file, named after stage, step and rank:

@@ -36,6 +36,7 @@ class NpuProfilerObserver(CaptureObserver):
 
     tool = "npu_profiler"
     exclusive_resources = frozenset({"kineto"})
+    output_noun = "Ascend NPU profile(s)"
 
     def __init__(
         self,

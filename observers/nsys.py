@@ -13,7 +13,10 @@ what is captured, through ``torch.cuda.profiler.start()/stop()``:
 nsys must be told how many capture ranges to expect, or the report is
 never finalised (verl's fixed ``6 x steps`` breaks continuous mode):
 :func:`nsys_command` computes ``repeat-shutdown:N`` from the config, and
-the observer logs that line at install.  Without CUDA the NVTX ranges are
+the observer logs that line at install.  The line writes nsys's reports into
+the run's save_path (``{save_path}/nsys_{pid}.nsys-rep``), where they belong
+to the run like every other observer's files: a new run is refused where
+another run's reports are.  Without CUDA the NVTX ranges are
 still emitted and capture calls are skipped with one warning.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import importlib
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 from verl_events import InstallContext, StageEvent, VerlEventsWarning, find_rank
@@ -31,6 +35,9 @@ from ._capture import Capture, CaptureObserver
 logger = logging.getLogger("verl_events.nsys")
 
 DOMAIN = "verl_events"
+#: nsys's report name in the suggested command (``%p``: nsys puts the process id there).
+REPORT_NAME = "nsys_%p"
+_REPORT_GLOB = "nsys_*.nsys-rep"
 
 
 def capture_ranges(steps: frozenset[int] | None, stages: frozenset[str] | None, discrete: bool) -> int | None:
@@ -48,13 +55,19 @@ def capture_ranges(steps: frozenset[int] | None, stages: frozenset[str] | None, 
     return None if stages is None else len(steps) * len(stages)
 
 
-def nsys_command(steps: frozenset[int] | None, stages: frozenset[str] | None, discrete: bool) -> str:
-    """The ``nsys profile`` options that match this selection."""
+def nsys_command(
+    steps: frozenset[int] | None,
+    stages: frozenset[str] | None,
+    discrete: bool,
+    save_path: Path | str = "{save_path}",
+) -> str:
+    """The ``nsys profile`` options that match this selection, writing the
+    reports into ``save_path``."""
     ranges = capture_ranges(steps, stages, discrete)
     end = "repeat" if ranges is None else f"repeat-shutdown:{ranges}"
     return (
         "nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi "
-        f"--capture-range-end={end} -o verl_events_%p python your_training.py"
+        f"--capture-range-end={end} -o {Path(save_path) / REPORT_NAME} python your_training.py"
     )
 
 
@@ -98,8 +111,16 @@ class NsysObserver(CaptureObserver):
         if find_rank()[0] == 0:
             logger.info("nsys: launch with: %s", self.command())
 
+    output_noun = "nsys report(s)"
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        """nsys's reports written where :meth:`command` points nsys, besides
+        any capture files of the base class's naming."""
+        return sorted(Path(save_path).glob(_REPORT_GLOB)) + super().outputs(save_path)
+
     def command(self) -> str:
-        return nsys_command(self.steps_captured, self.selection.stages, self.discrete)
+        save_path = self._root if self._root != Path() else "{save_path}"  # before setup: the placeholder
+        return nsys_command(self.steps_captured, self.selection.stages, self.discrete, save_path)
 
     def describe(self) -> str:
         return f"launch with: {self.command()}"

@@ -17,8 +17,9 @@ report``, the demo's summary) parse lines back with
 :meth:`TimingRecord.from_json`, so the field names exist only there.
 
 ``run`` names the run (see :mod:`verl_events.layout`): a save_path holding
-another run's timing logs is refused, as msprobe's dumps are, so a log
-never mixes runs.  ``dump_bytes`` counts this rank's files under
+another run's timing logs is refused (:meth:`TimingObserver.outputs`), as
+msprobe's dumps are, so a log never mixes runs.  This module owns the log's
+format: its folder, its file names and :class:`TimingRecord`.  ``dump_bytes`` counts this rank's files under
 ``{save_path}/step_{N}/{stage}``: the directories named ``rank{R}`` and
 files whose name carries ``rank{R}``.
 
@@ -43,19 +44,31 @@ from typing import IO, Any
 import orjson
 import structlog
 
-from verl_events import ConfigError, InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
-from verl_events.layout import (
-    TIMING_DIR,
-    SavePathTaken,
-    claim_save_path,
-    refuse_other_runs,
-    run_files,
-    run_id,
-    timing_log_files,
-    timing_log_path,
-)
+from verl_events import InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
+from verl_events.layout import run_id
 
-__all__ = ["NotATimingRecord", "TimingObserver", "TimingRecord", "rank_bytes"]
+__all__ = [
+    "TIMING_DIR",
+    "NotATimingRecord",
+    "TimingObserver",
+    "TimingRecord",
+    "rank_bytes",
+    "timing_log_files",
+    "timing_log_path",
+]
+
+#: The folder under ``save_path`` that holds every rank's timing log.
+TIMING_DIR = "timing"
+
+
+def timing_log_path(save_path: Path, rank: int) -> Path:
+    """The timing log of one rank: ``{save_path}/timing/rank{R}.jsonl``."""
+    return Path(save_path) / TIMING_DIR / f"rank{rank}.jsonl"
+
+
+def timing_log_files(save_path: Path) -> list[Path]:
+    """Every rank's timing log of a run, by file name."""
+    return sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl"))
 
 
 class NotATimingRecord(ValueError):
@@ -231,13 +244,15 @@ class TimingObserver(Observer):
         self._console_log: Any = None
         self._run: str | None = None
 
+    output_noun = "timing log(s)"
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        """Every rank's timing log under ``save_path``."""
+        return timing_log_files(save_path)
+
     def setup(self, context: InstallContext) -> None:
         self._root = context.save_path
         prepare_output_dir(context.save_path / TIMING_DIR)
-        try:
-            refuse_other_runs(context.save_path, timing_log_files(context.save_path), "timing log(s)")
-        except SavePathTaken as exc:
-            raise ConfigError(str(exc)) from None
         if self.console:
             self._console_log = structlog.wrap_logger(
                 structlog.PrintLogger(sys.stderr),
@@ -250,11 +265,8 @@ class TimingObserver(Observer):
         handle = self._files.get(rank)
         if handle is None:
             if self._run is None:
-                # At the first record, not at install: a process that runs no
-                # stage (verl's driver) must not claim the save_path.  Checked
-                # again here, for a run started at the same time as this one.
-                refuse_other_runs(self._root, timing_log_files(self._root), "timing log(s)")
-                claim_save_path(self._root, run_files(self._root))
+                # The installation claimed the save_path for this run before
+                # this observer's first stage began.
                 self._run = run_id()
             # Line-buffered: each record reaches the file whole or, on a full
             # disk, raises here (readers skip a last line cut short).

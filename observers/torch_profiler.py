@@ -45,6 +45,7 @@ class TorchProfilerObserver(CaptureObserver):
 
     tool = "torch_profiler"
     exclusive_resources = frozenset({"kineto"})
+    output_noun = "torch.profiler trace(s)"
 
     def __init__(self, contents: list[str] | None = None, discrete: bool = True) -> None:
         super().__init__(discrete)

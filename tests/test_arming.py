@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,9 +12,7 @@ import verl_events
 from verl_events import ConfigError
 from verl_events._anomaly import AnomalyEvent, anomaly
 
-from .support import Capturing, run_steps
-
-REPO = Path(__file__).resolve().parents[1]
+from .support import Capturing, run_steps, run_two_gloo_ranks
 
 
 def armed_entry(**keys: object) -> dict[str, object]:
@@ -140,15 +134,9 @@ def test_armed_observers_still_meet_the_exclusive_resource_check(tmp_path: Path)
 def test_an_anomaly_on_one_rank_arms_every_rank_for_the_same_step(tmp_path: Path) -> None:
     """Two gloo ranks; only rank 1 sees the anomaly at step 2; both capture step 3."""
     pytest.importorskip("torch")
-    script = textwrap.dedent(
+    result = run_two_gloo_ranks(
+        tmp_path,
         f"""
-        import json, os, sys
-        import torch.distributed as dist, torch.multiprocessing as mp
-        sys.path.insert(0, {str(REPO)!r})
-
-        def rank_main(rank):
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-            dist.init_process_group("gloo", rank=rank, world_size=2)
             import verl_events
             from tests.support import run_steps
             config = {{"save_path": {str(tmp_path)!r}, "observers": [
@@ -162,17 +150,8 @@ def test_an_anomaly_on_one_rank_arms_every_rank_for_the_same_step(tmp_path: Path
             with open(os.path.join({str(tmp_path)!r}, f"rank{{rank}}.json"), "w") as f:
                 json.dump(steps, f)
             dist.destroy_process_group()
-
-        if __name__ == "__main__":
-            mp.spawn(rank_main, nprocs=2)
-        """
-    )
-    (tmp_path / "two_ranks.py").write_text(script)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    result = subprocess.run(
-        [sys.executable, "two_ranks.py", port], cwd=tmp_path, capture_output=True, text=True, timeout=180
+        """,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "rank0.json").read_text()) == [3]

@@ -13,7 +13,7 @@ import pytest
 
 import verl_events
 from verl_events import Observer, ObserverError, Selection, StageEnd, StageEvent, emits_stage, stage
-from verl_events._bus import WANTS_RESULT, Dispatcher
+from verl_events._bus import Dispatcher, result_asked
 from verl_events._listened import EVERY_STAGE, listeners
 from verl_events.testing import RecordingObserver, capture_events
 
@@ -488,7 +488,7 @@ def test_the_record_pickles_as_a_reference_to_this_process_record() -> None:
     assert pickle.loads(pickle.dumps(listeners)) is listeners
 
 
-def test_on_begin_answers_wants_result_only_when_a_delivered_observer_wants_it() -> None:
+def test_on_begin_asks_for_the_result_only_when_a_delivered_observer_wants_it() -> None:
     class Wanting(RecordingObserver):
         wants_result = True
 
@@ -496,8 +496,10 @@ def test_on_begin_answers_wants_result_only_when_a_delivered_observer_wants_it()
     wanting.selection = Selection.parse(stages=["critic_update"])
     dispatcher = Dispatcher([wanting, plain], strict=False)
     begin = make_event(seq=1)
-    assert dispatcher.on_begin("actor_update", event=begin) is None
+    dispatcher.on_begin("actor_update", event=begin)
+    assert not result_asked(begin.seq)
     dispatcher.on_end("actor_update", event=begin.ended(0.0, None))
     critic = make_event(stage="critic_update", seq=2)
-    assert dispatcher.on_begin("critic_update", event=critic) is WANTS_RESULT
+    dispatcher.on_begin("critic_update", event=critic)
+    assert result_asked(critic.seq)
     dispatcher.on_end("critic_update", event=critic.ended(0.0, None))

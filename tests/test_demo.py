@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,8 @@ pytest.importorskip("torch")  # the demo trains with torch and dumps with msprob
 pytest.importorskip("msprobe")
 
 from verl_events.apps.overhead import read_timing_records
+
+from .support import verl_events_exe
 
 ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
 ALL_STAGES = {
@@ -27,9 +27,7 @@ ALL_STAGES = {
 
 
 def verl_events_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("verl-events", path=str(Path(sys.executable).parent))
-    assert exe is not None, "verl-events is not installed in this venv"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([verl_events_exe(), *args], capture_output=True, text=True, timeout=300)
 
 
 def dumps(root: Path) -> list[str]:
@@ -100,7 +98,7 @@ def test_the_stacked_example_runs_three_tools_in_one_run(tmp_path: Path) -> None
     repo = Path(__file__).parent.parent
     result = subprocess.run(
         [
-            shutil.which("verl-events", path=str(Path(sys.executable).parent)) or "verl-events",
+            verl_events_exe(),
             "demo",
             "--config",
             "examples/stacked.yaml",

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,17 +12,18 @@ pytest.importorskip("torch")  # verl's real trainer
 pytest.importorskip("verl")
 import yaml
 
-from verl_events.apps import cli, demo_verl
+from verl_events.apps import cli
+from verl_events.apps.demo import verl_engine as demo_verl
 from verl_events.apps.overhead import read_timing_records
+
+from .support import verl_events_exe
 
 ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
 REPO = Path(__file__).resolve().parent.parent
 
 
 def verl_events_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("verl-events", path=str(Path(sys.executable).parent))
-    assert exe is not None, "verl-events is not installed in this venv"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    return subprocess.run([verl_events_exe(), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 @pytest.mark.skipif(bool(demo_verl.missing_modules()), reason="needs verl-events[verl-cpu]")

@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 
 import verl_events  # noqa: E402
 from verl_events import ConfigError, stage  # noqa: E402
-from verl_events.apps.demo import INJECTED_WEIGHT, Injection, TinyCausalLM  # noqa: E402
+from verl_events.apps.demo.model import TinyCausalLM  # noqa: E402
+from verl_events.apps.demo.options import INJECTED_WEIGHT, Injection  # noqa: E402
 
 
 def fault_entry(**keys: object) -> dict[str, object]:

@@ -171,3 +171,29 @@ def test_an_empty_config_file_says_nothing_will_be_observed(tmp_path: Path) -> N
 def test_an_empty_config_is_an_error_when_strict() -> None:
     with pytest.raises(ConfigError, match=r"the config has no observers; nothing will be observed"):
         verl_events.install({"strict": True})
+
+
+def test_check_and_install_build_the_same_observers_with_the_same_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_events.apps.cli import main
+    from verl_events.config import build_observers, load_config
+
+    config = tmp_path / "observers.yaml"
+    config.write_text(
+        f"save_path: {tmp_path / 'out'}\n"
+        "observers:\n"
+        "  - name: recording\n"
+        "  - name: timing\n"
+        "  - name: recording\n"
+        "    steps: [2]\n"
+        "  - name: recording\n"
+        "    enabled: false\n"
+    )
+    assert main(["check", str(config)]) == 0
+    listed = re.findall(r"^  (\S+) +priority=", capsys.readouterr().out, flags=re.MULTILINE)
+    built = [o.name for o in build_observers(load_config(str(config)), set_up=False)]
+    with install(str(config)) as installation:
+        installed = sorted(o.name for o in installation.observers)  # install lists them in begin order
+    assert listed == built == ["recording", "timing", "recording#2"]
+    assert installed == sorted(built)

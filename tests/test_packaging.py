@@ -18,7 +18,7 @@ def test_this_install_has_no_top_level_observers_and_the_built_ins_under_verl_ev
         "print(importlib.util.find_spec('observers'), m.MsprobeObserver.__module__)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["None", "verl_events.observers.msprobe"]
+    assert result.stdout.split() == ["None", "verl_events.observers.msprobe.observer"]
 
 
 def test_a_wheel_holds_only_verl_events_and_its_dist_info(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_a_wheel_holds_only_verl_events_and_its_dist_info(tmp_path: Path) -> Non
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"verl_events"}
-    assert "verl_events/observers/msprobe.py" in names and "verl_events/apps/verl_cpu/shim.py" in names
+    assert "verl_events/observers/msprobe/observer.py" in names and "verl_events/apps/verl_cpu/shim.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert (
         "msprobe = verl_events.observers.msprobe:MsprobeObserver" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -8,7 +8,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,10 @@ import pytest
 pytest.importorskip("torch")  # the demo trains with torch and dumps with msprobe
 pytest.importorskip("msprobe")
 
+from .support import verl_events_exe
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs/sentinel.md").read_text()
-EXE = str(Path(sys.executable).with_name("verl-events"))
 
 
 def demo_block(inject: str) -> list[list[str]]:
@@ -32,7 +32,9 @@ def run_block(commands: list[list[str]], cwd: Path) -> list[subprocess.Completed
     results = []
     for argv in commands:
         assert argv[0] == "verl-events", argv
-        results.append(subprocess.run([EXE, *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=600))
+        results.append(
+            subprocess.run([verl_events_exe(), *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=600)
+        )
     return results
 
 
@@ -62,7 +64,7 @@ def test_a_nan_at_step_5_is_caught_dumped_at_step_6_only_and_named(workdir: Path
     lines = dict(line.split(None, 1) for line in triage.stdout.splitlines() if line and not line[0].isspace())
     assert lines["module"].startswith("blocks.1.mlp.0 ")
     assert lines["param"].strip() == "blocks.1.mlp.0.weight"
-    assert re.match(r".*verl_events/apps/demo\.py:\d+ in forward: .*self\.mlp\(", lines["source"])
+    assert re.match(r".*verl_events/apps/demo/model\.py:\d+ in forward: .*self\.mlp\(", lines["source"])
 
 
 def test_a_spike_at_step_5_is_caught_and_triage_compares_with_the_healthy_step(workdir: Path) -> None:

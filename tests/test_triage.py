@@ -5,7 +5,7 @@ The dumps are level ``mix``: it records both torch API calls (the finest op,
 with the module's parameters), construct.json maps each API to its module,
 and stack.json holds every forward call's stack.  L0 has modules but no API
 ops; L1 has API ops but no modules or parameters.  The anomalies.jsonl lines
-are written with the real ``AnomalyEvent.as_record()``, as the watcher writes them.
+are written with the real ``AnomalyRecord.to_json()``, as the sentinel writes them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from verl_events._anomaly import AnomalyEvent
 from verl_events.apps.cli import main
 from verl_events.apps.triage import is_library_frame, user_frame
 from verl_events.layout import RUN_ID_ENV, owner_of
+from verl_events.observers.sentinel.record import AnomalyRecord
 
 from .observers.support import write_msprobe_config
 
@@ -102,7 +103,9 @@ def record_run(save_path: Path, level: str, steps: list[int], change: dict[int, 
 
 
 def write_anomalies(run: Path, *events: AnomalyEvent, extra: str = "") -> Path:
-    lines = [json.dumps(dict(event.as_record(), run=owner_of(run), time=1.0 + i)) for i, event in enumerate(events)]
+    lines = [
+        AnomalyRecord.from_event(event, run=owner_of(run), time=1.0 + i).to_json() for i, event in enumerate(events)
+    ]
     (run / "anomalies.jsonl").write_text(extra + "".join(line + "\n" for line in lines))
     return run
 
@@ -217,7 +220,9 @@ def test_json_has_one_shape_for_every_outcome(
         "parameter_factor",
         "largest",
     }
-    assert found["anomaly"] == dict(loss_nan().as_record(), run=owner_of(nan_run[1]), time=1.0, line=1)
+    assert found["anomaly"] == dict(
+        AnomalyRecord.from_event(loss_nan(), run=owner_of(nan_run[1]), time=1.0).to_dict(), line=1
+    )
     nothing = triage_json(tmp_path, capsys, expect=0)
     assert set(nothing) == keys and nothing["op"] is None and nothing["anomaly"] is None and nothing["anomalies"] == 0
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from verl_events.testing import RecordingObserver, capture_events
 from verl_events.verl_bridge import VerlBridgeError, install_verl_bridge, uninstall_verl_bridge
 
 from .observers.support import write_msprobe_config
+from .support import run_two_gloo_ranks
 from .verl_workers import ActorRolloutRefWorker, CriticWorker, batch, train_step
 
 REPO = Path(__file__).parent.parent
@@ -372,14 +371,9 @@ def test_verl_torch_tool_maps_to_our_torch_profiler_with_verls_rank_rule() -> No
 def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> None:
     config = tmp_path / "verl.yaml"
     config.write_text(GUIDE_MINIMAL_EXAMPLE.format(config_path=write_msprobe_config(tmp_path / "dump_config.json")))
-    script = textwrap.dedent(
+    result = run_two_gloo_ranks(
+        tmp_path,
         f"""
-        import os, sys, torch.distributed as dist, torch.multiprocessing as mp
-        sys.path.insert(0, {str(REPO)!r})
-
-        def rank_main(rank):
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-            dist.init_process_group("gloo", rank=rank, world_size=2)
             import verl_events
             from verl_events.verl_bridge import install_verl_bridge
             from tests.verl_workers import ActorRolloutRefWorker, train_step
@@ -392,21 +386,9 @@ def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> Non
             dist.destroy_process_group()
             import multiprocessing.util
             multiprocessing.util._exit_function()
-            os._exit(0)  # skip interpreter teardown, as the demo does (see verl_events/apps/demo.py)
-
-        if __name__ == "__main__":
-            mp.spawn(rank_main, nprocs=2)
-        """
-    )
-    (tmp_path / "two_ranks.py").write_text(script)
-    import socket
-    import subprocess
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    result = subprocess.run(
-        [sys.executable, "two_ranks.py", str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+            os._exit(0)  # skip interpreter teardown, as the demo does (see verl_events/apps/demo/tiny.py)
+        """,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert dumps_under(tmp_path / "outputs/profile") == sorted(

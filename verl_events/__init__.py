@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._anomaly import AnomalyEvent, anomaly
-    from ._bus import stage_begin, stage_end
     from ._emit import emits_stage, stage
     from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
     from ._events import STAGE_ROLES, StageEnd, StageEvent, StageReport
@@ -36,12 +35,13 @@ if TYPE_CHECKING:
     from ._paths import prepare_output_dir, stage_output_dir
     from ._resolve import add_model_paths, find_rank, set_step
     from ._selection import Selection
+    from ._signals import stage_begin, stage_end
 
 _HOMES = {
     "AnomalyEvent": "._anomaly",
     "anomaly": "._anomaly",
-    "stage_begin": "._bus",
-    "stage_end": "._bus",
+    "stage_begin": "._signals",
+    "stage_end": "._signals",
     "emits_stage": "._emit",
     "stage": "._emit",
     "ConfigError": "._errors",
@@ -120,14 +120,10 @@ def __getattr__(name: str) -> Any:
         return value
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
-    moved = _MOVED.get(name)
-    if moved is not None:
-        warnings.warn(
-            f"verl_events.{name} moved to {moved}.{name}; the old name goes in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(moved), name)
+    if name in _MOVED:
+        from ._moved import moved_name
+
+        return moved_name(__name__, name, _MOVED)
     if name == "KNOWN_STAGES":
         warnings.warn(
             "verl_events.KNOWN_STAGES is gone in 0.3; use frozenset(verl_events.STAGE_ROLES)",

@@ -8,12 +8,15 @@ anomaly (the ``anomaly`` signal, sent by the sentinel), at most
 Every rank captures the same steps.  An anomaly is often seen on one rank
 only (one rank's shard of the gradient goes NaN), yet the dump is only
 useful next to the other ranks'.  So the trigger is agreed at each step
-boundary: the first selected stage of a new step on each rank runs one
+boundary, as a named step of the dispatcher (``Dispatcher.on_begin`` calls
+:meth:`TriggerClock.advance` before it looks at any selection): the first
+stage of a new step the installation receives on each rank runs one
 all-reduce (max) of the newest anomaly step this rank has seen, when
 torch.distributed is initialised with more than one rank.  That costs one
 tiny collective per step and requires every rank to run at least one stage
-of the armed observer's selection in every step, which verl's SPMD workers
-do.  Without a process group (plain processes, or Ray actors that never
+the installation listens to in every step, which verl's SPMD workers do.
+Selections only read the agreed value; they never run a collective.
+Without a process group (plain processes, or Ray actors that never
 initialise one) each process arms itself from its own anomalies only.
 """
 
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._anomaly import AnomalyEvent, anomaly
+from ._checks import check_count
 from ._errors import ConfigError
 from ._events import StageEvent
 from ._observer import Observer
@@ -61,19 +65,14 @@ def parse_trigger(entry: Any, where: str) -> Trigger | None:
         return None
     if trigger not in TRIGGERS:
         raise ConfigError(f"{where}.trigger: {trigger!r} is not allowed; use {', '.join(TRIGGERS)}")
-    capture_steps = entry.get("capture_steps", DEFAULT_CAPTURE_STEPS)
-    if isinstance(capture_steps, bool) or not isinstance(capture_steps, int) or capture_steps < 1:
-        raise ConfigError(
-            f"{where}.capture_steps: {capture_steps!r} is not allowed; use an integer >= 1 "
-            "(how many steps to capture after each anomaly)"
-        )
-    max_captures = entry.get("max_captures", DEFAULT_MAX_CAPTURES)
-    if max_captures is not None and (
-        isinstance(max_captures, bool) or not isinstance(max_captures, int) or max_captures < 1
-    ):
-        raise ConfigError(
-            f"{where}.max_captures: {max_captures!r} is not allowed; use an integer >= 1, or null for no limit"
-        )
+    capture_steps = check_count(
+        entry.get("capture_steps", DEFAULT_CAPTURE_STEPS),
+        f"{where}.capture_steps",
+        why="how many steps to capture after each anomaly",
+    )
+    max_captures = check_count(
+        entry.get("max_captures", DEFAULT_MAX_CAPTURES), f"{where}.max_captures", null="for no limit"
+    )
     return Trigger(capture_steps=capture_steps, max_captures=max_captures)
 
 
@@ -81,8 +80,9 @@ class TriggerClock:
     """The newest anomaly step every rank agrees on, refreshed once per step.
 
     One per installation.  It listens to the ``anomaly`` signal and remembers
-    the newest anomaly step this process saw; :meth:`agreed_at` runs the
-    all-reduce when it first sees a new step.
+    the newest anomaly step this process saw; :meth:`advance`, which the
+    dispatcher calls at every stage's begin, runs the all-reduce when it
+    first sees a new step, and :meth:`newest` reads what was agreed.
     """
 
     def __init__(self) -> None:
@@ -113,8 +113,10 @@ class TriggerClock:
         with self._lock:
             self._seen.add(event.step)
 
-    def agreed_at(self, step: int) -> int | None:
-        """The newest anomaly step before ``step`` that all ranks agree on.
+    def advance(self, step: int) -> None:
+        """The step boundary: at the first stage of a new ``step``, agree with
+        every rank on the newest anomaly step before it (a collective, when
+        there are several ranks).  Later calls for the same step do nothing.
 
         Only earlier steps count: a fault that persists shows again in this
         step's first stages, and arming from it would skip this step.
@@ -125,7 +127,11 @@ class TriggerClock:
                 earlier = {seen for seen in self._seen if seen < step}
                 self._seen -= earlier  # agreed on now: only the newest matters from here on
                 self._agreed = max(self._agreed, _max_over_ranks(max(earlier, default=-1)))
-            return self._agreed if self._agreed >= 0 else None
+
+    def newest(self) -> int | None:
+        """The newest anomaly step all ranks agreed on so far, or None."""
+        agreed = self._agreed
+        return agreed if agreed >= 0 else None
 
 
 def _max_over_ranks(value: int) -> int:
@@ -162,9 +168,11 @@ class Arming:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def armed_for(self, step: int) -> bool:
+        """Whether ``step`` is armed, arming it first from the clock's newest
+        agreed anomaly (no collective runs here: see :meth:`TriggerClock.advance`)."""
         if self.clock is None:
             return False
-        newest = self.clock.agreed_at(step)
+        newest = self.clock.newest()
         with self.lock:
             if newest is not None and newest > self.handled:
                 self.handled = newest
@@ -226,8 +234,6 @@ class ArmedSelection(Selection):
         step = event.step
         if step is None or self.arming is None:
             return False
-        # Agree on the trigger before any filter, so every rank runs the
-        # step's collective, whichever ranks this observer selects.
         armed = self.arming.armed_for(step)
         return (armed or step in self.fixed_steps) and Selection.accepts(self, event)
 

@@ -1,8 +1,8 @@
-"""The signals and the dispatcher that gives them their guarantees.
+"""The dispatcher that gives the bus's signals their guarantees.
 
-Every stage is announced on two blinker signals of the ``verl_events``
-namespace, with the stage name as blinker's *sender* and the event as the
-``event`` keyword::
+Every stage is announced on two blinker signals (:mod:`verl_events._signals`),
+with the stage name as blinker's *sender* and the event as the ``event``
+keyword::
 
     stage_begin.send("actor_update", event=StageEvent(...))
     stage_end.send("actor_update", event=StageEnd(...))
@@ -20,6 +20,12 @@ as senders, so blinker itself skips stages no observer selected.
 Which stages anything receives, dispatchers and plain receivers of either
 signal alike, is recorded in :mod:`verl_events._listened`; the emit path
 reads that record and nothing else before deciding to build an event.
+
+Two things happen in :meth:`Dispatcher.on_begin` before any selection is
+looked at, each a named step: the step-boundary agreement of armed capture
+(:meth:`~verl_events._arming.TriggerClock.advance`, a collective when there
+are several ranks), and, at the first stage a writing observer receives, the
+installation's claim on its save_path (:class:`~verl_events._claim.SavePathClaim`).
 """
 
 from __future__ import annotations
@@ -30,27 +36,45 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from blinker import ANY, Namespace
+from blinker import ANY
 
 from ._errors import ObserverError
 from ._events import StageEnd, StageEvent, StageReport
-from ._listened import follow
 from ._observer import Observer
+from ._run import SavePathTaken
+from ._signals import stage_begin, stage_end
+from ._stack import open_stages
+
+if TYPE_CHECKING:
+    from ._arming import TriggerClock
+    from ._claim import SavePathClaim
 
 logger = logging.getLogger("verl_events")
 
-signals = Namespace()
-stage_begin = signals.signal("stage_begin", doc="Sent with the stage name as sender and event=StageEvent.")
-stage_end = signals.signal("stage_end", doc="Sent with the stage name as sender and event=StageEnd.")
+
+# The seqs of open stages whose end event must carry the stage's result and
+# inputs: a dispatcher asks (ask_for_result) when it delivered the begin to an
+# observer that wants_result; the emitter takes the answer (result_asked)
+# right after sending the begin.
+_results_asked: set[int] = set()
 
 
-follow(stage_begin, stage_end)
+def ask_for_result(seq: int) -> None:
+    """Ask the emitter to put stage ``seq``'s result and inputs on its end event."""
+    _results_asked.add(seq)
 
-#: What :meth:`Dispatcher.on_begin` answers when an observer it delivered the
-#: begin to wants the stage's result (blinker's ``send`` returns the answers).
-WANTS_RESULT = object()
+
+def result_asked(seq: int) -> bool:
+    """Whether a receiver asked for stage ``seq``'s result; forgets the question."""
+    if not _results_asked:  # the common case: one truth test
+        return False
+    try:
+        _results_asked.remove(seq)
+    except KeyError:
+        return False
+    return True
 
 
 @dataclass(slots=True, eq=False)  # frames are told apart by identity
@@ -63,11 +87,10 @@ class _Frame:
     enclosing: tuple[str, ...] = ()  # observers of the open stages around this one
 
 
-def _around(frames: list[_Frame]) -> tuple[str, ...]:
-    """Observers that hold the innermost open stage, or one around it."""
-    if not frames:
+def _around(inner: _Frame | None) -> tuple[str, ...]:
+    """Observers that hold the open stage ``inner``, or one around it."""
+    if inner is None:
         return ()
-    inner = frames[-1]
     return tuple(dict.fromkeys(inner.enclosing + tuple(o.name for o in inner.delivered if not o.passive)))
 
 
@@ -86,16 +109,30 @@ class Dispatcher:
     * After ``max_failures`` failures an observer is switched off for the
       rest of the run, with one message; it still gets the ends it is owed.
     * Hook times are measured only when some observer ``wants_timings``.
-    * :meth:`on_begin` answers :data:`WANTS_RESULT` when an observer it
-      delivered to ``wants_result``; the emitter then puts the stage's
-      result and inputs on the end event that every receiver gets.
+    * When an observer it delivered a begin to ``wants_result``, it asks
+      the emitter (:func:`ask_for_result`) to put the stage's result and
+      inputs on the end event that every receiver gets.
+    * ``clock``: armed capture's step-boundary agreement runs at every
+      begin with a step, before any selection is looked at.
+    * ``claim``: made before the first begin delivered to one of its
+      writers; when another run holds the save_path, those writers are
+      switched off for the rest of the run with one message (strict: the
+      stage raises ObserverError).
 
     Thread safety: the observer tuple never changes after construction and
     open stages are keyed by the event's unique ``seq``, so stages on
     several threads do not interfere.
     """
 
-    def __init__(self, observers: Sequence[Observer], *, strict: bool, max_failures: int | None = None) -> None:
+    def __init__(
+        self,
+        observers: Sequence[Observer],
+        *,
+        strict: bool,
+        max_failures: int | None = None,
+        clock: TriggerClock | None = None,
+        claim: SavePathClaim | None = None,
+    ) -> None:
         # Captures innermost, then by priority; sorted() is stable, so equal
         # priorities keep install order.
         self.observers: tuple[Observer, ...] = tuple(sorted(observers, key=lambda o: (o.captures, -o.priority)))
@@ -109,7 +146,9 @@ class Dispatcher:
         self._switched_off: set[str] = set()
         self._model_warned: set[tuple[str, str | None]] = set()
         self._step_warned: set[str] = set()
-        self._thread = threading.local()  # .frames: this thread's open stages, when timed
+        self._clock = clock
+        self._claim = claim if claim is not None and claim.writers else None  # None once made
+        self._claim_lock = threading.Lock()
 
     # -- subscription -------------------------------------------------------
 
@@ -133,23 +172,24 @@ class Dispatcher:
 
     # -- dispatch -----------------------------------------------------------
 
-    def on_begin(self, sender: str, *, event: StageEvent) -> object:
-        """Deliver the begin; answer :data:`WANTS_RESULT` when an observer
-        that got it sets ``wants_result``, else None."""
+    def on_begin(self, sender: str, *, event: StageEvent) -> None:
+        """Deliver the begin to the observers that select it, in order."""
+        if self._clock is not None and event.step is not None:
+            self._clock.advance(event.step)  # the step boundary: may run a collective
         candidates = self._candidates(event.stage)
         if event.step is None and event.stage not in self._step_warned:
             self._warn_step_unknown(event, candidates)
         selected = [o for o in candidates if o.selection.accepts(event) and o.name not in self._switched_off]
+        if self._claim is not None and selected:
+            selected = self._claim_for(selected, event)
         if not selected:
-            return None
+            return
         if event.model is None and any(o.needs_model for o in selected):
             self._warn_model_missing(event, selected)
         frame = _Frame()
-        self._open[event.seq] = frame
         if self._timed:
-            frames = self._frames()
-            frame.enclosing = _around(frames)
-            frames.append(frame)
+            frame.enclosing = _around(self._enclosing_frame(event))
+        self._open[event.seq] = frame
         for observer in selected:
             frame.delivered.append(observer)
             error = self._call(observer, "on_stage_begin", observer.on_stage_begin, event, frame.begin_seconds)
@@ -159,17 +199,45 @@ class Dispatcher:
         if self._results_wanted:
             for observer in selected:  # a loop: any() with a generator costs ~4x more
                 if observer.wants_result:
-                    return WANTS_RESULT
-        return None
+                    ask_for_result(event.seq)
+                    break
+
+    def _claim_for(self, selected: list[Observer], event: StageEvent) -> list[Observer]:
+        """Make the save_path claim if a writer is about to get its first stage;
+        the observers that may go on."""
+        claim = self._claim
+        assert claim is not None
+        if not any(o.name in claim.writer_names for o in selected):
+            return selected
+        with self._claim_lock:
+            if self._claim is None:  # another thread made it meanwhile
+                return [o for o in selected if o.name not in self._switched_off]
+            try:
+                claim.make()
+            except SavePathTaken as exc:
+                self._switched_off |= claim.writer_names
+                names = ", ".join(repr(o.name) for o in claim.writers)
+                logger.error(
+                    "%s. Observer(s) %s write nothing in this run (switched off at stage %r, step %s, rank %s), "
+                    "so that two runs never mix",
+                    exc,
+                    names,
+                    event.stage,
+                    event.step,
+                    event.rank,
+                )
+                if self.strict:
+                    raise ObserverError(
+                        f"observer(s) {names} cannot write to their save_path: {exc}; strict mode stops the stage"
+                    ) from exc
+            finally:
+                self._claim = None
+        return [o for o in selected if o.name not in self._switched_off]
 
     def on_end(self, sender: str, *, event: StageEnd) -> None:
         frame = self._open.pop(event.seq, None)
         if frame is None:  # nobody selected this stage, or installed mid-stage
             return
-        if self._timed:
-            frames = self._frames()
-            if frame in frames:
-                frames.remove(frame)
         first: tuple[Observer, BaseException] | None = None
         for observer in reversed(frame.delivered):
             error = self._call(observer, "on_stage_end", observer.on_stage_end, event, frame.end_seconds)
@@ -218,11 +286,15 @@ class Dispatcher:
                 seconds[observer.name] = perf_counter() - started
         return None
 
-    def _frames(self) -> list[_Frame]:
-        frames: list[_Frame] | None = getattr(self._thread, "frames", None)
-        if frames is None:
-            frames = self._thread.frames = []
-        return frames
+    def _enclosing_frame(self, event: StageEvent) -> _Frame | None:
+        """The frame of the innermost open stage around ``event`` on this
+        thread that this dispatcher delivered; None at top level."""
+        for outer in reversed(open_stages()):
+            if outer.seq != event.seq:
+                frame = self._open.get(outer.seq)
+                if frame is not None:
+                    return frame
+        return None
 
     def _candidates(self, stage: str) -> tuple[Observer, ...]:
         found = self._by_stage.get(stage)

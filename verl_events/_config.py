@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from ._arming import TRIGGER_KEYS, Trigger, parse_trigger
+from ._checks import check_count
 from ._errors import ConfigError
 from ._selection import Selection
 from ._verl_config import from_verl_config, is_verl_config
@@ -166,11 +167,7 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     save_path = raw.get("save_path", DEFAULT_SAVE_PATH)
     if not isinstance(save_path, (str, os.PathLike)) or not str(save_path):
         raise ConfigError(f"save_path: {save_path!r} is not allowed; use a directory path")
-    max_failures = raw.get("max_failures", DEFAULT_MAX_FAILURES)
-    if max_failures is not None and (
-        isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1
-    ):
-        raise ConfigError(f"max_failures: {max_failures!r} is not allowed; use an integer >= 1, or null for never")
+    max_failures = check_count(raw.get("max_failures", DEFAULT_MAX_FAILURES), "max_failures", null="for never")
     entries = raw.get("observers") or []
     if not isinstance(entries, list):
         raise ConfigError(f"observers: {entries!r} is not allowed; use a list of observer entries")
@@ -200,15 +197,5 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
     if not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled: {enabled!r} is not allowed; use true or false")
     selection = Selection.parse(**{key: entry.get(key) for key in SELECTION_KEYS}, where=where, strict=strict)
-    options = {str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS}
-    trigger = parse_trigger(entry, where)
-    return ObserverSpec(
-        where=where,
-        name=name,
-        target=target,
-        selection=selection,
-        priority=priority,
-        enabled=enabled,
-        options=MappingProxyType(options),
-        trigger=trigger,
-    )
+    options = MappingProxyType({str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS})
+    return ObserverSpec(where, name, target, selection, priority, enabled, options, parse_trigger(entry, where))

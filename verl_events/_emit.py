@@ -9,8 +9,9 @@ Results: when an observer that received a stage's begin sets
 (``result``) and its first data argument (``inputs``), by reference.
 Otherwise both stay None and nothing is looked up for them.
 
-Nesting and threads: each thread keeps its own stack of open stages, so a
-stage inside another gets ``depth`` 1 and ``parent`` set, and stages on two
+Nesting and threads: each thread keeps its own stack of open stages
+(:mod:`verl_events._stack`, which the dispatcher reads too), so a stage
+inside another gets ``depth`` 1 and ``parent`` set, and stages on two
 threads never see each other's stack.  Begin and end events share a
 process-unique ``seq``.
 """
@@ -20,16 +21,17 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import threading
 from collections.abc import Callable
 from time import perf_counter
 from types import MappingProxyType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from ._bus import WANTS_RESULT, stage_begin, stage_end
+from ._bus import result_asked
 from ._events import EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
 from ._listened import listeners as _listeners
 from ._resolve import check_step, current_step, find_model, find_rank, find_step
+from ._signals import stage_begin, stage_end
+from ._stack import open_stages
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -37,15 +39,7 @@ T = TypeVar("T")
 
 logger = logging.getLogger("verl_events")
 
-_local = threading.local()
 _seq = itertools.count(1)  # next() on a count is atomic under the GIL
-
-
-def _stack() -> list[str]:
-    stack: list[str] | None = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
 
 
 def _new_event(
@@ -56,7 +50,7 @@ def _new_event(
     meta: dict[str, Any],
     model_paths: tuple[str, ...],
 ) -> StageEvent:
-    stack = _stack()
+    stack = open_stages()
     rank, world_size = find_rank()
     return StageEvent(
         stage=name,
@@ -67,7 +61,7 @@ def _new_event(
         model=model,
         meta=MappingProxyType(meta) if meta else EMPTY_META,
         depth=len(stack),
-        parent=stack[-1] if stack else None,
+        parent=stack[-1].stage if stack else None,
         seq=next(_seq),
         model_paths=model_paths,
     )
@@ -78,20 +72,16 @@ def _open(event: StageEvent) -> tuple[float, bool]:
     asked for the stage's result.  If a begin receiver raises (strict mode,
     Ctrl-C), stage_end still goes out before the error propagates, so every
     observer that began also ends."""
-    stack = _stack()
-    stack.append(event.stage)
+    stack = open_stages()
+    stack.append(event)
     try:
-        replies = stage_begin.send(event.stage, event=event)
+        stage_begin.send(event.stage, event=event)
     except BaseException as exc:
         stack.pop()
+        result_asked(event.seq)  # forget a question asked before the failure
         _send_end(event.ended(0.0, exc), body_failed=True)
         raise
-    wants_result = False
-    for _receiver, reply in replies:
-        if reply is WANTS_RESULT:
-            wants_result = True
-            break
-    return perf_counter(), wants_result
+    return perf_counter(), result_asked(event.seq)
 
 
 def _close(
@@ -102,7 +92,7 @@ def _close(
     inputs: Any = None,
 ) -> None:
     elapsed = perf_counter() - started
-    _stack().pop()
+    open_stages().pop()
     _send_end(event.ended(elapsed, error, result, inputs), body_failed=error is not None)
 
 
@@ -212,10 +202,7 @@ class stage:
         return result
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         event, self._event = self._event, None
         if event is None:

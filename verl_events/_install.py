@@ -11,8 +11,9 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._arming import TriggerClock, arm
+from ._arming import TriggerClock, arm, check_triggers
 from ._bus import Dispatcher
+from ._claim import SavePathClaim, refuse_other_runs_files, writes_outputs
 from ._config import Config, load_config
 from ._errors import ConfigError, ObserverError, VerlEventsWarning
 from ._observer import InstallContext, Observer
@@ -35,8 +36,12 @@ class Installation:
 
     def __init__(self, config: Config, observers: Sequence[Observer], clock: TriggerClock | None = None) -> None:
         self.config = config
-        self.dispatcher = Dispatcher(observers, strict=config.strict, max_failures=config.max_failures)
         self.clock = clock  # the armed observers' anomaly clock, if any observer is armed
+        # One claim on save_path for every observer that writes there.
+        self.claim = SavePathClaim(config.save_path, [o for o in observers if writes_outputs(o)])
+        self.dispatcher = Dispatcher(
+            observers, strict=config.strict, max_failures=config.max_failures, clock=clock, claim=self.claim
+        )
         self.closed = False
 
     @property
@@ -64,10 +69,7 @@ class Installation:
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
 
@@ -111,24 +113,10 @@ def install(
                 f"verl_events is already installed in this process ({_current!r}); "
                 "close that handle first, or put every observer in one config"
             )
-        context = InstallContext(save_path=cfg.save_path, strict=cfg.strict)
-        built: list[Observer] = []
-        try:
-            for spec in cfg.observers:
-                if spec.enabled:
-                    built.append(build_observer(spec, context))
-            for observer in observers:
-                observer.name = observer.name or type(observer).__name__
-                setup_observer(observer, context, where=f"observer {observer.name!r}")
-                built.append(observer)
-            if not built:
-                _nothing_to_observe(config, strict=cfg.strict)
-            _make_names_unique(built)
-            check_exclusive_resources(built)
-            clock = arm(built)
-        except BaseException:
-            _close_all(built)
-            raise
+        built = build_observers(cfg, observers, set_up=True)
+        if not built:
+            _nothing_to_observe(config, strict=cfg.strict)
+        clock = arm(built)
         installation = Installation(cfg, built, clock)
         installation.dispatcher.connect()
         if clock is not None:
@@ -136,6 +124,45 @@ def install(
         _current = installation
     atexit.register(installation.close)
     return installation
+
+
+def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: bool) -> list[Observer]:
+    """The observers of ``config``'s enabled entries, in order, then the
+    ready-made ``extra`` ones, as :func:`install` builds them; ``verl-events
+    check`` builds them the same way with ``set_up=False``.
+
+    Each is built with its options checked, then all are named uniquely
+    (a second ``msprobe`` entry is ``msprobe#2``) and checked together:
+    exclusive resources, triggers.  With ``set_up``, install's two remaining
+    steps follow: a save_path holding another run's files of any of them is
+    refused (ConfigError naming the observer), then each is set up in
+    order; when one fails, those already set up are closed.  Nothing is
+    written or started without ``set_up``.
+    """
+    context = InstallContext(save_path=config.save_path, strict=config.strict)
+    placed: list[tuple[Observer, str]] = []  # each observer, and where an error names it
+    for spec in config.observers:
+        if spec.enabled:
+            placed.append((build_observer(spec, context, set_up=False), f"{spec.where} ({spec.label})"))
+    for observer in extra:
+        observer.name = observer.name or type(observer).__name__
+        placed.append((observer, f"observer {observer.name!r}"))
+    built = [observer for observer, _ in placed]
+    _make_names_unique(built)
+    check_exclusive_resources(built)
+    check_triggers(built)
+    if not set_up:
+        return built
+    refuse_other_runs_files(config.save_path, placed)
+    ready: list[Observer] = []
+    try:
+        for observer, where in placed:
+            setup_observer(observer, context, where=where)
+            ready.append(observer)
+    except BaseException:
+        _close_all(ready)
+        raise
+    return built
 
 
 def nothing_to_observe(config: Any) -> str:

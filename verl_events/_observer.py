@@ -64,7 +64,12 @@ class Observer:
       nothing is spent on them;
     * ``sends_anomalies``: the observer sends the ``anomaly`` signal (the
       sentinel does).  Install refuses an observer with ``trigger: anomaly``
-      unless one such observer is installed with it.
+      unless one such observer is installed with it;
+    * ``output_noun``: what :meth:`outputs` lists, in the sentence that
+      refuses another run's files (``"msprobe dump(s)"``).
+
+    An observer that writes under ``save_path`` overrides :meth:`outputs`;
+    that is all it takes for "two runs never mix" (see there).
     """
 
     name: str = ""
@@ -77,10 +82,24 @@ class Observer:
     passive: bool = False
     wants_result: bool = False
     sends_anomalies: bool = False
+    output_noun: str = "file(s)"
 
     def setup(self, context: InstallContext) -> None:
         """Called once at install; raise here (ConfigError for bad options)
         to stop the install before training starts."""
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        """The files or directories of this observer's kind under ``save_path``,
+        whichever run wrote them; by default none (the observer writes nothing).
+
+        Override it when the observer writes under ``save_path``.  Install
+        then refuses a ``save_path`` where another run left any of them, and
+        the installation claims ``save_path`` for this run (``run.json``)
+        before the first stage such an observer receives, so that two runs
+        never mix.  Called before :meth:`setup`, on any thread; keep it to a
+        few globs.
+        """
+        return []
 
     def resource_selection(self) -> Selection:
         """The stages during which this observer holds its exclusive

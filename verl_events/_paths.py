@@ -1,4 +1,9 @@
-"""The output tree every observer shares: ``{save_path}/step_{N}/{stage}/...``."""
+"""The output tree every observer shares: ``{save_path}/step_{N}/{stage}/...``.
+
+This module owns the tree's names (``step_{N}``, ``step_unknown``); what an
+observer writes inside a stage directory is the observer's own format, in its
+own module (msprobe's sessions: :mod:`verl_events.observers.msprobe.layout`).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +14,46 @@ from pathlib import Path
 from ._errors import ConfigError
 from ._events import StageEvent
 
-TIMING_DIR = "timing"
+_STEP_PREFIX = "step_"
+_UNKNOWN_STEP = "step_unknown"
 
+#: A glob that matches every step directory's name.
+STEP_DIR_GLOB = f"{_STEP_PREFIX}*"
 
-def timing_log_path(save_path: Path, rank: int) -> Path:
-    """The timing observer's JSON-lines file for one rank."""
-    return save_path / TIMING_DIR / f"rank{rank}.jsonl"
+#: How docs and messages spell a stage directory.
+STAGE_DIR_TEMPLATE = "{save_path}/step_{N}/{stage}"
 
 
 def step_dir_name(step: int | None) -> str:
     """``step_3``, or ``step_unknown`` when the step could not be resolved."""
-    return "step_unknown" if step is None else f"step_{step}"
+    return _UNKNOWN_STEP if step is None else f"{_STEP_PREFIX}{step}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a step directory's name stands for (``step_3`` -> 3); None
+    for ``step_unknown`` and for any name that is not a step directory."""
+    number = name.removeprefix(_STEP_PREFIX)
+    return int(number) if number != name and number.isdigit() else None
+
+
+def step_dirs(save_path: Path) -> list[Path]:
+    """The step directories under ``save_path`` (``step_unknown`` included), by name."""
+    return sorted(path for path in Path(save_path).glob(STEP_DIR_GLOB) if path.is_dir())
+
+
+def stage_dirs(save_path: Path) -> list[Path]:
+    """Every stage directory under ``save_path``, by path."""
+    return sorted(path for step in step_dirs(save_path) for path in step.iterdir() if path.is_dir())
+
+
+def stage_dir(save_path: Path, step: int | None, stage: str) -> Path:
+    """The directory of one stage of one step: ``{save_path}/step_{N}/{stage}``."""
+    return Path(save_path) / step_dir_name(step) / stage
 
 
 def stage_output_dir(save_path: Path, event: StageEvent) -> Path:
     """Where observers write what they collect for one stage."""
-    return save_path / step_dir_name(event.step) / event.stage
+    return stage_dir(save_path, event.step, event.stage)
 
 
 def prepare_output_dir(path: Path, key: str = "save_path") -> Path:
@@ -45,60 +74,3 @@ def prepare_output_dir(path: Path, key: str = "save_path") -> Path:
             f"{key}: {str(path)!r} is not writable ({exc.strerror or exc}); use a writable directory"
         ) from exc
     return path
-
-
-#: Left in an msprobe session's rank directory while the session is open, and
-#: after it when the stage raised: a dump.json beside it is not a whole stage.
-INCOMPLETE_MARKER = "session.incomplete"
-
-
-def mark_incomplete(rank_dir: Path, why: str) -> None:
-    """Say why the session in ``rank_dir`` is not a whole stage (replacing any earlier word)."""
-    rank_dir.mkdir(parents=True, exist_ok=True)
-    fd, aside = tempfile.mkstemp(dir=rank_dir, prefix=f".{INCOMPLETE_MARKER}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(why + "\n")
-        os.replace(aside, rank_dir / INCOMPLETE_MARKER)
-    except BaseException:
-        Path(aside).unlink(missing_ok=True)
-        raise
-
-
-def mark_complete(rank_dir: Path) -> None:
-    (rank_dir / INCOMPLETE_MARKER).unlink(missing_ok=True)
-
-
-def incomplete_reason(rank_dir: Path) -> str | None:
-    """Why the session in ``rank_dir`` is not a whole stage, or None when it is."""
-    try:
-        return (rank_dir / INCOMPLETE_MARKER).read_text(encoding="utf-8").strip() or "cut off"
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"its marker cannot be read ({exc.strerror or exc})"
-
-
-def incomplete_sessions(save_path: Path) -> list[tuple[Path, str]]:
-    """Every msprobe session under ``save_path`` that is not a whole stage, with why."""
-    found = []
-    for marker in sorted(save_path.glob(f"step_*/*/step*/rank*/{INCOMPLETE_MARKER}")):
-        reason = incomplete_reason(marker.parent)
-        if reason is not None:
-            found.append((marker.parent, reason))
-    return found
-
-
-def session_dirs(save_path: Path) -> list[Path]:
-    """The rank directory of every msprobe session under ``save_path``."""
-    return sorted(save_path.glob("step_*/*/step*/rank*"))
-
-
-def timing_log_files(save_path: Path) -> list[Path]:
-    """Every rank's timing log of a run, by rank file name."""
-    return sorted((Path(save_path) / TIMING_DIR).glob("rank*.jsonl"))
-
-
-def run_files(save_path: Path) -> list[Path]:
-    """What a run leaves in ``save_path``: msprobe session directories and timing logs."""
-    return session_dirs(save_path) + timing_log_files(save_path)

@@ -1,16 +1,19 @@
 """Turning a config into observers, without installing them.
 
 What tools that check or show a config need (``verl-events check``, the
-demos): read and validate a config, list and build observers, and find the
-conflicts :func:`verl_events.install` would refuse.  Training code needs
+demos): read and validate a config, list and build observers exactly as
+:func:`verl_events.install` builds them (:func:`build_observers`), and find
+the conflicts it would refuse.  Observer authors check their options with
+:func:`check_count` and ConfigError.  Training code needs
 none of this; it calls :func:`verl_events.install`.
 """
 
 from __future__ import annotations
 
 from ._arming import ArmedSelection, check_triggers
+from ._checks import check_count
 from ._config import Config, ObserverSpec, load_config, read_config
-from ._install import check_exclusive_resources, nothing_to_observe
+from ._install import build_observers, check_exclusive_resources, nothing_to_observe
 from ._registry import available_observers, build_observer, observer_origin
 from ._verl_config import from_verl_config, is_verl_config
 
@@ -20,6 +23,8 @@ __all__ = [
     "ObserverSpec",
     "available_observers",
     "build_observer",
+    "build_observers",
+    "check_count",
     "check_exclusive_resources",
     "check_triggers",
     "from_verl_config",

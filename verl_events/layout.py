@@ -1,49 +1,92 @@
-"""Where observers write under ``save_path``, and which run owns it.
+"""The tree observers write under ``save_path``, and which run owns it.
 
 Observer authors build their paths with :func:`stage_output_dir` and
 :func:`prepare_output_dir` (also exported by :mod:`verl_events`); the tools
-that read a run back (``report``, ``check``, ``compare``) find its parts
-with the other functions here, so writers and readers share one layout.
+that read a run back walk it with :func:`step_dirs`, :func:`stage_dirs` and
+:func:`step_of`.  What an observer writes inside the tree is its own format,
+defined beside its writer: msprobe's sessions in
+:mod:`verl_events.observers.msprobe.layout`, the timing log in
+:mod:`verl_events.observers.timing`, the anomaly record in
+:mod:`verl_events.observers.sentinel.record`.
+
+A run owns its save_path (:mod:`verl_events._run`): install refuses a
+save_path holding another run's files (what each observer lists in
+:meth:`~verl_events.Observer.outputs`), and the installation claims it,
+once, before the first stage any writing observer receives.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
+from typing import Any
+
+from ._moved import NOT_MOVED, moved_name
 from ._paths import (
-    INCOMPLETE_MARKER,
-    TIMING_DIR,
-    incomplete_reason,
-    incomplete_sessions,
-    mark_complete,
-    mark_incomplete,
+    STAGE_DIR_TEMPLATE,
+    STEP_DIR_GLOB,
     prepare_output_dir,
-    run_files,
-    session_dirs,
+    stage_dir,
+    stage_dirs,
     stage_output_dir,
     step_dir_name,
-    timing_log_files,
-    timing_log_path,
+    step_dirs,
+    step_of,
 )
 from ._run import RUN_FILE, RUN_ID_ENV, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
 
 __all__ = [
-    "INCOMPLETE_MARKER",
     "RUN_FILE",
     "RUN_ID_ENV",
-    "TIMING_DIR",
+    "STAGE_DIR_TEMPLATE",
+    "STEP_DIR_GLOB",
     "SavePathTaken",
     "claim_save_path",
-    "incomplete_reason",
-    "incomplete_sessions",
-    "mark_complete",
-    "mark_incomplete",
     "owner_of",
     "prepare_output_dir",
     "refuse_other_runs",
-    "run_files",
     "run_id",
-    "session_dirs",
+    "stage_dir",
+    "stage_dirs",
     "stage_output_dir",
     "step_dir_name",
-    "timing_log_files",
-    "timing_log_path",
+    "step_dirs",
+    "step_of",
 ]
+
+# Names this module exported in 0.2 that now live with their format's
+# writer.  They resolve, with a DeprecationWarning, until 0.3.
+_MOVED = {
+    "INCOMPLETE_MARKER": "verl_events.observers.msprobe.layout",
+    "incomplete_reason": "verl_events.observers.msprobe.layout",
+    "incomplete_sessions": "verl_events.observers.msprobe.layout",
+    "mark_complete": "verl_events.observers.msprobe.layout",
+    "mark_incomplete": "verl_events.observers.msprobe.layout",
+    "session_dirs": "verl_events.observers.msprobe.layout",
+    "TIMING_DIR": "verl_events.observers.timing",
+    "timing_log_files": "verl_events.observers.timing",
+    "timing_log_path": "verl_events.observers.timing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    value = moved_name(__name__, name, _MOVED)
+    if value is not NOT_MOVED:
+        return value
+    if name == "run_files":
+        warnings.warn(
+            "verl_events.layout.run_files goes in 0.3: each observer lists its own files "
+            "(Observer.outputs(save_path)), and install checks them all",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _run_files
+    raise AttributeError(f"module 'verl_events.layout' has no attribute {name!r}")
+
+
+def _run_files(save_path: Any) -> list[Any]:
+    """0.2's run_files: msprobe sessions and timing logs."""
+    msprobe = importlib.import_module("verl_events.observers.msprobe.layout")
+    timing = importlib.import_module("verl_events.observers.timing")
+    files: list[Any] = msprobe.session_dirs(save_path) + timing.timing_log_files(save_path)
+    return files

@@ -22,9 +22,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from ._bus import stage_begin, stage_end
 from ._events import StageEnd, StageEvent, StageReport
 from ._observer import Observer
+from ._signals import stage_begin, stage_end
 
 __all__ = ["RecordingObserver", "capture_events", "reset"]
 

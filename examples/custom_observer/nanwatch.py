@@ -1,13 +1,20 @@
-"""NaN/Inf watcher: names the first module whose output is not finite, per stage."""
+"""NaN/Inf watcher: names the first module whose output is not finite, per stage.
+
+Besides the log line it writes ``{save_path}/step_{N}/{stage}/nanwatch_rank{R}.txt``
+and lists those files in ``outputs``: that is all it takes for install to refuse
+a save_path holding another run's reports, and for the run to claim it first.
+"""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from verl_events import Observer, StageEnd, StageEvent
+from verl_events import InstallContext, Observer, StageEnd, StageEvent, stage_output_dir
+from verl_events.layout import stage_dirs
 
 logger = logging.getLogger("nanwatch")
 
@@ -16,10 +23,18 @@ class NanWatchObserver(Observer):
     """Hooks every submodule of the stage's model while the stage runs."""
 
     needs_model = True  # the bus warns, naming the paths it tried, when there is none
+    output_noun = "nanwatch report(s)"
 
     def __init__(self) -> None:
         self._handles: dict[int, list[Any]] = {}
         self._first: dict[int, str] = {}
+        self._save_path = Path()
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        return sorted(path for stage in stage_dirs(save_path) for path in stage.glob("nanwatch_rank*.txt"))
+
+    def setup(self, context: InstallContext) -> None:
+        self._save_path = context.save_path
 
     def on_stage_begin(self, event: StageEvent) -> None:
         chunks = event.model if isinstance(event.model, (list, tuple)) else [event.model]
@@ -48,3 +63,6 @@ class NanWatchObserver(Observer):
                 event.rank,
                 culprit,
             )
+            report = stage_output_dir(self._save_path, event) / f"nanwatch_rank{event.rank}.txt"
+            report.parent.mkdir(parents=True, exist_ok=True)
+            report.write_text(f"{culprit}\n")

@@ -16,7 +16,9 @@ Other options: ``--raise-at STEP`` makes that step's actor_update raise
 ``Boom`` halfway, which the loop catches, printing whether it is the very
 object raised; ``--failing`` adds ``fault_observers:AlwaysFails``;
 ``--batch N`` sets the input's first dimension, which every dump entry's
-shape shows, so a dump tells which of two runs wrote it.  ``max_failures``
+shape shows, so a dump tells which of two runs wrote it; ``--writers`` adds
+two more observers that write under save_path: torch.profiler on
+``compute_values`` and the third-party ``fault_observers:RunNote``.  ``max_failures``
 is 3.  The last line on stdout is ``TRAINING FINISHED``.
 """
 
@@ -53,6 +55,9 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     observers: list[dict[str, Any]] = [{"name": "timing"}, {"name": "msprobe", "stages": DUMPED}]
     if args.failing:
         observers.append({"_target_": "fault_observers:AlwaysFails"})
+    if args.writers:
+        observers.append({"name": "torch_profiler", "stages": ["compute_values"]})
+        observers.append({"_target_": "fault_observers:RunNote"})
     return {"save_path": args.save_path, "max_failures": 3, "observers": observers}
 
 
@@ -76,6 +81,7 @@ def main() -> None:
     parser.add_argument("--raise-at", type=int)
     parser.add_argument("--failing", action="store_true")
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--writers", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.manual_seed(0)

@@ -3,10 +3,13 @@ into processes they start: the driver, or ``verl-events demo``."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
-from verl_events import InstallContext, Observer, StageEnd, StageEvent
+from verl_events import InstallContext, Observer, StageEnd, StageEvent, stage_output_dir
+from verl_events.layout import stage_dirs
 
 #: How long an Interrupter waits for its signal before giving up.
 WAIT_S = 120
@@ -68,3 +71,26 @@ class Interrupter(Observer):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+
+
+class RunNote(Observer):
+    """A third-party writer: appends the id of the run that wrote it to
+    ``{stage dir}/note_rank{R}.txt`` at each stage's end, and declares those
+    files in ``outputs``, as any observer that writes under save_path does."""
+
+    output_noun = "run note(s)"
+
+    def __init__(self) -> None:
+        self._root = Path()
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        return sorted(path for stage in stage_dirs(save_path) for path in stage.glob("note_rank*.txt"))
+
+    def setup(self, context: InstallContext) -> None:
+        self._root = context.save_path
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        note = stage_output_dir(self._root, event) / f"note_rank{event.rank}.txt"
+        note.parent.mkdir(parents=True, exist_ok=True)
+        with note.open("a", encoding="utf-8") as handle:
+            handle.write(os.environ.get("VERL_EVENTS_RUN_ID", "?") + "\n")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import IO, Any
+
+from ..support import verl_events_exe
 
 FAULTS = Path(__file__).parent
 DRIVER = FAULTS / "driver.py"
@@ -104,12 +105,6 @@ class Child:
 
 def driver(save_path: Path, *args: str, env: dict[str, str] | None = None) -> Child:
     return Child([sys.executable, str(DRIVER), str(save_path), *args], env)
-
-
-def verl_events_exe() -> str:
-    exe = shutil.which("verl-events", path=str(Path(sys.executable).parent))
-    assert exe is not None, "verl-events is not installed in this venv"
-    return exe
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

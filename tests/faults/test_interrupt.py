@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from .processes import Child, check_save_path, cli, entries, marker, markers_under, session, verl_events_exe
+from ..support import verl_events_exe
+from .processes import Child, check_save_path, cli, entries, marker, markers_under, session
 
 CONFIG = """\
 observers:

@@ -7,7 +7,9 @@ all of run-beta, then the rest of run-alpha.  Their inputs differ in batch
 size (4 and 6), which every dump entry's shape shows, so each dump.json
 tells which run wrote it.  One run may keep the save_path (in ``one
 ahead``, run-alpha, which wrote first); the other must write nothing there,
-and say so.
+and say so.  Besides msprobe and timing, each run has two more observers that
+write under save_path (``--writers``): torch.profiler and a third-party one;
+their files too must all be the owner's.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def two_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     ahead = request.param == "one ahead"
     pause = {"run-alpha": ["--pause", "1:0"] if ahead else [], "run-beta": []}
     children = {
-        run: driver(save_path, "--hold", "--batch", str(batch), *pause[run], env={"VERL_EVENTS_RUN_ID": run})
+        run: driver(
+            save_path, "--hold", "--writers", "--batch", str(batch), *pause[run], env={"VERL_EVENTS_RUN_ID": run}
+        )
         for run, batch in BATCH.items()
     }
     for child in children.values():
@@ -123,3 +127,17 @@ def test_only_the_run_that_lost_the_save_path_logs_refusals(two_runs: TwoRuns) -
     assert any("'msprobe'" in r for r in loser_errors) and any("'timing'" in r for r in loser_errors), (
         f"{loser} wrote nothing of its own but did not say so for both observers"
     )
+
+
+def test_the_other_writers_files_belong_to_the_owner_alone(two_runs: TwoRuns) -> None:
+    owner = two_runs.owner
+    stages = ["actor_compute_log_prob", "compute_values", "actor_update"]
+    notes = {
+        str(path.relative_to(two_runs.save_path)): path.read_text(encoding="utf-8").split()
+        for path in two_runs.save_path.rglob("note_rank*.txt")
+    }
+    assert notes == {f"step_{step}/{stage}/note_rank0.txt": [owner] for step in (1, 2) for stage in stages}
+    traces = sorted(str(p.relative_to(two_runs.save_path)) for p in two_runs.save_path.rglob("torch_profiler_*"))
+    assert traces == [
+        f"step_{step}/compute_values/torch_profiler_step_{step}_compute_values_rank0.json" for step in (1, 2)
+    ]

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 import verl_events
 from verl_events import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning, stage
-from verl_events.observers import _msprobe_api, msprobe_layout
+from verl_events.observers.msprobe import _api as _msprobe_api
+from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.testing import RecordingObserver
 
 from .support import Small, dump_entries, run_model, write_msprobe_config
@@ -209,6 +210,9 @@ def test_a_dump_directory_appearing_after_install_is_never_overwritten(
     tmp_path: Path, model: Small, caplog: pytest.LogCaptureFixture
 ) -> None:
     with verl_events.install(msprobe_config(tmp_path)):
+        # After the run's claim (its first stage): the session's own mkdir refuses the directory.
+        # Before the claim, the claim refuses it (tests/test_claim.py).
+        run_steps(model, range(1, 2), ["actor_compute_log_prob"])
         stale = tmp_path / "out/step_1/actor_update/step0/rank0"
         stale.mkdir(parents=True)
         (stale / "dump.json").write_text('{"data": {"from": "another run"}}')
@@ -587,15 +591,15 @@ def test_an_internal_of_another_shape_fails_setup_showing_what_it_is(
 
 
 def test_only_the_adapter_names_msprobe_modules() -> None:
-    """No module of the package but observers/_msprobe_api.py imports msprobe, or
+    """No module of the package but observers/msprobe/_api.py imports msprobe, or
     names one of its modules (as importlib.import_module would need)."""
-    observers = Path(msprobe_layout.__file__).parent
+    observers = Path(msprobe_layout.__file__).parent.parent
     roots = [Path(verl_events.__file__).parent, observers]
     imported = re.compile(r"^msprobe(\.|$)")
     named = re.compile(r"^msprobe(\.\w+)+$")  # a module path, not the word (a logger or resource name)
     offenders = []
     for path in sorted(p for root in roots for p in root.rglob("*.py")):
-        if path == observers / "_msprobe_api.py":
+        if path == observers / "msprobe" / "_api.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):

@@ -23,6 +23,11 @@ def trace_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def traces_under(save_path: Path) -> list[Path]:
+    """The trace files under save_path (beside them is the run's claim, run.json)."""
+    return sorted(save_path.rglob("torch_profiler_*.json"))
+
+
 def profile(tmp_path: Path, model: Small, run: range, stages: tuple[str, ...], **options: object) -> None:
     with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "torch_profiler", **options}]}):
         for step in run:
@@ -33,7 +38,7 @@ def profile(tmp_path: Path, model: Small, run: range, stages: tuple[str, ...], *
 
 def test_discrete_writes_one_trace_per_stage_holding_that_stages_ops(tmp_path: Path, model: Small) -> None:
     profile(tmp_path, model, range(1, 3), ("actor_compute_log_prob", "actor_update"), steps=[1])
-    traces = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.json"))
+    traces = sorted(str(p.relative_to(tmp_path)) for p in traces_under(tmp_path))
     assert traces == [
         "step_1/actor_compute_log_prob/torch_profiler_step_1_actor_compute_log_prob_rank0.json",
         "step_1/actor_update/torch_profiler_step_1_actor_update_rank0.json",
@@ -45,7 +50,7 @@ def test_discrete_writes_one_trace_per_stage_holding_that_stages_ops(tmp_path: P
 
 def test_the_stage_range_encloses_its_ops(tmp_path: Path, model: Small) -> None:
     profile(tmp_path, model, range(1, 2), ("actor_update",))
-    events = trace_events(next(tmp_path.rglob("*.json")))
+    events = trace_events(traces_under(tmp_path)[0])
     [span] = [e for e in events if e.get("name") == "actor_update" and e.get("ph") == "X"]
     addmm = [e for e in events if e.get("name") == "aten::addmm"]
     assert addmm and all(span["ts"] <= e["ts"] <= span["ts"] + span["dur"] for e in addmm)
@@ -53,7 +58,7 @@ def test_the_stage_range_encloses_its_ops(tmp_path: Path, model: Small) -> None:
 
 def test_continuous_writes_one_trace_across_the_selected_steps(tmp_path: Path, model: Small) -> None:
     profile(tmp_path, model, range(1, 6), ("actor_compute_log_prob", "actor_update"), discrete=False, steps=["2-3"])
-    [trace] = list(tmp_path.rglob("*.json"))
+    [trace] = list(traces_under(tmp_path))
     assert str(trace.relative_to(tmp_path)) == "step_2/torch_profiler_step_2-3_rank0.json"
     spans = [
         e
@@ -72,7 +77,7 @@ def test_ranks_and_repeated_stages_never_share_a_file(
             for _ in range(2):
                 with stage("actor_update", step=1, model=model):
                     run_model(model)
-    assert sorted(p.name for p in tmp_path.rglob("*.json")) == [
+    assert sorted(p.name for p in traces_under(tmp_path)) == [
         "torch_profiler_step_1_actor_update_rank0.json",
         "torch_profiler_step_1_actor_update_rank0_call1.json",
         "torch_profiler_step_1_actor_update_rank1.json",
@@ -82,7 +87,7 @@ def test_ranks_and_repeated_stages_never_share_a_file(
 
 def test_shapes_and_memory_contents_reach_the_trace(tmp_path: Path, model: Small) -> None:
     profile(tmp_path, model, range(1, 2), ("actor_update",), contents=["cpu", "shapes", "memory"])
-    events = trace_events(next(tmp_path.rglob("*.json")))
+    events = trace_events(traces_under(tmp_path)[0])
     addmm = next(e for e in events if e.get("name") == "aten::addmm")
     assert "Input Dims" in addmm["args"]
     assert any(e.get("name") == "[memory]" for e in events)
@@ -95,7 +100,7 @@ def test_a_nested_stage_is_not_traced_separately(
         with stage("actor_update", step=1, model=model):
             with stage("actor_compute_log_prob", step=1, model=model):
                 run_model(model)
-    [trace] = list(tmp_path.rglob("*.json"))
+    [trace] = list(traces_under(tmp_path))
     assert trace.parent.name == "actor_update"
     assert "torch_profiler: stage 'actor_compute_log_prob' (step 1, depth 1) is not captured" in caplog.text
     assert "actor_compute_log_prob" in trace_names(trace)  # still a named range inside the outer trace

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verl_events import ConfigError, ObserverSetupError
 from verl_events.config import load_config, read_config
@@ -15,23 +16,12 @@ from verl_events.config import load_config, read_config
 def _check(args: argparse.Namespace) -> int:
     """Validate a config and build its observers as install() would, without
     setting them up: nothing is written, no tool is started."""
-    from verl_events import InstallContext
-    from verl_events.config import (
-        ArmedSelection,
-        build_observer,
-        check_exclusive_resources,
-        check_triggers,
-        nothing_to_observe,
-        observer_origin,
-    )
+    from verl_events.config import ArmedSelection, build_observers, nothing_to_observe, observer_origin
 
     try:
         config = load_config(args.config, args.overrides)
-        context = InstallContext(save_path=config.save_path, strict=config.strict)
         specs = [spec for spec in config.observers if spec.enabled]
-        built = [build_observer(spec, context, set_up=False) for spec in specs]
-        check_exclusive_resources(built)
-        check_triggers(built)
+        built = build_observers(config, set_up=False)  # exactly as install builds them, one per spec
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -65,7 +55,14 @@ def _check(args: argparse.Namespace) -> int:
 
 def _save_path_notes(save_path: Path) -> list[str]:
     """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
-    from verl_events.layout import incomplete_sessions, owner_of, session_dirs, timing_log_files
+    from verl_events.layout import owner_of
+
+    if TYPE_CHECKING:  # one module, two names: see build_parser
+        from observers.msprobe.layout import incomplete_sessions, session_dirs
+        from observers.timing import timing_log_files
+    else:
+        from verl_events.observers.msprobe.layout import incomplete_sessions, session_dirs
+        from verl_events.observers.timing import timing_log_files
 
     notes = []
     dumps = session_dirs(save_path)
@@ -84,7 +81,7 @@ def _save_path_notes(save_path: Path) -> list[str]:
 def _demo(args: argparse.Namespace) -> int:
     """Run the miniature PPO loop (or, with --engine verl, verl's trainer) with the configured observers."""
     if args.engine == "verl":
-        from .demo_verl import command
+        from .demo.verl_engine import command
 
         return command(args)
     steps = 6 if args.steps is None else args.steps
@@ -92,7 +89,8 @@ def _demo(args: argparse.Namespace) -> int:
         if value < 1:
             print(f"error: {flag} {value} is not allowed; use 1 or more", file=sys.stderr)
             return 2
-    from .demo import DemoOptions, DemoRankError, Injection, default_config, preflight, run_demo
+    from .demo.options import DemoOptions, Injection, default_config, preflight
+    from .demo.tiny import DemoRankError, run_demo
 
     try:
         inject = Injection.parse(args.inject, steps) if args.inject is not None else None
@@ -244,6 +242,19 @@ def _fmt(values: frozenset[object] | None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The file names in the help come from their formats' owners, modules that
+    # import no tool.  mypy checks the repository's observers/ folder as the
+    # package "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
+    # installed name, verl_events.observers: one module, two names.
+    if TYPE_CHECKING:
+        from observers.msprobe.layout import DUMP_FILE
+        from observers.sentinel.record import ANOMALY_LOG
+        from observers.timing import TIMING_DIR
+    else:
+        from verl_events.observers.msprobe.layout import DUMP_FILE
+        from verl_events.observers.sentinel.record import ANOMALY_LOG
+        from verl_events.observers.timing import TIMING_DIR
+
     parser = argparse.ArgumentParser(prog="verl-events", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="validate a config and list the observers it builds")
@@ -287,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run_command=_demo)
 
     rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")
-    rep.add_argument("run", help="the run's save_path (holding timing/rank*.jsonl)")
+    rep.add_argument("run", help=f"the run's save_path (holding {TIMING_DIR}/rank*.jsonl)")
     rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
     rep.add_argument("--plot", type=Path, help="write a PNG of stage time (profiled vs baseline) and disk per stage")
     rep.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace: a track per rank, a slice per stage")
@@ -297,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = commands.add_parser(
         "compare", help="find where two msprobe dumps first diverge (exit 0 match, 1 diverged, 2 bad input)"
     )
-    cmp.add_argument("a", help="run dir, stage dir, rank dir or dump.json")
+    cmp.add_argument("a", help=f"run dir, stage dir, rank dir or {DUMP_FILE}")
     cmp.add_argument("b", nargs="?", help="the other side (default: A again, with --vs-step/--vs-rank)")
     cmp.add_argument("--step", type=int, help="global step to pick in a run dir")
     cmp.add_argument("--stage", help="stage to pick in a run dir")
@@ -329,10 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     tri = commands.add_parser(
         "triage",
-        help="name the op behind a run's first anomaly, from anomalies.jsonl and msprobe's dumps "
+        help=f"name the op behind a run's first anomaly, from {ANOMALY_LOG} and msprobe's dumps "
         "(exit 0 none, 1 anomaly, 2 bad input)",
     )
-    tri.add_argument("run", help="the run's save_path (holding anomalies.jsonl and step_*/ dumps)")
+    tri.add_argument("run", help=f"the run's save_path (holding {ANOMALY_LOG} and msprobe's dumps)")
     tri.add_argument("--json", action="store_true", help="print the result as JSON")
     tri.set_defaults(run_command=_triage)
     return parser

@@ -19,7 +19,8 @@ import logging
 import threading
 from typing import Any, Literal
 
-from verl_events import ConfigError, Observer, StageEvent
+from verl_events import Observer, StageEvent
+from verl_events.config import check_count
 
 logger = logging.getLogger("verl_events.inject")
 
@@ -32,8 +33,7 @@ class WeightFault(Observer):
     def __init__(
         self, kind: Literal["nan", "spike"], step: int, parameter: str | None = None, scale: float = 50.0
     ) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise ConfigError(f"step: {step!r} is not allowed; use a step number >= 1")
+        check_count(step, "step", allowed="a step number >= 1")
         self.kind, self.step, self.parameter, self.scale = kind, step, parameter, scale
         self.done = False
         self._lock = threading.Lock()

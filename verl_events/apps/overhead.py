@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from verl_events import VerlEventsWarning
-from verl_events.layout import timing_log_files
 
 if TYPE_CHECKING:
     # mypy checks the repository's observers/ folder as the package
     # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
     # installed name, verl_events.observers: one module, two names.
-    from observers.timing import NotATimingRecord, TimingRecord
+    from observers.timing import NotATimingRecord, TimingRecord, timing_log_files
 else:
-    from verl_events.observers.timing import NotATimingRecord, TimingRecord
+    from verl_events.observers.timing import NotATimingRecord, TimingRecord, timing_log_files
 
 __all__ = [
     "ObserverHooks",

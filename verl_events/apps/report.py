@@ -11,10 +11,9 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_events import STAGE_ROLES
-from verl_events.layout import TIMING_DIR, incomplete_sessions, timing_log_files
 
 from .overhead import (
     ObserverHooks,
@@ -28,6 +27,16 @@ from .overhead import (
     read_timing_records,
     runs_in,
 )
+
+if TYPE_CHECKING:
+    # mypy checks the repository's observers/ folder as the package
+    # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
+    # installed name, verl_events.observers: one module, two names.
+    from observers.msprobe.layout import incomplete_sessions
+    from observers.timing import TIMING_DIR, timing_log_files
+else:
+    from verl_events.observers.msprobe.layout import incomplete_sessions
+    from verl_events.observers.timing import TIMING_DIR, timing_log_files
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import ConfigError, VerlEventsWarning
+from verl_events.layout import STAGE_DIR_TEMPLATE
+
+from .layout import DUMP_FILE
 
 # Tasks the PyTorch debugger runs (msprobe 26.2 Const.TORCH_TASK_LIST, minus
 # acc_check, which has no PyTorch processor and fails at construction).
@@ -97,8 +100,8 @@ def read_msprobe_config(config_path: str | os.PathLike[str] | None) -> MsprobeSe
     config = dict(data)
     if config.pop("dump_path", None) is not None:
         warnings.warn(
-            f"{where}: field 'dump_path' is ignored; dumps go to {{save_path}}/step_{{N}}/{{stage}} "
-            "so that every stage gets its own dump.json",
+            f"{where}: field 'dump_path' is ignored; dumps go to {STAGE_DIR_TEMPLATE} "
+            f"so that every stage gets its own {DUMP_FILE}",
             VerlEventsWarning,
             stacklevel=2,
         )

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .msprobe_dump import MODULE_ENTRY, Session, forward_of, user_frame
+from .dumps import MODULE_ENTRY, Session, forward_of, user_frame
 
 __all__ = ["Finding", "place"]
 

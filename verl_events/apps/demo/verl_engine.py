@@ -8,7 +8,7 @@ steps 1-2 for the actor and ref stages, torch.profiler (CPU) on step 2's
 process verl starts the way they would in a real job: our verl plugin reads
 ``$VERL_EVENTS_CONFIG``, which points at ``{save_path}/observers.yaml``, a copy
 of the config with absolute paths.  Afterwards it prints the same overhead
-table and dump count as the fast demo (:func:`verl_events.apps.demo.print_summary`).
+table and dump count as the fast demo (:func:`verl_events.apps.demo.tiny.print_summary`).
 
 The job's model, tokenizer and data are built once, under ``outputs/verl-job``
 of the working directory, and reused.
@@ -42,7 +42,7 @@ def default_config(save_path: str) -> dict[str, Any]:
     """The fast demo's observers (timing on every stage; msprobe statistics L1 on
     steps 1-2 for the actor and ref stages) plus torch.profiler, CPU only, on
     step 2's actor_update.  Also in ``examples/verl_demo.yaml``."""
-    from .demo import default_config as fast_demo_config
+    from .options import default_config as fast_demo_config
 
     config = fast_demo_config(save_path)
     config["observers"].append(
@@ -106,9 +106,9 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     print the summary; return the trainer's exit code."""
     from verl_events.verl_bridge import CONFIG_ENV
 
-    from .demo import print_summary
-    from .report import terminal_console
-    from .verl_cpu.job import prepare, run_trainer, trainer_args, trainer_env
+    from ..report import terminal_console
+    from ..verl_cpu.job import prepare, run_trainer, trainer_args, trainer_env
+    from .tiny import print_summary
 
     console = terminal_console(stderr=True)
     started = time.perf_counter()
@@ -147,7 +147,7 @@ def command(args: argparse.Namespace) -> int:
     if missing:
         print(f"error: --engine verl needs {', '.join(missing)}, not installed here; {_INSTALL_HINT}", file=sys.stderr)
         return 2
-    from .demo import preflight
+    from .options import preflight
 
     try:
         config = prepare_config(args.config, args.save_path)

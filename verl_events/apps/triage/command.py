@@ -1,7 +1,8 @@
 """``verl-events triage RUN``: from a recorded anomaly to the op behind it.
 
 Reads ``{RUN}/anomalies.jsonl`` (the sentinel's
-:data:`~verl_events.observers.sentinel.ANOMALY_LOG`, one record per anomaly
+:data:`~verl_events.observers.sentinel.record.ANOMALY_LOG`, one
+:class:`~verl_events.observers.sentinel.record.AnomalyRecord` per anomaly
 a watcher saw: step, stage, rank, metric, value, rule, baseline, detail,
 run, time) and the msprobe dumps of the run, and names, for the first
 anomaly (lowest step, then earliest time):
@@ -12,18 +13,18 @@ anomaly (lowest step, then earliest time):
   dump after the anomaly's step that holds one; that rank's dumps are
   scanned by step, then verl's stage order (another rank's, with a note,
   when that rank has none after the step); see
-  :mod:`verl_events.apps.triage_non_finite`;
+  :mod:`verl_events.apps.triage.non_finite`;
 * ``spike`` (and ``above``/``below``): what moved between the last healthy
   dump of a stage (a step before the anomaly) and the first dump of that
   stage after it (the anomaly's own stage is tried first); see
-  :mod:`verl_events.apps.triage_spike`: a parameter that jumped, else the
+  :mod:`verl_events.apps.triage.spike`: a parameter that jumped, else the
   earliest op whose output moved as much as the largest move.
 
 For the op: its module, the first user frame of its call stack, and the
 parameter it read when the dump holds parameters
-(:mod:`verl_events.apps.triage_finding`).  What triage relies on in
+(:mod:`verl_events.apps.triage.finding`).  What triage relies on in
 msprobe 26.2 dumps, and which frame is the user's, is in
-:mod:`verl_events.apps.msprobe_dump`.
+:mod:`verl_events.apps.triage.dumps`.
 
 Exit codes: 0 nothing recorded, 1 an anomaly (whether or not an op was
 found), 2 bad input.
@@ -31,7 +32,6 @@ found), 2 bad input.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,31 +39,31 @@ from typing import TYPE_CHECKING, Any
 
 from verl_events.layout import owner_of
 
-from .msprobe_dump import Dump, find_dumps, is_library_frame, read_session, user_frame
-from .triage_finding import Finding
-from .triage_non_finite import first_non_finite
-from .triage_spike import most_moved
+from .dumps import find_dumps, is_library_frame, read_session, user_frame
+from .finding import Finding
+from .non_finite import first_non_finite
+from .spike import most_moved
 
 if TYPE_CHECKING:
     # mypy checks the repository's observers/ folder as the package
     # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
     # installed name, verl_events.observers: one module, two names.
-    from observers.sentinel import anomaly_log_path
+    from observers.msprobe.layout import STACK_FILE, SessionPlace
+    from observers.sentinel.record import AnomalyRecord, NotAnAnomalyRecord, anomaly_log_path
 else:
-    from verl_events.observers.sentinel import anomaly_log_path
+    from verl_events.observers.msprobe.layout import STACK_FILE, SessionPlace
+    from verl_events.observers.sentinel.record import AnomalyRecord, NotAnAnomalyRecord, anomaly_log_path
 
 __all__ = [
     "Anomaly",
     "Triage",
     "TriageInputError",
-    "is_library_frame",  # re-exported from msprobe_dump, where the user frame is defined
+    "is_library_frame",  # re-exported from .dumps, where the user frame is defined
     "read_anomalies",
     "render",
     "triage",
     "user_frame",
 ]
-
-RECORD_KEYS = ("step", "stage", "rank", "metric", "value", "rule")
 
 
 class TriageInputError(ValueError):
@@ -75,25 +75,28 @@ class TriageInputError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Anomaly:
-    """One line of anomalies.jsonl, as written (``record``) and read back."""
+    """One line of anomalies.jsonl, read back (``record``), and its line number."""
 
-    record: dict[str, Any]
+    record: AnomalyRecord
     line: int
 
     @property
     def step(self) -> int | None:
-        step = self.record["step"]
-        return step if isinstance(step, int) else None
+        return self.record.step
 
     @property
     def rule(self) -> str:
-        return str(self.record["rule"])
+        return self.record.rule
+
+    def as_json(self) -> dict[str, Any]:
+        """The record as it was written, with its line number."""
+        return dict(self.record.to_dict(), line=self.line)
 
     def describe(self) -> str:
-        r = self.record
+        r = self.record.to_dict()  # value and baseline as written: "nan", not a float
         text = f"step {r['step']} {r['stage']} rank {r['rank']}: {r['metric']} = {r['value']} ({r['rule']}"
-        text += f", baseline {r['baseline']})" if r.get("baseline") is not None else ")"
-        return text + (f": {r['detail']}" if r.get("detail") else "")
+        text += f", baseline {r['baseline']})" if r["baseline"] is not None else ")"
+        return text + (f": {r['detail']}" if r["detail"] else "")
 
 
 def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
@@ -112,21 +115,12 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = AnomalyRecord.from_json(line)
+        except NotAnAnomalyRecord as exc:
+            skipped.append(f"{path}:{number} is {exc} and was skipped")
+            continue
         except ValueError as exc:
             skipped.append(f"{path}:{number} is not a JSON line ({exc}) and was skipped")
-            continue
-        if not (
-            isinstance(record, dict)
-            and all(key in record for key in RECORD_KEYS)
-            and isinstance(record["rank"], int)
-            and isinstance(record["stage"], str)
-            and (record["step"] is None or isinstance(record["step"], int))
-        ):
-            skipped.append(
-                f"{path}:{number} is not an anomaly record (needs {', '.join(RECORD_KEYS)}; step, rank integers) "
-                "and was skipped"
-            )
             continue
         found.append(Anomaly(record, number))
     return found
@@ -144,8 +138,8 @@ class Triage:
     run: Path
     anomalies: list[Anomaly]
     finding: Finding | None = None
-    dump: Dump | None = None
-    healthy_dump: Dump | None = None
+    dump: SessionPlace | None = None
+    healthy_dump: SessionPlace | None = None
     reason: str = ""
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -159,7 +153,7 @@ class Triage:
         return {
             "run": str(self.run),
             "anomalies": len(self.anomalies),
-            "anomaly": None if anomaly is None else dict(anomaly.record, line=anomaly.line),
+            "anomaly": None if anomaly is None else anomaly.as_json(),
             "found": self.finding is not None,
             "dump": None if self.dump is None else str(self.dump.path),
             "healthy_dump": None if self.healthy_dump is None else str(self.healthy_dump.path),
@@ -185,7 +179,7 @@ def triage(run: Path) -> Triage:
         return result
     # The earliest is the cause; those after it are usually its consequences.
     result.anomalies = sorted(anomalies, key=lambda a: (a.step is None, a.step or 0, _time(a)))
-    runs = list(dict.fromkeys(str(a.record["run"]) for a in anomalies if a.record.get("run") is not None))
+    runs = list(dict.fromkeys(str(a.record.run) for a in anomalies if a.record.run is not None))
     owner = owner_of(run)
     if len(runs) > 1 or (runs and owner is not None and runs != [owner]):
         result.warnings.append(
@@ -202,7 +196,7 @@ def triage(run: Path) -> Triage:
             f"trigger: anomaly), or the run stopped before step {anomaly.step + 1}"
         )
         return result
-    rank = anomaly.record["rank"]
+    rank = anomaly.record.rank
     if not any(d.rank == rank for d in dumps):
         result.notes.append(
             f"rank {rank} has no dump after step {anomaly.step}; the dumps of rank(s) "
@@ -218,11 +212,11 @@ def triage(run: Path) -> Triage:
 
 
 def _time(anomaly: Anomaly) -> float:
-    value = anomaly.record.get("time")
+    value = anomaly.record.time  # as the line holds it: from_json does not check its type
     return float(value) if isinstance(value, (int, float)) else math.inf
 
 
-def _non_finite(result: Triage, step: int, dumps: list[Dump]) -> None:
+def _non_finite(result: Triage, step: int, dumps: list[SessionPlace]) -> None:
     for dump in dumps:
         session = read_session(dump, result.notes)
         if session is not None and (finding := first_non_finite(session)) is not None:
@@ -235,8 +229,8 @@ def _non_finite(result: Triage, step: int, dumps: list[Dump]) -> None:
     )
 
 
-def _moved(result: Triage, anomaly: Anomaly, every: list[Dump], after: list[Dump]) -> None:
-    step, stage = anomaly.step or 0, anomaly.record["stage"]
+def _moved(result: Triage, anomaly: Anomaly, every: list[SessionPlace], after: list[SessionPlace]) -> None:
+    step, stage = anomaly.step or 0, anomaly.record.stage
     for armed in sorted(after, key=lambda d: d.stage != stage):  # the anomaly's own stage first; sort is stable
         earlier = [d for d in every if d.stage == armed.stage and d.rank == armed.rank and d.step < step]
         if not earlier:
@@ -273,7 +267,7 @@ def render(result: Triage, console: Any) -> None:
         return
     say("anomaly", anomaly.describe(), "bold")
     if len(result.anomalies) > 1:
-        later = sorted({a.record["step"] for a in result.anomalies[1:]}, key=lambda step: (step is None, step or 0))
+        later = sorted({a.record.step for a in result.anomalies[1:]}, key=lambda step: (step is None, step or 0))
         steps = ", ".join(str(step) for step in later)
         say("", f"({len(result.anomalies) - 1} more recorded, step(s) {steps}; the first is triaged)")
     if result.healthy_dump is not None and result.dump is not None:
@@ -315,5 +309,5 @@ def render(result: Triage, console: Any) -> None:
         "source",
         f"{source['file']}:{source['line']} in {source['function']}: {source['code']}"
         if source
-        else "no user frame in its call stack (stack.json missing, or every frame in torch/msprobe/the stdlib)",
+        else f"no user frame in its call stack ({STACK_FILE} missing, or every frame in torch/msprobe/the stdlib)",
     )

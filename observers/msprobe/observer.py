@@ -4,7 +4,7 @@ Each selected stage gets its own session, written to
 ``{save_path}/step_{N}/{stage}/step{k}/rank{R}/dump.json`` (verl's layout;
 ``k`` counts calls of that stage within the step, normally 0; the part
 below the stage directory is msprobe's, see
-:mod:`verl_events.observers.msprobe_layout`)::
+:mod:`verl_events.observers.msprobe.layout`)::
 
     point msprobe at the stage's directory -> start(model) -> body
     -> stop() -> reset_status()
@@ -19,7 +19,7 @@ another stage's session is open (nested, or on another thread) is not
 dumped, with a warning naming both.  That is the answer to "does msprobe
 collection need a lock?": yes, and here it is.
 
-Every msprobe call goes through one adapter (``_msprobe_api``), which checks
+Every msprobe call goes through one adapter (``msprobe._api``), which checks
 at setup that the installed msprobe has each internal it uses.
 :func:`msprobe_compare` is that adapter's run of msprobe's compare, for the
 ``compare`` tool.
@@ -34,7 +34,6 @@ import warnings
 from pathlib import Path
 
 from verl_events import (
-    ConfigError,
     InstallContext,
     Observer,
     StageEnd,
@@ -43,22 +42,13 @@ from verl_events import (
     prepare_output_dir,
     stage_output_dir,
 )
-from verl_events.layout import (
-    SavePathTaken,
-    claim_save_path,
-    mark_complete,
-    mark_incomplete,
-    refuse_other_runs,
-    run_files,
-    session_dirs,
-)
 
-from . import _msprobe_api
-from ._msprobe_api import MsprobeDebugger
-from ._msprobe_api import run_compare as msprobe_compare
-from ._msprobe_config import MsprobeSettings, check_msprobe_path, read_msprobe_config
-from ._session import SessionSlot
-from .msprobe_layout import session_dir
+from .._session import SessionSlot
+from . import _api
+from ._api import MsprobeDebugger
+from ._api import run_compare as msprobe_compare
+from ._config import MsprobeSettings, check_msprobe_path, read_msprobe_config
+from .layout import DUMP_FILE, mark_complete, mark_incomplete, session_dir, session_dirs
 
 __all__ = ["MsprobeObserver", "msprobe_compare"]
 
@@ -96,32 +86,28 @@ class MsprobeObserver(Observer):
         self._slot = SessionSlot("msprobe", "dumped", logger)
         self._calls: dict[tuple[int | None, str], int] = {}
         self._debugger: MsprobeDebugger | None = None  # set once set up, warm-up included
-        self._claimed = False
         self._output = Path()  # the open session's rank directory
 
-    @property
-    def available(self) -> bool:
-        """Whether msprobe is set up, so that selected stages are dumped."""
-        return self._debugger is not None
+    output_noun = "msprobe dump(s)"
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        """Every msprobe session directory under ``save_path``."""
+        return session_dirs(save_path)
 
     def setup(self, context: InstallContext) -> None:
         self._root, self._strict = context.save_path, context.strict
         check_msprobe_path(context.save_path, "save_path")
         prepare_output_dir(context.save_path)
-        if not _msprobe_api.is_installed():
+        if not _api.is_installed():
             message = (
                 "msprobe is not installed, so the msprobe observer is off; "
-                f"install it with: {_msprobe_api.INSTALL_HINT} (package {_msprobe_api.DISTRIBUTION})"
+                f"install it with: {_api.INSTALL_HINT} (package {_api.DISTRIBUTION})"
             )
             if context.strict:
                 raise ImportError(message)
             warnings.warn(message, VerlEventsWarning, stacklevel=2)
             return
-        try:
-            refuse_other_runs(context.save_path, session_dirs(context.save_path), "msprobe dump(s)")
-        except SavePathTaken as exc:
-            raise ConfigError(str(exc)) from None
-        debugger = _msprobe_api.open_debugger(
+        debugger = _api.open_debugger(
             self.settings.config,
             context.save_path,
             source=self.settings.source,
@@ -147,11 +133,6 @@ class MsprobeObserver(Observer):
                         f"(step {event.step}) and none was resolved"
                     )
                 return  # the bus has already warned, naming the paths it tried
-            if not self._claimed:
-                # Claimed at the first dump, not at install: a process that
-                # dumps nothing (verl's driver) must not claim the save_path.
-                claim_save_path(self._root, run_files(self._root))
-                self._claimed = True
             dump_dir = stage_output_dir(self._root, event)
             call = self._calls.get((event.step, event.stage), 0)
             output = session_dir(dump_dir, call, event.rank)
@@ -160,7 +141,7 @@ class MsprobeObserver(Observer):
             except FileExistsError:
                 raise FileExistsError(
                     f"{output} already exists; stage {event.stage!r} of step "
-                    f"{event.step} is not dumped so that two runs never mix in one dump.json. "
+                    f"{event.step} is not dumped so that two runs never mix in one {DUMP_FILE}. "
                     "Remove it or choose another save_path"
                 ) from None
             self._calls[(event.step, event.stage)] = call + 1
@@ -176,20 +157,18 @@ class MsprobeObserver(Observer):
             self._output = output
 
     def on_stage_end(self, event: StageEnd) -> None:
-        debugger = self._debugger
-        if debugger is None:
-            return
         with self._slot.lock:
-            if self._slot.release(event):
-                debugger.stop()
-                if event.error is None:
-                    mark_complete(self._output)
-                else:
-                    mark_incomplete(
-                        self._output,
-                        f"step {event.step} {event.stage} (rank {event.rank}) raised {type(event.error).__name__}; "
-                        "the dump holds the stage only up to there",
-                    )
+            if self._debugger is None or not self._slot.release(event):
+                return  # msprobe is off, or this stage holds no session
+            self._debugger.stop()
+            if event.error is None:
+                mark_complete(self._output)
+            else:
+                mark_incomplete(
+                    self._output,
+                    f"step {event.step} {event.stage} (rank {event.rank}) raised {type(event.error).__name__}; "
+                    "the dump holds the stage only up to there",
+                )
 
     def close(self) -> None:
         with self._slot.lock:

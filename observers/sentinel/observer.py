@@ -5,14 +5,8 @@ At the end of each stage it reads the stage's scalars
 reductions of the tensors the stage made, the training-inference gap) and
 checks them against rules.  When one breaks a rule it
 
-1. appends one JSON line to ``{save_path}/anomalies.jsonl`` (:data:`ANOMALY_LOG`)::
-
-       {"run": "ray-session_…-01000000", "time": 1796025667.11, "step": 3, "stage": "actor_update",
-        "rank": 0, "metric": "actor/grad_norm", "value": "nan", "rule": "non_finite", "baseline": null,
-        "detail": "actor/grad_norm is nan"}
-
-   (``AnomalyEvent.as_record()``, plus the run id and the unix time; NaN and
-   infinities are the strings ``"nan"``, ``"inf"``, ``"-inf"``).  Every rank
+1. appends one :class:`~verl_events.observers.sentinel.record.AnomalyRecord`
+   line to ``{save_path}/anomalies.jsonl`` (the record's module shows one).  Every rank
    appends to the same file, each line with one ``write`` on an ``O_APPEND``
    descriptor, so lines of several ranks never interleave;
 2. logs one line at WARNING on the ``verl_events.sentinel`` logger;
@@ -75,7 +69,6 @@ the tensor reductions), and a dict lookup per metric;
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -83,149 +76,27 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from verl_events import AnomalyEvent, ConfigError, InstallContext, Observer, StageEnd, anomaly, prepare_output_dir
-from verl_events.layout import SavePathTaken, claim_save_path, refuse_other_runs, run_files, run_id
+from verl_events import AnomalyEvent, InstallContext, Observer, StageEnd, anomaly, prepare_output_dir
+from verl_events.config import check_count
+from verl_events.layout import run_id
 
-from .metrics import extract_metrics
+from ..metrics import extract_metrics
+from .record import AnomalyRecord, anomaly_log_path
+from .rules import SpikeRule, parse_rules
 
-__all__ = ["ANOMALY_LOG", "MetricRule", "SentinelObserver", "SpikeRule", "anomaly_log_path", "parse_rules"]
+__all__ = ["SentinelObserver"]
 
 logger = logging.getLogger("verl_events.sentinel")
 
-#: The file under ``save_path`` every rank appends its anomalies to.
-ANOMALY_LOG = "anomalies.jsonl"
-
-Direction = Literal["up", "down", "both"]
-_DIRECTIONS: tuple[Direction, ...] = ("up", "down", "both")
-_RULE_KEYS = ("above", "below", "spike", "non_finite")
-_SPIKE_KEYS = ("z", "warmup", "window", "direction")
 _COUNT_SUFFIX = "/nonfinite_count"
 
 
 def _median(ordered: list[float]) -> float:
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-def anomaly_log_path(save_path: Path) -> Path:
-    """Where the sentinel appends a run's anomalies."""
-    return Path(save_path) / ANOMALY_LOG
-
-
-@dataclass(frozen=True, slots=True)
-class SpikeRule:
-    """A robust z-score limit (see the module docstring for the formula)."""
-
-    z: float = 6.0
-    warmup: int = 5
-    window: int = 50
-    direction: Direction = "both"
-
-
-@dataclass(frozen=True, slots=True)
-class MetricRule:
-    """The rules of one metric; ``non_finite`` None means the observer's default."""
-
-    above: float | None = None
-    below: float | None = None
-    spike: SpikeRule | None = None
-    non_finite: bool | None = None
-
-
-def parse_rules(rules: Any) -> dict[str, MetricRule]:
-    """The ``rules`` option, checked; ConfigError names the path, the value and what is allowed."""
-    if rules is None:
-        return {}
-    if not isinstance(rules, Mapping):
-        raise ConfigError(
-            f"option rules: {rules!r} is not allowed; use a mapping of metric name to its rules, "
-            "e.g. {actor/grad_norm: {above: 1000}}"
-        )
-    parsed = {}
-    for name, spec in rules.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"option rules: the key {name!r} is not allowed; use a metric name (a non-empty string)")
-        parsed[name] = _parse_metric_rule(f"rules.{name}", spec)
-    return parsed
-
-
-def _parse_metric_rule(where: str, spec: Any) -> MetricRule:
-    if not isinstance(spec, Mapping):
-        raise ConfigError(f"option {where}: {spec!r} is not allowed; use a mapping with any of {', '.join(_RULE_KEYS)}")
-    _refuse_unknown(where, spec, _RULE_KEYS)
-    above = _number(f"{where}.above", spec.get("above"))
-    below = _number(f"{where}.below", spec.get("below"))
-    if above is not None and below is not None and above < below:
-        raise ConfigError(
-            f"option {where}: above ({above:g}) is less than below ({below:g}), so every value would trigger; "
-            "above is the upper limit and below the lower one"
-        )
-    non_finite = spec.get("non_finite")
-    if non_finite is not None and not isinstance(non_finite, bool):
-        raise ConfigError(f"option {where}.non_finite: {non_finite!r} is not allowed; use true or false")
-    return MetricRule(above, below, _parse_spike(f"{where}.spike", spec.get("spike")), non_finite)
-
-
-def _parse_spike(where: str, spec: Any) -> SpikeRule | None:
-    if spec is None or spec is False:
-        return None
-    if spec is True:
-        return SpikeRule()
-    if not isinstance(spec, Mapping):
-        raise ConfigError(
-            f"option {where}: {spec!r} is not allowed; "
-            f"use true, false, or a mapping with any of {', '.join(_SPIKE_KEYS)}"
-        )
-    _refuse_unknown(where, spec, _SPIKE_KEYS)
-    default = SpikeRule()
-    z = _number(f"{where}.z", spec.get("z"))
-    if z is not None and z <= 0:
-        raise ConfigError(f"option {where}.z: {z!r} is not allowed; use a positive number")
-    warmup = _integer(f"{where}.warmup", spec.get("warmup"), minimum=3, why="a median and MAD need at least 3 values")
-    window = _integer(f"{where}.window", spec.get("window"), minimum=3, why="a median and MAD need at least 3 values")
-    warmup = default.warmup if warmup is None else warmup
-    window = max(default.window, warmup) if window is None else window
-    if warmup > window:
-        raise ConfigError(
-            f"option {where}: warmup ({warmup}) is larger than window ({window}), so it would never end; "
-            "use a warmup of at most the window"
-        )
-    direction = spec.get("direction", default.direction)
-    if direction not in _DIRECTIONS:
-        raise ConfigError(
-            f"option {where}.direction: {direction!r} is not allowed; use one of {', '.join(map(repr, _DIRECTIONS))}"
-        )
-    return SpikeRule(default.z if z is None else z, warmup, window, direction)
-
-
-def _refuse_unknown(where: str, spec: Mapping[Any, Any], allowed: tuple[str, ...]) -> None:
-    unknown = [key for key in spec if key not in allowed]
-    if unknown:
-        raise ConfigError(f"option {where}: unknown key {unknown[0]!r}; use any of {', '.join(allowed)}")
-
-
-def _number(where: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"option {where}: {value!r} is not allowed; use a number")
-    if not math.isfinite(value):
-        raise ConfigError(f"option {where}: {value!r} is not allowed; use a finite number")
-    return float(value)
-
-
-def _integer(where: str, value: Any, *, minimum: int, why: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"option {where}: {value!r} is not allowed; use an integer")
-    if value < minimum:
-        raise ConfigError(f"option {where}: {value!r} is not allowed; use an integer of at least {minimum} ({why})")
-    return value
 
 
 class SentinelObserver(Observer):
@@ -249,11 +120,9 @@ class SentinelObserver(Observer):
     ) -> None:
         self.rules = parse_rules(rules)
         self.non_finite = non_finite
-        if isinstance(check_names_after, bool) or not isinstance(check_names_after, int) or check_names_after < 1:
-            raise ConfigError(
-                f"option check_names_after: {check_names_after!r} is not allowed; use an integer of at least 1"
-            )
-        self.check_names_after = check_names_after
+        self.check_names_after: int = check_count(
+            check_names_after, "option check_names_after", allowed="an integer of at least 1"
+        )
         self._root = Path()
         self._strict = False
         self._lock = threading.Lock()
@@ -264,14 +133,17 @@ class SentinelObserver(Observer):
         self._names_seen: set[str] | None = set() if self.rules else None  # None: checked, or nothing to check
         self._steps_seen: set[int] = set()
 
+    output_noun = "anomaly record file(s)"
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        """The run's anomaly record file, when there is one."""
+        path = anomaly_log_path(save_path)
+        return [path] if path.exists() else []
+
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)
         self._strict = context.strict
         prepare_output_dir(self._root)
-        try:
-            refuse_other_runs(self._root, self._own_files(), "anomaly record file(s)")
-        except SavePathTaken as exc:
-            raise ConfigError(str(exc)) from None
 
     def describe(self) -> str:
         watched = ", ".join(sorted(self.rules)) or "none"
@@ -372,8 +244,8 @@ class SentinelObserver(Observer):
             with self._lock:
                 if self._fd is None:
                     self._fd = self._open()
-                record = {"run": self._run, "time": time.time(), **found.as_record()}
-                line = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
+                record = AnomalyRecord.from_event(found, run=self._run, time=time.time())
+                line = (record.to_json() + "\n").encode("utf-8")
                 written = os.write(self._fd, line)
             if written != len(line):
                 raise OSError(f"wrote {written} of {len(line)} bytes")
@@ -390,17 +262,10 @@ class SentinelObserver(Observer):
             )
 
     def _open(self) -> int:
-        # At the first anomaly, not at install: a process that runs no stage
-        # (verl's driver) must not claim the save_path.  Checked again here
-        # for a run started beside this one.
-        refuse_other_runs(self._root, self._own_files(), "anomaly record file(s)")
-        claim_save_path(self._root, run_files(self._root) + self._own_files())
+        # The installation claimed the save_path for this run before this
+        # observer's first stage began.
         self._run = run_id()
         return os.open(anomaly_log_path(self._root), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def _own_files(self) -> list[Path]:
-        path = anomaly_log_path(self._root)
-        return [path] if path.exists() else []
 
     # -- rule names no stage reported -------------------------------------
 

@@ -1,8 +1,10 @@
 """What triage reads of an msprobe 26.2 dump: its sessions, entries and call stacks.
 
-A run's dumps are ``{run}/step_{step}/{stage}/step{call}/rank{rank}``
-(:class:`Dump`); each holds dump.json, construct.json and stack.json, read
-into a :class:`Session`.
+A run's sessions, and the files each holds (dump.json, construct.json and
+stack.json), are found and read through msprobe's layout
+(:mod:`verl_events.observers.msprobe.layout`, the one owner of that format):
+a session's place is its :class:`~verl_events.observers.msprobe.layout.SessionPlace`,
+its three files read into a :class:`Session`.
 
 What this relies on in msprobe 26.2 dumps (``step*/rank*/``), verified in
 its source (``core/dump/data_dump/json_writer.py``) and on real dumps
@@ -41,25 +43,31 @@ count as user code: their modeling files are where a layer is written.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_events import STAGE_ROLES
-from verl_events.layout import incomplete_reason, session_dirs
 
-from .compare import read_dump
+if TYPE_CHECKING:
+    # mypy checks the repository's observers/ folder as the package
+    # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
+    # installed name, verl_events.observers: one module, two names.
+    from observers.msprobe import layout
+    from observers.msprobe.layout import SessionPlace
+else:
+    from verl_events.observers.msprobe import layout
+    from verl_events.observers.msprobe.layout import SessionPlace
 
 __all__ = [
     "LIBRARY_PACKAGES",
     "MODULE_ENTRY",
     "STATS",
-    "Dump",
     "Session",
     "describe_part",
+    "dump_order",
     "find_dumps",
     "forward_of",
     "is_library_frame",
@@ -86,34 +94,14 @@ _STAGE_ORDER = {stage: i for i, stage in enumerate(STAGE_ROLES)}
 # -- the dumps ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Dump:
-    """One msprobe session: ``{run}/step_{step}/{stage}/step{call}/rank{rank}``."""
-
-    path: Path
-    step: int
-    stage: str
-    call: int
-    rank: int
-
-    @property
-    def order(self) -> tuple[int, int, str, int]:
-        return (self.step, _STAGE_ORDER.get(self.stage, len(_STAGE_ORDER)), self.stage, self.call)
+def dump_order(place: SessionPlace) -> tuple[int, int, str, int]:
+    """Where a session sits in a run: by step, verl's stage order, stage, call."""
+    return (place.step, _STAGE_ORDER.get(place.stage, len(_STAGE_ORDER)), place.stage, place.call)
 
 
-def find_dumps(run: Path) -> list[Dump]:
+def find_dumps(run: Path) -> list[SessionPlace]:
     """Every session of a known step, by step, verl's stage order, call, rank."""
-    dumps = []
-    for rank_dir in session_dirs(run):
-        parts = rank_dir.relative_to(run).parts
-        step, call, rank = (
-            parts[0].removeprefix("step_"),
-            parts[2].removeprefix("step"),
-            rank_dir.name.removeprefix("rank"),
-        )
-        if step.isdigit() and call.isdigit() and rank.isdigit():
-            dumps.append(Dump(rank_dir, int(step), parts[1], int(call), int(rank)))
-    return sorted(dumps, key=lambda d: (d.order, d.rank))
+    return sorted(layout.session_places(run), key=lambda place: (dump_order(place), place.rank))
 
 
 @dataclass(slots=True)
@@ -121,37 +109,24 @@ class Session:
     """A dump's three files, read: entries in execution order, each entry's
     enclosing module and its call stack (empty where msprobe wrote none)."""
 
-    dump: Dump
+    dump: SessionPlace
     entries: dict[str, Any]
     parents: dict[str, str | None]
     stacks: dict[str, list[str]]
 
 
-def read_session(dump: Dump, notes: list[str]) -> Session | None:
-    """The session, or None (with a note) when its dump.json is missing or unreadable."""
-    reason = incomplete_reason(dump.path)
+def read_session(dump: SessionPlace, notes: list[str]) -> Session | None:
+    """The session, or None (with a note) when its dump file is missing or unreadable."""
+    reason = layout.incomplete_reason(dump.path)
     if reason is not None:
         notes.append(f"{dump.path} is an incomplete msprobe session ({reason}); read as far as it goes")
+    path = layout.dump_file(dump.path)
     try:
-        entries = read_dump(dump.path / "dump.json")
-    except ValueError as exc:
+        entries = layout.read_dump(path)
+    except layout.NotADump as exc:
         notes.append(f"{dump.path} was skipped: {exc}")
         return None
-    stacks: dict[str, list[str]] = {}
-    for pair in _mapping(dump.path / "stack.json").values():
-        if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list) and isinstance(pair[1], list):
-            stacks.update((name, pair[1]) for name in pair[0])
-    return Session(dump, entries, _mapping(dump.path / "construct.json"), stacks)
-
-
-def _mapping(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; empty when it is missing or not one
-    (msprobe writes no stack.json or construct.json with ``extra_info: false``)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    return Session(dump, entries, layout.read_construct(path), layout.read_stacks(path))
 
 
 # -- reading an entry -----------------------------------------------------------------

@@ -20,8 +20,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from .msprobe_dump import MODULE_ENTRY, Session, describe_part, same_tensor, tensor_identity, tensors
-from .triage_finding import Finding, place
+from .dumps import MODULE_ENTRY, Session, describe_part, same_tensor, tensor_identity, tensors
+from .finding import Finding, place
 
 __all__ = [
     "NEAR_ZERO",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .msprobe_dump import Session, describe_part, non_finite, same_tensor, tensors
-from .triage_finding import Finding, place
+from .dumps import Session, describe_part, non_finite, same_tensor, tensors
+from .finding import Finding, place
 
 __all__ = ["first_non_finite"]
 

@@ -39,6 +39,9 @@ from typing import Any
 
 from verl_events import ConfigError, ObserverSetupError
 
+from ._probe import MISSING, Probe
+from .layout import DUMP_FILE
+
 logger = logging.getLogger("verl_events.msprobe")
 
 DISTRIBUTION = "mindstudio-probe"
@@ -69,84 +72,10 @@ def installed_version() -> str:
 
 # -- the probe -------------------------------------------------------------------
 
-_MISSING: Any = object()
 
-
-class _Probe:
-    """Looks things up in msprobe and records each one that is missing or
-    shaped differently, so that one error names them all."""
-
-    def __init__(self, purpose: str) -> None:
-        self.purpose = purpose
-        self.missing: list[str] = []
-
-    def module(self, name: str) -> Any:
-        try:
-            return importlib.import_module(name)
-        except ImportError as exc:
-            self.missing.append(f"module {name} ({type(exc).__name__}: {exc})")
-            return _MISSING
-
-    def attribute(self, owner: Any, where: str, name: str) -> Any:
-        """``owner.name``; _MISSING, recorded, when it is absent.  An owner
-        that is itself _MISSING was recorded already."""
-        if owner is _MISSING:
-            return _MISSING
-        try:
-            return getattr(owner, name)
-        except AttributeError:
-            self.missing.append(f"{where}.{name}")
-            return _MISSING
-
-    def function(
-        self,
-        owner: Any,
-        where: str,
-        name: str,
-        positional: tuple[str, ...] = (),
-        keywords: tuple[str, ...] = (),
-        *,
-        kind: type | None = None,
-    ) -> Any:
-        """``owner.name``, checked to accept ``name(*positional, **keywords)``
-        and, with ``kind`` (classmethod, property), to be defined as one."""
-        value = self.attribute(owner, where, name)
-        if value is _MISSING:
-            return _MISSING
-        if kind is not None and not isinstance(defined := inspect.getattr_static(owner, name), kind):
-            self.missing.append(f"{where}.{name} as a {kind.__name__}: it is a {type(defined).__name__}")
-            return _MISSING
-        if kind is property:
-            return value
-        try:
-            signature = inspect.signature(value)
-        except ValueError:
-            # No signature to read (a C function): the call shape cannot be
-            # checked here, so it is not called a mismatch.
-            return value
-        try:
-            signature.bind(*positional, **dict.fromkeys(keywords))
-        except TypeError:
-            called = ", ".join([*positional, *(f"{k}=" for k in keywords)])
-            self.missing.append(f"{where}.{name}({called}): it is {where}.{name}{_unannotated(signature)}")
-            return _MISSING
-        return value
-
-    def raise_if_missing(self) -> None:
-        if not self.missing:
-            return
-        raise ObserverSetupError(
-            f"msprobe {installed_version()} ({DISTRIBUTION}) lacks what {self.purpose} relies on: "
-            f"{'; '.join(self.missing)}. verl_events is written against {SUPPORTED}; "
-            f"install a supported version with: {INSTALL_HINT}"
-        )
-
-
-def _unannotated(signature: inspect.Signature) -> inspect.Signature:
-    """``signature`` as a reader compares it with a call: names and defaults only."""
-    empty = inspect.Parameter.empty
-    parameters = [p.replace(annotation=empty) for p in signature.parameters.values()]
-    return signature.replace(parameters=parameters, return_annotation=empty)
+def _probe(purpose: str) -> Probe:
+    """A probe whose error names this msprobe and what to install instead."""
+    return Probe(purpose, f"msprobe {installed_version()} ({DISTRIBUTION})", SUPPORTED, INSTALL_HINT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +95,7 @@ def probe_debugger_api(quiet: bool) -> DebuggerApi:
     """Import msprobe and check every class-level internal the observer uses.
     With ``quiet``, msprobe's loggers are created silent first (they read
     MSPROBE_LOG_LEVEL once, at import).  Raises ObserverSetupError."""
-    probe = _Probe(_OBSERVER)
+    probe = _probe(_OBSERVER)
     if quiet:
         _quiet_logs(probe)
     pytorch = probe.module("msprobe.pytorch")
@@ -194,7 +123,7 @@ def probe_debugger_api(quiet: bool) -> DebuggerApi:
     runtime = probe.attribute(probe.module(name), name, "Runtime")
     probe.attribute(runtime, f"{name}.Runtime", "is_running")
     # current_rank is only declared (annotated) until msprobe's first start sets it.
-    if runtime is not _MISSING and "current_rank" not in inspect.get_annotations(runtime):
+    if runtime is not MISSING and "current_rank" not in inspect.get_annotations(runtime):
         probe.missing.append(f"{name}.Runtime.current_rank")
 
     name = "msprobe.core.dump.data_dump.json_writer"
@@ -208,14 +137,14 @@ def probe_debugger(api: DebuggerApi, debugger: Any) -> None:
     """Check the attributes a built PrecisionDebugger and its service carry
     (set in their constructors, so not visible on the classes).  Raises
     ObserverSetupError."""
-    probe = _Probe(_OBSERVER)
+    probe = _probe(_OBSERVER)
     where = "PrecisionDebugger()"
     for name in ("config", "common_config", "task_config", "task"):  # replaced by _apply_config
         probe.attribute(debugger, where, name)
     service = probe.attribute(debugger, where, "service")
-    if service is not _MISSING and not isinstance(service, api.service_class):
+    if service is not MISSING and not isinstance(service, api.service_class):
         probe.missing.append(f"{where}.service as a PytorchService (it is a {type(service).__name__})")
-        service = _MISSING
+        service = MISSING
     where = "PrecisionDebugger().service"
     probe.attribute(probe.attribute(service, where, "config"), f"{where}.config", "dump_path")
     probe.attribute(service, where, "first_start")
@@ -229,7 +158,7 @@ def probe_debugger(api: DebuggerApi, debugger: Any) -> None:
     probe.raise_if_missing()
 
 
-def _quiet_logs(probe: _Probe) -> None:
+def _quiet_logs(probe: Probe) -> None:
     """Silence msprobe's INFO lines.  Its loggers read MSPROBE_LOG_LEVEL when
     they are created, so it is set around their import only, and not left
     in the environment for child processes to inherit; a logger created
@@ -244,7 +173,7 @@ def _quiet_logs(probe: _Probe) -> None:
             del os.environ[_LOG_LEVEL_ENV]
     for name, module in modules:
         log = probe.attribute(module, name, "logger")
-        if probe.attribute(log, f"{name}.logger", "level") is not _MISSING:
+        if probe.attribute(log, f"{name}.logger", "level") is not MISSING:
             log.level = int(_QUIET_LEVEL)
 
 
@@ -269,7 +198,7 @@ class MsprobeDebugger:
 
     def start(self, dump_path: Path, call: int, model: Any, rank: int) -> None:
         """Open a session that msprobe writes to
-        :func:`~verl_events.observers.msprobe_layout.session_dir` ``(dump_path, call, rank)``.
+        :func:`~verl_events.observers.msprobe.layout.session_dir` ``(dump_path, call, rank)``.
         ``model`` is required at levels L0 and mix.  When msprobe's start
         raises, msprobe is left idle and the exception propagates."""
         service = self._service
@@ -386,7 +315,7 @@ class _LoggedFlush:
             self.flush()
         except Exception as exc:
             logger.error(
-                "msprobe's periodic save of dump.json failed; the stage goes on: %s: %s", type(exc).__name__, exc
+                "msprobe's periodic save of %s failed; the stage goes on: %s: %s", DUMP_FILE, type(exc).__name__, exc
             )
 
 
@@ -418,7 +347,7 @@ def run_compare(a: Path, b: Path, out_dir: Path) -> Path:
         raise ObserverSetupError(
             f"msprobe is not installed, and compare runs msprobe's compare; install it with: {INSTALL_HINT}"
         )
-    probe = _Probe("verl-events compare")
+    probe = _probe("verl-events compare")
     name = "msprobe.pytorch.compare.pt_compare"
     pt_compare = probe.function(probe.module(name), name, "pt_compare", ("input_param", "output_path"))
     probe.raise_if_missing()

@@ -1,0 +1,133 @@
+"""The anomaly record: one line of ``{save_path}/anomalies.jsonl``.
+
+This module owns the format.  The sentinel writes it
+(:meth:`AnomalyRecord.to_json`); ``verl-events triage`` reads it back
+(:meth:`AnomalyRecord.from_json`).  A line looks like::
+
+    {"run": "ray-session_…-01000000", "time": 1796025667.11, "step": 3, "stage": "actor_update",
+     "rank": 0, "metric": "actor/grad_norm", "value": "nan", "rule": "non_finite", "baseline": null,
+     "detail": "actor/grad_norm is nan"}
+
+JSON has no NaN or infinity, so a non-finite ``value`` or ``baseline`` is the
+string ``"nan"``, ``"inf"`` or ``"-inf"``.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from verl_events import AnomalyEvent
+
+__all__ = ["ANOMALY_LOG", "AnomalyRecord", "NotAnAnomalyRecord", "anomaly_log_path"]
+
+#: The file under ``save_path`` every rank appends its anomalies to.
+ANOMALY_LOG = "anomalies.jsonl"
+
+_REQUIRED = ("step", "stage", "rank", "metric", "value", "rule")
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def anomaly_log_path(save_path: Path) -> Path:
+    """Where the sentinel appends a run's anomalies."""
+    return Path(save_path) / ANOMALY_LOG
+
+
+class NotAnAnomalyRecord(ValueError):
+    """A line that is not an anomaly record; the message says what it lacks."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnomalyRecord:
+    """One anomaly as recorded: the :class:`~verl_events.AnomalyEvent`'s
+    fields, plus the run that saw it (None in files older than run ids) and
+    the Unix time it was recorded (None when unknown)."""
+
+    run: str | None
+    time: float | None
+    step: int | None
+    stage: str
+    rank: int
+    metric: str
+    value: float
+    rule: str
+    baseline: float | None = None
+    detail: str = ""
+
+    @classmethod
+    def from_event(cls, event: AnomalyEvent, *, run: str | None, time: float | None) -> AnomalyRecord:
+        return cls(
+            run,
+            time,
+            event.step,
+            event.stage,
+            event.rank,
+            event.metric,
+            event.value,
+            event.rule,
+            event.baseline,
+            event.detail,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready data, non-finite numbers as strings."""
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        data["value"] = _encode(self.value)
+        data["baseline"] = None if self.baseline is None else _encode(self.baseline)
+        return data
+
+    def to_json(self) -> str:
+        """One line of anomalies.jsonl (no newline)."""
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> AnomalyRecord:
+        """Parse one line.  ValueError when it is not JSON; NotAnAnomalyRecord
+        (a ValueError too) when it lacks a field every reader needs, or its
+        step and rank are not integers.  Keys it does not know are ignored."""
+        data = json.loads(line)
+        if not (
+            isinstance(data, dict)
+            and all(key in data for key in _REQUIRED)
+            and isinstance(data["rank"], int)
+            and isinstance(data["stage"], str)
+            and (data["step"] is None or isinstance(data["step"], int))
+        ):
+            raise NotAnAnomalyRecord(f"not an anomaly record (needs {', '.join(_REQUIRED)}; step, rank integers)")
+        try:
+            value = _decode(data["value"])
+            baseline = None if data.get("baseline") is None else _decode(data["baseline"])
+        except (TypeError, ValueError):
+            raise NotAnAnomalyRecord("not an anomaly record (its value and baseline must be numbers)") from None
+        return cls(
+            run=data.get("run"),
+            time=data.get("time"),
+            step=data["step"],
+            stage=data["stage"],
+            rank=data["rank"],
+            metric=str(data["metric"]),
+            value=value,
+            rule=str(data["rule"]),
+            baseline=baseline,
+            detail=str(data.get("detail") or ""),
+        )
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(AnomalyRecord))
+
+
+def _encode(value: float) -> float | str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return float(value)
+
+
+def _decode(value: Any) -> float:
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    return float(value)

@@ -1,0 +1,65 @@
+"""One installation's hold on its save_path: refuse other runs' files, claim it once.
+
+Every observer says what it writes under a save_path
+(:meth:`~verl_events.Observer.outputs`).  Install refuses a save_path where
+another run left any of those files (:func:`refuse_other_runs_files`), for all
+observers at once, before any is set up.  The claim itself (``run.json``,
+:func:`~verl_events._run.claim_save_path`) waits for the first stage a writing
+observer receives: a process that runs no stage, like verl's driver, must not
+claim the save_path.  :class:`SavePathClaim` makes it, once per installation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ._errors import ConfigError
+from ._observer import Observer
+from ._run import SavePathTaken, claim_save_path, refuse_other_runs
+
+
+def writes_outputs(observer: Observer) -> bool:
+    """Whether ``observer`` writes under save_path: its class overrides ``outputs``."""
+    return type(observer).outputs is not Observer.outputs
+
+
+def refuse_other_runs_files(save_path: Path, observers: Iterable[tuple[Observer, str]]) -> None:
+    """ConfigError, naming the observer (``where``), when ``save_path`` holds
+    files of another run that one of ``observers`` would write."""
+    for observer, where in observers:
+        try:
+            refuse_other_runs(save_path, observer.outputs(save_path), observer.output_noun)
+        except SavePathTaken as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
+class SavePathClaim:
+    """The claim an installation makes on its save_path for its writers.
+
+    :meth:`make` checks again that no other run's files are there (a run
+    started beside this one may have written since install), then claims.
+    It runs at most once: later calls return at once, whether it succeeded
+    or raised.  Thread-safe.
+    """
+
+    def __init__(self, save_path: Path, writers: Sequence[Observer]) -> None:
+        self.save_path = save_path
+        self.writers = tuple(writers)
+        self.writer_names = frozenset(o.name for o in self.writers)
+        self._lock = threading.Lock()
+        self._tried = False
+
+    def make(self) -> None:
+        """Claim save_path for this run; SavePathTaken when another run holds it."""
+        with self._lock:
+            if self._tried:
+                return
+            self._tried = True
+            files: list[Path] = []
+            for observer in self.writers:
+                found = observer.outputs(self.save_path)
+                refuse_other_runs(self.save_path, found, observer.output_noun)
+                files += found
+            claim_save_path(self.save_path, files)

@@ -1,0 +1,22 @@
+"""``verl-events triage RUN``: from a recorded anomaly to the op behind it.
+
+* :mod:`.command`: the command (:func:`triage`, :func:`render`), reading the
+  sentinel's anomaly records;
+* :mod:`.dumps`: what triage reads of an msprobe dump, and which frame is the user's;
+* :mod:`.non_finite` and :mod:`.spike`: the searches for a ``non_finite``
+  anomaly and for a ``spike`` (or ``above``/``below``);
+* :mod:`.finding`: the op named, placed in its module and source line.
+"""
+
+from .command import Anomaly, Triage, TriageInputError, is_library_frame, read_anomalies, render, triage, user_frame
+
+__all__ = [
+    "Anomaly",
+    "Triage",
+    "TriageInputError",
+    "is_library_frame",
+    "read_anomalies",
+    "render",
+    "triage",
+    "user_frame",
+]
