@@ -10,5 +10,6 @@ public names: :mod:`verl_events`, :mod:`verl_events.config`,
 :mod:`verl_events.layout`, :mod:`verl_events.verl_bridge` and the
 observers' public modules, which own the files the tools read
 (``verl_events.observers.msprobe.layout``, ``.timing``,
-``.sentinel.record``); nothing in the core imports them.
+``.sentinel.record``, imported once, in ``formats``); nothing in the core
+imports them.
 """

@@ -7,7 +7,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from verl_events import ConfigError, ObserverSetupError
 from verl_events.config import load_config, read_config
@@ -57,16 +56,11 @@ def _save_path_notes(save_path: Path) -> list[str]:
     """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
     from verl_events.layout import owner_of
 
-    if TYPE_CHECKING:  # one module, two names: see build_parser
-        from observers.msprobe.layout import incomplete_sessions, session_dirs
-        from observers.timing import timing_log_files
-    else:
-        from verl_events.observers.msprobe.layout import incomplete_sessions, session_dirs
-        from verl_events.observers.timing import timing_log_files
+    from .formats import msprobe_layout, timing_log
 
     notes = []
-    dumps = session_dirs(save_path)
-    logs = timing_log_files(save_path)
+    dumps = msprobe_layout.session_dirs(save_path)
+    logs = timing_log.timing_log_files(save_path)
     if dumps or logs:
         owner = owner_of(save_path)
         notes.append(
@@ -74,7 +68,8 @@ def _save_path_notes(save_path: Path) -> list[str]:
             f"{f'run {owner!r}' if owner else 'an earlier run'}; a new run there is refused, "
             "a process of that run may join it"
         )
-    notes += [f"{path} is an incomplete msprobe session: {why}" for path, why in incomplete_sessions(save_path)]
+    cut = msprobe_layout.incomplete_sessions(save_path)
+    notes += [f"{path} is an incomplete msprobe session: {why}" for path, why in cut]
     return notes
 
 
@@ -242,18 +237,10 @@ def _fmt(values: frozenset[object] | None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # The file names in the help come from their formats' owners, modules that
-    # import no tool.  mypy checks the repository's observers/ folder as the
-    # package "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
-    # installed name, verl_events.observers: one module, two names.
-    if TYPE_CHECKING:
-        from observers.msprobe.layout import DUMP_FILE
-        from observers.sentinel.record import ANOMALY_LOG
-        from observers.timing import TIMING_DIR
-    else:
-        from verl_events.observers.msprobe.layout import DUMP_FILE
-        from verl_events.observers.sentinel.record import ANOMALY_LOG
-        from verl_events.observers.timing import TIMING_DIR
+    # The file names in the help come from their formats' owners, which import no tool.
+    from .formats import anomaly_record, msprobe_layout, timing_log
+
+    DUMP_FILE, ANOMALY_LOG, TIMING_DIR = msprobe_layout.DUMP_FILE, anomaly_record.ANOMALY_LOG, timing_log.TIMING_DIR
 
     parser = argparse.ArgumentParser(prog="verl-events", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

@@ -13,17 +13,15 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from verl_events import VerlEventsWarning
 
-if TYPE_CHECKING:
-    # mypy checks the repository's observers/ folder as the package
-    # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
-    # installed name, verl_events.observers: one module, two names.
-    from observers.timing import NotATimingRecord, TimingRecord, timing_log_files
-else:
-    from verl_events.observers.timing import NotATimingRecord, TimingRecord, timing_log_files
+from .formats import timing_log
+
+# The timing log's names, as its owner defines them.
+TimingRecord = timing_log.TimingRecord
+NotATimingRecord = timing_log.NotATimingRecord
+timing_log_files = timing_log.timing_log_files
 
 __all__ = [
     "ObserverHooks",

@@ -11,10 +11,11 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_events import STAGE_ROLES
 
+from .formats import msprobe_layout, timing_log
 from .overhead import (
     ObserverHooks,
     StageOverhead,
@@ -27,16 +28,6 @@ from .overhead import (
     read_timing_records,
     runs_in,
 )
-
-if TYPE_CHECKING:
-    # mypy checks the repository's observers/ folder as the package
-    # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
-    # installed name, verl_events.observers: one module, two names.
-    from observers.msprobe.layout import incomplete_sessions
-    from observers.timing import TIMING_DIR, timing_log_files
-else:
-    from verl_events.observers.msprobe.layout import incomplete_sessions
-    from verl_events.observers.timing import TIMING_DIR, timing_log_files
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
@@ -73,10 +64,10 @@ def terminal_console(*, stderr: bool, quiet: bool = False) -> Any:
 
 
 def timing_files(run: Path) -> list[Path]:
-    files = timing_log_files(run)
+    files = timing_log.timing_log_files(run)
     if not files:
         raise ReportError(
-            f"{run} has no timing logs ({run / TIMING_DIR}/rank*.jsonl); "
+            f"{run} has no timing logs ({run / timing_log.TIMING_DIR}/rank*.jsonl); "
             "report needs a run recorded with the timing observer (name: timing)"
         )
     return files
@@ -276,11 +267,13 @@ def report(
     with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
         task = bar.add_task("reading timing logs", total=len(files))
         records = read_timing_records(files, lambda: bar.advance(task), skipped)
-    incomplete = [f"{path} is an incomplete msprobe session: {why}" for path, why in incomplete_sessions(run)]
+    incomplete = [
+        f"{path} is an incomplete msprobe session: {why}" for path, why in msprobe_layout.incomplete_sessions(run)
+    ]
     for note in skipped + _mixed_runs(records) + incomplete:
         print(f"warning: {note}", file=sys.stderr)
     if not records:
-        raise ReportError(f"{run / TIMING_DIR} holds no stage records; nothing to report")
+        raise ReportError(f"{run / timing_log.TIMING_DIR} holds no stage records; nothing to report")
     rows = stage_steps(records)
     overhead = overhead_table(records, STAGE_ORDER)
     if plot is not None:

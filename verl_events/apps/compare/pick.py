@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_events.layout import stage_dir, stage_dirs, step_dirs
+
+from ..formats import msprobe_layout as layout
 
 __all__ = ["CompareInputError", "Pick", "dump_entries", "resolve_dump"]
 
@@ -37,15 +39,6 @@ def resolve_dump(path: Path, pick: Pick) -> Path:
 
     Below a stage directory the layout is msprobe's, as
     :mod:`verl_events.observers.msprobe.layout` describes it."""
-    # Imported here, not at the top: the CLI imports this package to build its
-    # parser, which needs no observer.  mypy checks the repository's observers/
-    # folder as the package "observers" ([tool.mypy] in pyproject.toml) and
-    # cannot follow its installed name, verl_events.observers.
-    if TYPE_CHECKING:
-        from observers.msprobe import layout
-    else:
-        from verl_events.observers.msprobe import layout
-
     if path.is_file():
         if path.name != layout.DUMP_FILE:
             raise CompareInputError(f"{path} is not an msprobe {layout.DUMP_FILE}")
@@ -94,13 +87,7 @@ def dump_entries(path: Path) -> dict[str, Any]:
     """The entries of the dump file at ``path``, in execution order, read by
     msprobe's layout (:func:`~verl_events.observers.msprobe.layout.read_dump`);
     CompareInputError when it is missing or not a dump."""
-    # Imported here for the parser's sake, under two names for mypy's: see resolve_dump.
-    if TYPE_CHECKING:
-        from observers.msprobe.layout import NotADump, read_dump
-    else:
-        from verl_events.observers.msprobe.layout import NotADump, read_dump
-
     try:
-        return read_dump(path)
-    except NotADump as exc:
+        return layout.read_dump(path)
+    except layout.NotADump as exc:
         raise CompareInputError(str(exc)) from exc

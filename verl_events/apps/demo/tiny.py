@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,8 @@ import torch.distributed as dist
 import verl_events
 from verl_events import STAGE_ROLES
 
+from ..formats import msprobe_layout as layout
+from ..formats import timing_log
 from ..overhead import TimingLogError, overhead_table, read_timing_records
 from .model import (
     BATCH,
@@ -38,16 +40,6 @@ from .model import (
     compute_advantages,
 )
 from .options import INJECTED_WEIGHT, DemoOptions
-
-if TYPE_CHECKING:
-    # mypy checks the repository's observers/ folder as the package
-    # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
-    # installed name, verl_events.observers: one module, two names.
-    from observers.msprobe import layout
-    from observers.timing import TIMING_DIR
-else:
-    from verl_events.observers.msprobe import layout
-    from verl_events.observers.timing import TIMING_DIR
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
@@ -188,7 +180,9 @@ def print_summary(save_path: Path, seconds: float, console: Any) -> None:
         rows = []
     for note in skipped:
         console.print(f"[yellow]warning:[/] {note}")
-    render_overhead(rows, console, title=f"Stage overhead, from {save_path}/{TIMING_DIR} (medians over all ranks)")
+    render_overhead(
+        rows, console, title=f"Stage overhead, from {save_path}/{timing_log.TIMING_DIR} (medians over all ranks)"
+    )
     dumps = [dump for session in layout.session_dirs(save_path) if (dump := layout.dump_file(session)).is_file()]
     example = dumps[0] if dumps else "(none)"
     console.print(f"{len(dumps)} msprobe {layout.DUMP_FILE} files under {save_path}, e.g. {example}")

@@ -35,24 +35,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_events.layout import owner_of
 
+from ..formats import anomaly_record, msprobe_layout
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite
 from .spike import most_moved
 
-if TYPE_CHECKING:
-    # mypy checks the repository's observers/ folder as the package
-    # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
-    # installed name, verl_events.observers: one module, two names.
-    from observers.msprobe.layout import STACK_FILE, SessionPlace
-    from observers.sentinel.record import AnomalyRecord, NotAnAnomalyRecord, anomaly_log_path
-else:
-    from verl_events.observers.msprobe.layout import STACK_FILE, SessionPlace
-    from verl_events.observers.sentinel.record import AnomalyRecord, NotAnAnomalyRecord, anomaly_log_path
+# The formats' names, as their owners define them.
+AnomalyRecord = anomaly_record.AnomalyRecord
+NotAnAnomalyRecord = anomaly_record.NotAnAnomalyRecord
+anomaly_log_path = anomaly_record.anomaly_log_path
+SessionPlace = msprobe_layout.SessionPlace
+STACK_FILE = msprobe_layout.STACK_FILE
 
 __all__ = [
     "Anomaly",

@@ -47,19 +47,13 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_events import STAGE_ROLES
 
-if TYPE_CHECKING:
-    # mypy checks the repository's observers/ folder as the package
-    # "observers" ([tool.mypy] in pyproject.toml) and cannot follow its
-    # installed name, verl_events.observers: one module, two names.
-    from observers.msprobe import layout
-    from observers.msprobe.layout import SessionPlace
-else:
-    from verl_events.observers.msprobe import layout
-    from verl_events.observers.msprobe.layout import SessionPlace
+from ..formats import msprobe_layout as layout
+
+SessionPlace = layout.SessionPlace
 
 __all__ = [
     "LIBRARY_PACKAGES",

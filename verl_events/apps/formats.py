@@ -1,0 +1,26 @@
+"""The on-disk formats the tools read, each from the one module that owns it.
+
+* :data:`msprobe_layout`: msprobe's sessions (:mod:`verl_events.observers.msprobe.layout`);
+* :data:`timing_log`: the timing log and its record (:mod:`verl_events.observers.timing`);
+* :data:`anomaly_record`: the sentinel's record (:mod:`verl_events.observers.sentinel.record`).
+
+The tools import them from here, in one place, because mypy checks the
+repository's observers/ folder as the package ``observers`` ([tool.mypy] in
+pyproject.toml) and cannot follow its installed name, ``verl_events.observers``:
+one module, two names.  None of the three imports a tool library.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from observers import timing as timing_log
+    from observers.msprobe import layout as msprobe_layout
+    from observers.sentinel import record as anomaly_record
+else:
+    from verl_events.observers import timing as timing_log
+    from verl_events.observers.msprobe import layout as msprobe_layout
+    from verl_events.observers.sentinel import record as anomaly_record
+
+__all__ = ["anomaly_record", "msprobe_layout", "timing_log"]
