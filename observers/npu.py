@@ -57,19 +57,26 @@ class NpuProfilerObserver(CaptureObserver):
         self.analysis = analysis
         self.torch_npu: Any = None
 
-    def setup(self, context: InstallContext) -> None:
-        super().setup(context)
+    def unavailable(self) -> str | None:
         try:
-            self.torch_npu = importlib.import_module("torch_npu")
+            importlib.import_module("torch_npu")
         except ImportError as exc:
-            message = (
+            return (
                 f"torch_npu is not importable ({exc}); the NPU profiler needs Ascend hardware and "
                 "pip install 'verl-events[npu]'"
             )
-            if context.strict:
-                raise ImportError(message) from exc
-            warnings.warn(message + ". The npu observer is off.", VerlEventsWarning, stacklevel=2)
+        return None
+
+    def setup(self, context: InstallContext) -> None:
+        super().setup(context)
+        missing = self.unavailable()
+        if missing is not None:
+            if context.strict and not self.optional:
+                raise ImportError(missing)
+            warnings.warn(missing + ". The npu observer is off.", VerlEventsWarning, stacklevel=2)
             self.active = False
+            return
+        self.torch_npu = importlib.import_module("torch_npu")
 
     def start_capture(self, event: StageEvent) -> Any:
         npu_profiler = self.torch_npu.profiler

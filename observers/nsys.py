@@ -86,17 +86,23 @@ class NsysObserver(CaptureObserver):
         self.nvtx: Any = None
         self.cuda_profiler: Any = None  # torch.cuda.profiler, when CUDA is available
 
+    def unavailable(self) -> str | None:
+        try:
+            importlib.import_module("nvtx")
+        except ImportError as exc:
+            return f"the nvtx package is not importable ({exc}); install it with: pip install 'verl-events[nsys]'"
+        return None
+
     def setup(self, context: InstallContext) -> None:
         super().setup(context)
-        try:
-            self.nvtx = importlib.import_module("nvtx")
-        except ImportError as exc:
-            message = f"the nvtx package is not importable ({exc}); install it with: pip install 'verl-events[nsys]'"
-            if context.strict:
-                raise ImportError(message) from exc
-            warnings.warn(message + ". The nsys observer is off.", VerlEventsWarning, stacklevel=2)
+        missing = self.unavailable()
+        if missing is not None:
+            if context.strict and not self.optional:
+                raise ImportError(missing)
+            warnings.warn(missing + ". The nsys observer is off.", VerlEventsWarning, stacklevel=2)
             self.active = False
             return
+        self.nvtx = importlib.import_module("nvtx")
         import torch
 
         if torch.cuda.is_available():

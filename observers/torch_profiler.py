@@ -12,6 +12,7 @@ with the NPU profiler).
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from typing import Any
 
@@ -50,6 +51,11 @@ class TorchProfilerObserver(CaptureObserver):
     def __init__(self, contents: list[str] | None = None, discrete: bool = True) -> None:
         super().__init__(discrete)
         self.contents = check_contents(contents, CONTENTS)
+
+    def unavailable(self) -> str | None:
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed; the torch profiler needs it: pip install torch"
+        return None
 
     def _activities(self) -> list[Any]:
         import torch

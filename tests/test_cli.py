@@ -110,3 +110,40 @@ def test_check_shows_an_armed_observer_and_refuses_one_without_a_sentinel(
     assert (
         "observer 'msprobe' has trigger: anomaly, but no installed observer sends anomalies" in capsys.readouterr().err
     )
+
+
+def test_check_fails_when_an_observers_tool_is_missing_and_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch_npu needs Ascend hardware: it is missing on every machine these tests run on."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path / 'out'}\nobservers:\n  - name: timing\n  - name: npu\n")
+    assert main(["check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "error: observers[1] (npu): torch_npu is not importable" in err
+    assert "mark the observer optional: true to run without it" in err
+    assert not (tmp_path / "out").exists()  # check writes nothing
+
+
+def test_check_warns_of_a_missing_tool_of_an_optional_observer_and_lists_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: npu\n    optional: true\n")
+    assert main(["check", str(config)]) == 0
+    printed = capsys.readouterr()
+    assert "warning: observers[0] (npu): torch_npu is not importable" in printed.err
+    assert "it is optional, so the run goes on without it" in printed.err
+    assert "  npu " in printed.out
+
+
+def test_an_optional_observer_without_its_tool_is_a_warning_even_in_strict_mode(tmp_path: Path) -> None:
+    import verl_events
+    from verl_events import ObserverSetupError, VerlEventsWarning
+
+    config = {"save_path": str(tmp_path), "strict": True, "observers": [{"name": "npu"}]}
+    with pytest.raises(ObserverSetupError, match="torch_npu is not importable"):
+        verl_events.install(config)
+    config["observers"] = [{"name": "npu", "optional": True}]
+    with pytest.warns(VerlEventsWarning, match="torch_npu is not importable .* The npu observer is off"):
+        verl_events.install(config).close()

@@ -12,6 +12,7 @@ Schema::
         stages: [actor_update]
         priority: 0              # higher begins first and ends last
         enabled: true
+        optional: false          # true: a missing tool is a warning in check and strict mode
         config_path: dump.json   # anything else is an option of the observer
 
 verl's own form (``global_profiler`` plus the role blocks' ``profiler.enable``)
@@ -43,7 +44,7 @@ DEFAULT_SAVE_PATH = "outputs/profile"
 DEFAULT_MAX_FAILURES = 5
 TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "observers")
 SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
-FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled", *TRIGGER_KEYS)
+FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled", "optional", *TRIGGER_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ class ObserverSpec:
     enabled: bool
     options: Mapping[str, Any] = field(default_factory=dict)
     trigger: Trigger | None = None  # trigger: anomaly, see _arming
+    optional: bool = False  # its tool may be missing: a warning, not an error
 
     @property
     def label(self) -> str:
@@ -193,9 +195,11 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
     priority = entry.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ConfigError(f"{where}.priority: {priority!r} is not allowed; use an integer")
-    enabled = entry.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{where}.enabled: {enabled!r} is not allowed; use true or false")
+    enabled, optional = entry.get("enabled", True), entry.get("optional", False)
+    for key, value in (("enabled", enabled), ("optional", optional)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: {value!r} is not allowed; use true or false")
     selection = Selection.parse(**{key: entry.get(key) for key in SELECTION_KEYS}, where=where, strict=strict)
     options = MappingProxyType({str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS})
-    return ObserverSpec(where, name, target, selection, priority, enabled, options, parse_trigger(entry, where))
+    trigger = parse_trigger(entry, where)
+    return ObserverSpec(where, name, target, selection, priority, enabled, options, trigger, optional)

@@ -15,7 +15,7 @@ from ._arming import TriggerClock, arm, check_triggers
 from ._bus import Dispatcher
 from ._claim import SavePathClaim, refuse_other_runs_files, writes_outputs
 from ._config import Config, load_config
-from ._errors import ConfigError, ObserverError, VerlEventsWarning
+from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
 from ._observer import InstallContext, Observer
 from ._registry import build_observer, setup_observer
 
@@ -133,8 +133,10 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
 
     Each is built with its options checked, then all are named uniquely
     (a second ``msprobe`` entry is ``msprobe#2``) and checked together:
-    exclusive resources, triggers.  With ``set_up``, install's two remaining
-    steps follow: a save_path holding another run's files of any of them is
+    exclusive resources, triggers.  Without ``set_up`` (``verl-events
+    check``), an observer whose tool is missing (``unavailable()``) is an
+    ObserverSetupError, or a VerlEventsWarning when it is ``optional``.
+    With ``set_up``, install's two remaining steps follow: a save_path holding another run's files of any of them is
     refused (ConfigError naming the observer), then each is set up in
     order; when one fails, those already set up are closed.  Nothing is
     written or started without ``set_up``.
@@ -152,6 +154,7 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
     check_exclusive_resources(built)
     check_triggers(built)
     if not set_up:
+        _check_tools(placed)
         return built
     refuse_other_runs_files(config.save_path, placed)
     ready: list[Observer] = []
@@ -163,6 +166,19 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
         _close_all(ready)
         raise
     return built
+
+
+def _check_tools(placed: list[tuple[Observer, str]]) -> None:
+    """What ``check`` says of observers whose tool is missing: ObserverSetupError,
+    or a VerlEventsWarning for an optional one."""
+    for observer, where in placed:
+        reason = observer.unavailable()
+        if reason is None:
+            continue
+        if not observer.optional:
+            raise ObserverSetupError(f"{where}: {reason}; or mark the observer optional: true to run without it")
+        message = f"{where}: {reason}; it is optional, so the run goes on without it"
+        warnings.warn(message, VerlEventsWarning, stacklevel=3)
 
 
 def nothing_to_observe(config: Any) -> str:

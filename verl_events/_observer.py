@@ -68,6 +68,9 @@ class Observer:
     * ``output_noun``: what :meth:`outputs` lists, in the sentence that
       refuses another run's files (``"msprobe dump(s)"``).
 
+    Set by the framework from config: ``optional`` (``optional: true``: the
+    observer may run without its tool; see :meth:`unavailable`).
+
     An observer that writes under ``save_path`` overrides :meth:`outputs`;
     that is all it takes for "two runs never mix" (see there).
     """
@@ -83,6 +86,7 @@ class Observer:
     wants_result: bool = False
     sends_anomalies: bool = False
     output_noun: str = "file(s)"
+    optional: bool = False
 
     def setup(self, context: InstallContext) -> None:
         """Called once at install; raise here (ConfigError for bad options)
@@ -100,6 +104,17 @@ class Observer:
         few globs.
         """
         return []
+
+    def unavailable(self) -> str | None:
+        """Why this observer's tool cannot run here (a library that is not
+        installed), as a sentence that says how to get it; None when it can.
+
+        ``verl-events check`` asks it of every observer: an answer is an
+        error there, unless the observer is ``optional`` (then a warning).
+        Install leaves the verdict to :meth:`setup`.  It must not write or
+        start anything; importing the library is fine.
+        """
+        return None
 
     def resource_selection(self) -> Selection:
         """The stages during which this observer holds its exclusive

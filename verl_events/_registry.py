@@ -279,6 +279,7 @@ def build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool 
     observer: Observer = _guarded(where, "could not be created", lambda: cls(**spec.options))
     observer.name = spec.label
     observer.selection = spec.selection
+    observer.optional = spec.optional
     if spec.trigger is not None:
         if not observer.captures:
             raise ConfigError(

@@ -94,16 +94,21 @@ class MsprobeObserver(Observer):
         """Every msprobe session directory under ``save_path``."""
         return session_dirs(save_path)
 
+    def unavailable(self) -> str | None:
+        if _api.is_installed():
+            return None
+        return f"msprobe is not installed; install it with: {_api.INSTALL_HINT} (package {_api.DISTRIBUTION})"
+
     def setup(self, context: InstallContext) -> None:
         self._root, self._strict = context.save_path, context.strict
         check_msprobe_path(context.save_path, "save_path")
         prepare_output_dir(context.save_path)
-        if not _api.is_installed():
+        if self.unavailable() is not None:
             message = (
                 "msprobe is not installed, so the msprobe observer is off; "
                 f"install it with: {_api.INSTALL_HINT} (package {_api.DISTRIBUTION})"
             )
-            if context.strict:
+            if context.strict and not self.optional:
                 raise ImportError(message)
             warnings.warn(message, VerlEventsWarning, stacklevel=2)
             return

@@ -5,25 +5,31 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from verl_events import ConfigError, ObserverSetupError
+from verl_events import ConfigError, ObserverSetupError, VerlEventsWarning
 from verl_events.config import load_config, read_config
 
 
 def _check(args: argparse.Namespace) -> int:
     """Validate a config and build its observers as install() would, without
-    setting them up: nothing is written, no tool is started."""
+    setting them up: nothing is written, no tool is started.  An observer
+    whose tool is missing is an error, unless it is marked optional."""
     from verl_events.config import ArmedSelection, build_observers, nothing_to_observe, observer_origin
 
     try:
         config = load_config(args.config, args.overrides)
         specs = [spec for spec in config.observers if spec.enabled]
-        built = build_observers(config, set_up=False)  # exactly as install builds them, one per spec
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", VerlEventsWarning)
+            built = build_observers(config, set_up=False)  # exactly as install builds them, one per spec
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for warning in said:
+        print(f"warning: {warning.message}", file=sys.stderr)
     print(f"save_path: {config.save_path}  strict: {config.strict}")
     if not built:
         print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
