@@ -12,10 +12,17 @@ fi
 stamp=.venv/.verl-events-installed
 want=$(sha256sum pyproject.toml scripts/setup-venv.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "setup: installing torch (CPU) and verl-events[msprobe,nsys,demo,dev,verl-cpu] (verl 0.9.1) into .venv"
-    pip="./.venv/bin/python -m pip --quiet --disable-pip-version-check"
+    echo "setup: installing into .venv, about 2 minutes the first time; pip's own lines follow"
+    # Progress: pip's lines for each package it collects and installs, one
+    # line each (no progress bars in logs and CI); its errors go to stderr,
+    # and a failing pip still fails this script (pipefail).
+    pip="./.venv/bin/python -m pip --disable-pip-version-check"
+    progress() { "$@" | { grep --line-buffered -E "^(Collecting|Installing|Successfully)" || true; }; }
     # torch first and pinned: a bare torch requirement may pull a multi-GB CUDA build.
-    $pip install torch==2.13.0
-    $pip install -e ".[msprobe,nsys,demo,dev,verl-cpu]" "verl==0.9.1"
+    echo "setup: [1/2] torch 2.13.0 (CPU)"
+    progress $pip install --progress-bar off torch==2.13.0
+    echo "setup: [2/2] verl-events[msprobe,nsys,demo,dev,verl-cpu] and verl 0.9.1"
+    progress $pip install --progress-bar off -e ".[msprobe,nsys,demo,dev,verl-cpu]" "verl==0.9.1"
+    echo "setup: done"
     echo "$want" > "$stamp"
 fi

@@ -57,3 +57,10 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "perturbed": demo_run(root / "perturbed", "--steps", "1", "--perturb", "0.01"),
         "two_ranks": demo_run(root / "two_ranks", "--steps", "3", "--nproc", "2"),
     }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads the demo runs waits for four demo processes: it is slow."""
+    for item in items:
+        if "demo_runs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

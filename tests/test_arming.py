@@ -131,6 +131,7 @@ def test_armed_observers_still_meet_the_exclusive_resource_check(tmp_path: Path)
         verl_events.install({"save_path": str(tmp_path), "observers": observers})
 
 
+@pytest.mark.slow
 def test_an_anomaly_on_one_rank_arms_every_rank_for_the_same_step(tmp_path: Path) -> None:
     """Two gloo ranks; only rank 1 sees the anomaly at step 2; both capture step 3."""
     pytest.importorskip("torch")

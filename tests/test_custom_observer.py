@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("torch")  # the example observer watches tensors
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 EXAMPLE = Path(__file__).parent.parent / "examples" / "custom_observer"
 
 

@@ -15,6 +15,8 @@ from verl_events.apps.overhead import read_timing_records
 
 from .support import verl_events_exe
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 ACTOR_REF = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
 ALL_STAGES = {
     "rollout_generate",

@@ -8,6 +8,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 REPO = Path(__file__).parent.parent
 
 

@@ -18,6 +18,7 @@ def no_inherited_ids(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.mark.slow
 def test_in_ray_the_session_and_job_name_the_run() -> None:
     """Every fresh local Ray cluster numbers its first job 01000000: the job id alone repeats."""
     pytest.importorskip("ray")

@@ -17,6 +17,8 @@ pytest.importorskip("msprobe")
 
 from .support import verl_events_exe
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs/sentinel.md").read_text()
 

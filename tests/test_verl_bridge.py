@@ -368,6 +368,7 @@ def test_verl_torch_tool_maps_to_our_torch_profiler_with_verls_rank_rule() -> No
 # -- processes: two gloo ranks, and Ray actors ------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> None:
     config = tmp_path / "verl.yaml"
     config.write_text(GUIDE_MINIMAL_EXAMPLE.format(config_path=write_msprobe_config(tmp_path / "dump_config.json")))
@@ -402,6 +403,7 @@ def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> Non
 @pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::pytest.PytestUnraisableExceptionWarning"
 )
+@pytest.mark.slow
 def test_ray_actors_are_bridged_by_the_documented_switch_alone(tmp_path: Path) -> None:
     import ray
 

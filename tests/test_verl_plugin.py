@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("verl")  # verl's plugin loader is what these tests drive
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 PROBE = (
     "import sys, verl, verl_events\n"
     "loaded = sorted(m for m in sys.modules if m.startswith('verl_events.'))\n"

@@ -31,7 +31,7 @@ DOC = (REPO / "docs/verl.md").read_text()
 SENTINEL_DOC = (REPO / "docs/sentinel.md").read_text()
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 USUAL_ARGUMENTS = "...your usual arguments..."
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow]
 
 
 @dataclass(frozen=True)

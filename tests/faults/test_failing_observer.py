@@ -11,6 +11,8 @@ import pytest
 
 from .processes import driver, entries, log_records, marker, session, timing_lines
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 NAME = "fault_observers:AlwaysFails"
 FAILURE = re.compile(rf"ERROR verl_events: observer '{NAME}' failed in (\w+) for stage '(\w+)' \(step (\d+), rank 0\)")
 

@@ -32,6 +32,8 @@ import pytest
 
 from .processes import Child, check_save_path, cli, driver, entries, log_records, marker, session, timing_lines
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 WAYS = ("tmpfs", "file size limit")
 STEPS = {"tmpfs": 8, "file size limit": 2}
 

@@ -20,6 +20,8 @@ import pytest
 from ..support import verl_events_exe
 from .processes import Child, check_save_path, cli, entries, marker, markers_under, session
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 CONFIG = """\
 observers:
   - name: timing

@@ -19,6 +19,8 @@ from verl_events import ConfigError
 
 from .processes import check_save_path, cli, driver, entries, marker, markers_under, session
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 CUT = "cut off during step 1 actor_update (rank 0)"
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from .processes import cli, driver, entries, marker, markers_under, session, timing_lines
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 RAISED = "step 1 actor_update (rank 0) raised Boom; the dump holds the stage only up to there"
 
 

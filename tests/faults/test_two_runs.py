@@ -23,6 +23,8 @@ import pytest
 
 from .processes import Child, driver, entries, log_records, marker
 
+pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
+
 BATCH = {"run-alpha": 4, "run-beta": 6}
 SESSIONS = [
     f"step_{step}/{stage}/step0/rank0" for step in (1, 2) for stage in ("actor_compute_log_prob", "actor_update")

@@ -394,6 +394,7 @@ def test_keep_api_hooks_leaves_msprobes_wrappers_between_sessions(tmp_path: Path
         assert F.linear is original  # the next installation takes them off again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quiet", [True, False])
 def test_quiet_keeps_msprobe_off_stdout(tmp_path: Path, quiet: bool) -> None:
     # A fresh interpreter: msprobe's log level is process-wide, set once.
