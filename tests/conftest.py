@@ -59,8 +59,12 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+#: Fixtures that run demos in processes of their own: a test using one is slow.
+DEMO_FIXTURES = frozenset({"demo_runs", "module_runs"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that reads the demo runs waits for four demo processes: it is slow."""
+    """A test that reads demo runs waits for several demo processes: it is slow."""
     for item in items:
-        if "demo_runs" in getattr(item, "fixturenames", ()):
+        if DEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,20 @@ def test_observers_that_write_nothing_never_claim(tmp_path: Path) -> None:
         with stage("actor_update", step=1):
             pass
     assert not (tmp_path / RUN_FILE).exists()
+
+
+def test_a_folder_per_run_lets_the_same_config_run_twice_and_latest_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = {"save_path": str(tmp_path / "profile/{run}"), "observers": [{"name": "timing"}]}
+    latest = tmp_path / "profile/latest"
+    for run in ("first", "second"):
+        monkeypatch.setenv("VERL_EVENTS_RUN_ID", run)
+        with verl_events.install(config):
+            # Install claims nothing: latest still names the earlier run (or nothing yet).
+            assert os.readlink(tmp_path / "profile/latest") == "first" if run == "second" else not latest.exists()
+            with stage("actor_update", step=1):
+                pass
+        assert latest.resolve() == (tmp_path / "profile" / run).resolve()
+    assert owner_of(tmp_path / "profile/first") == "first" and owner_of(tmp_path / "profile/second") == "second"
+    assert os.readlink(latest) == "second"  # relative: the folder can move

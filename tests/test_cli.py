@@ -25,7 +25,11 @@ def test_check_reports_config_errors_with_exit_2(tmp_path: Path, capsys: pytest.
 @pytest.mark.filterwarnings("ignore:nsys. CUDA is not available")
 def test_check_prints_the_nsys_launch_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: nsys\n    discrete: false\n    steps: [1, 2, 5]\n")
+    # optional: the core suite runs without nvtx, and check refuses a missing tool otherwise
+    config.write_text(
+        f"save_path: {tmp_path}\nobservers:\n  - name: nsys\n    optional: true\n"
+        "    discrete: false\n    steps: [1, 2, 5]\n"
+    )
     assert main(["check", str(config)]) == 0
     assert (
         "launch with: nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi "
@@ -39,7 +43,9 @@ def test_check_writes_nothing_and_shows_where_each_observer_comes_from(
     out = tmp_path / "not_yet"
     config = tmp_path / "c.yaml"
     config.write_text(
-        f"save_path: {out}\nobservers:\n  - name: msprobe\n    steps: [1]\n    quiet: false\n  - name: timing\n"
+        # optional: the core suite runs without msprobe, and check refuses a missing tool otherwise
+        f"save_path: {out}\nobservers:\n  - name: msprobe\n    optional: true\n    steps: [1]\n    quiet: false\n"
+        "  - name: timing\n"
     )
     assert main(["check", str(config)]) == 0
     printed = capsys.readouterr().out
@@ -96,12 +102,10 @@ def test_an_unwritable_output_is_one_error_line_not_a_traceback(
     assert err.startswith("error: --trace ") and "cannot be created" in err and len(err.strip().splitlines()) == 1
 
 
-def test_check_shows_an_armed_observer_and_refuses_one_without_a_sentinel(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    examples = Path(__file__).parent.parent / "examples"
-    config = tmp_path / "sentinel.yaml"
-    config.write_text((examples / "sentinel_spike.yaml").read_text().replace("examples/", f"{examples}/"))
+def test_check_shows_an_armed_observer_and_refuses_one_without_a_sentinel(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("msprobe")  # check refuses an msprobe observer where msprobe is missing
+    # The example in place: its config_path is taken from its own folder.
+    config = Path(__file__).parent.parent / "examples" / "sentinel_spike.yaml"
     assert main(["check", str(config)]) == 0
     out = capsys.readouterr().out
     (msprobe,) = [line for line in out.splitlines() if line.strip().startswith("msprobe ")]

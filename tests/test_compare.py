@@ -8,12 +8,14 @@ depend on a CPU's rounding are left to the synthetic rows.
 
 from __future__ import annotations
 
+import copy
 import csv
 import importlib.metadata
 import json
 import math
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,12 +29,14 @@ from verl_events.apps.compare import (
     Tolerance,
     compare_rows,
     judge,
+    module_of,
     op_name,
     over_tolerance,
     resolve_tolerances,
     rows_from_msprobe_csv,
     summary,
 )
+from verl_events.apps.demo.options import INJECTED_WEIGHT
 
 DUMP = "step_{step}/{stage}/step0/rank{rank}/dump.json"
 LOOSE = resolve_tolerances(dict.fromkeys(STATS, 1e9), dict.fromkeys(STATS, 1e9))
@@ -152,6 +156,195 @@ def test_worst_ranks_rows_by_how_far_past_tolerance_they_are_not_by_relative_err
     assert [r.entry for r in comparison.problems] == ["max_2x", "only_in_b", "norm_10x", "nan"]
 
 
+def tensor(entry: str, size: int, a: tuple[float, ...], b: tuple[float, ...], dtype: str = "torch.float32") -> Row:
+    """A row as msprobe's table has it: max, min, mean and norm on each side, and the element count."""
+    return Row(
+        entry=entry,
+        matched=True,
+        dtypes=(dtype, dtype),
+        sizes=(size, size),
+        a_stats=dict(zip(STATS, a, strict=True)),
+        b_stats=dict(zip(STATS, b, strict=True)),
+    )
+
+
+#: Rows of the demo's actor_update with one actor weight scaled by 1.01 (verl-events demo --perturb
+#: 0.01, level L1), in execution order, with the numbers msprobe recorded.
+PERTURBED_ACTOR_UPDATE = [
+    # blocks.1.mlp.0 reads the perturbed weight (input 1): its norm and its output's moved 1 %.
+    tensor(
+        "Functional.linear.6.forward.input.0",
+        16 * 23 * 64,
+        (3.638167, -3.977506, -1.62e-10, 153.46623),
+        (3.638167, -3.977506, -1.62e-10, 153.46623),
+    ),
+    tensor(
+        "Functional.linear.6.forward.input.1",
+        256 * 64,
+        (0.1249877, -0.1249773, 0.00043642, 9.2341299),
+        (0.1262376, -0.1262271, 0.00044078, 9.3264704),
+    ),
+    tensor(
+        "Functional.linear.6.forward.input.2",
+        256,
+        (0.1246364, -0.124488, -0.0030905, 1.1133572),
+        (0.1246364, -0.124488, -0.0030905, 1.1133572),
+    ),
+    tensor(
+        "Functional.linear.6.forward.output.0",
+        16 * 23 * 256,
+        (2.588331, -2.427673, 0.00072184, 180.00887),
+        (2.613234, -2.451874, 0.00075996, 181.78369),
+    ),
+    # pg_loss, the mean of ratio * advantages (whitened, centred on zero): rounding noise in both runs.
+    tensor(
+        "Tensor.mean.0.forward.input.0",
+        16 * 16,
+        (2.7634389, -2.6134477, 0.0, 15.968693),
+        (2.763797, -2.6137307, -3.7252903e-08, 15.968694),
+    ),
+    tensor("Tensor.mean.0.forward.output.0", 1, (0.0, 0.0, 0.0, 0.0), (-3.7252903e-08,) * 4),
+    # log_prob - old_log_prob (exactly 0 in the unperturbed run), then its mean: the KL term.
+    tensor(
+        "Tensor.__sub__.1.forward.input.0",
+        16 * 16,
+        (-3.0369253, -7.031929, -4.6149282, 74.478157),
+        (-3.0367503, -7.0325699, -4.6150317, 74.479836),
+    ),
+    tensor(
+        "Tensor.__sub__.1.forward.input.1",
+        16 * 16,
+        (-3.0369253, -7.031929, -4.6149282, 74.478157),
+        (-3.0369253, -7.031929, -4.6149282, 74.478157),
+    ),
+    tensor(
+        "Tensor.__sub__.1.forward.output.0",
+        16 * 16,
+        (0.0, 0.0, 0.0, 0.0),
+        (0.0022459, -0.0025301, -0.00010353886, 0.01559209),
+    ),
+    tensor(
+        "Tensor.mean.1.forward.input.0",
+        16 * 16,
+        (0.0, 0.0, 0.0, 0.0),
+        (0.0022459, -0.0025301, -0.00010353886, 0.01559209),
+    ),
+    tensor("Tensor.mean.1.forward.output.0", 1, (0.0, 0.0, 0.0, 0.0), (-0.00010353886,) * 4),
+    # loss = policy_loss + ...: policy_loss is minus the mean above (msprobe does not hook unary minus).
+    tensor("Tensor.__add__.5.forward.input.0", 1, (-0.0,) * 4, (3.7252903e-08,) * 4),
+    # Adam's squared-gradient average of a weight, first step: its min is 1e-10 of its max.
+    tensor("Tensor.addcmul_.8.forward.input.0", 64 * 64, (0.0,) * 4, (0.0,) * 4),
+    tensor(
+        "Tensor.addcmul_.8.forward.input.1",
+        64 * 64,
+        (0.0028211, -0.0026971, 7.146e-12, 0.040014464),
+        (0.002822, -0.0026982, 3.306e-12, 0.040021062),
+    ),
+    tensor(
+        "Tensor.addcmul_.8.forward.input.2",
+        64 * 64,
+        (0.0028211, -0.0026971, 7.146e-12, 0.040014464),
+        (0.002822, -0.0026982, 3.306e-12, 0.040021062),
+    ),
+    tensor("Tensor.addcmul_.8.forward.input.value", 1, (0.001,) * 4, (0.001,) * 4, dtype="<class 'float'>"),
+    tensor(
+        "Tensor.addcmul_.8.forward.output.0",
+        64 * 64,
+        (7.9585503e-09, 5.6349491e-18, 3.9090745e-10, 5.0174378e-08),
+        (7.963556e-09, 2.7005166e-20, 3.9103656e-10, 5.0204136e-08),
+    ),
+]
+
+
+def test_near_zero_statistics_no_longer_lead_the_worst_list() -> None:
+    """Issue 17: the min of Adam's squared-gradient average (5.6e-18 vs 2.7e-20) was 2.08e+04x its
+    tolerance and a loss of 0 vs 3.7e-8 1e+03x, ahead of the weight that moved 1 %.  Measured
+    against a tenth of their op's scale they rank last; the verdict on them is unchanged."""
+    comparison = compare_rows(Path("a"), Path("b"), copy.deepcopy(PERTURBED_ACTOR_UPDATE))
+    by_entry = {r.entry: r for r in comparison.rows}
+    noise = [
+        "Tensor.addcmul_.8.forward.output.0",
+        "Tensor.mean.0.forward.output.0",
+        "Tensor.__add__.5.forward.input.0",
+        "Tensor.mean.1.forward.output.0",
+    ]
+    assert [by_entry[e].worst > 100 for e in noise] == [True] * 4  # what used to lead ...
+    assert all(by_entry[e].problem for e in noise)  # ... still diverges by the tolerances
+    assert [r.entry for r in comparison.worst(3)] == [
+        "Functional.linear.6.forward.input.1",
+        "Functional.linear.6.forward.output.0",
+        "Tensor.__sub__.1.forward.output.0",
+    ]
+    assert [by_entry[e].distance < 1 for e in noise] == [True] * 4
+    weight = by_entry["Functional.linear.6.forward.input.1"]
+    assert weight.distance == weight.worst == pytest.approx(9.9, abs=0.05)  # not near zero: its ratio stands
+    listed = summary(comparison, 2)["worst"]
+    assert [item["entry"] for item in listed] == [r.entry for r in comparison.worst(2)]
+    assert listed[0]["distance"] == weight.distance and listed[0]["over_tol"] == weight.worst
+
+
+def test_a_cancellation_is_measured_against_the_scale_it_was_computed_from() -> None:
+    """The mean of log_prob - old_log_prob has a scale of 1e-4 of its own, and of the log-probs
+    (4.6) by the difference it was computed from; carried one op further, it stays near zero."""
+    comparison = compare_rows(Path("a"), Path("b"), copy.deepcopy(PERTURBED_ACTOR_UPDATE))
+    by_entry = {r.entry: r for r in comparison.rows}
+    log_probs = by_entry["Tensor.__sub__.1.forward.input.0"].scale
+    assert log_probs == pytest.approx(74.48 / 16, rel=1e-3)  # their root mean square
+    for entry in (
+        "Tensor.__sub__.1.forward.output.0",
+        "Tensor.mean.1.forward.input.0",
+        "Tensor.mean.1.forward.output.0",
+    ):
+        assert by_entry[entry].scale == log_probs, entry
+    # The -0.0 fed to the loss is minus pg_loss's mean, so it has that mean's op's scale.
+    assert by_entry["Tensor.__add__.5.forward.input.0"].scale == by_entry["Tensor.mean.0.forward.output.0"].scale
+    assert by_entry["Tensor.mean.0.forward.output.0"].scale == pytest.approx(15.97 / 16, rel=1e-3)
+    # A Python number (Adam's 1 - beta2) is no scale for the tensors it multiplies.
+    assert by_entry["Tensor.addcmul_.8.forward.output.0"].scale == pytest.approx(0.040021062 / 64)
+
+
+def test_a_statistic_at_least_a_tenth_of_its_scale_keeps_its_ratio_over_tolerance() -> None:
+    rows = [tensor("Functional.gelu.1.forward.output.0", 100, (1.0, -0.5, 0.3, 10.2), (1.0, -0.5, 0.3, 10.0))]
+    (judged,) = compare_rows(Path("a"), Path("b"), rows).rows
+    assert judged.distances["norm"] == judged.over["norm"] == pytest.approx(20)
+    assert judged.distance <= judged.worst
+
+
+def test_a_gradient_is_measured_against_its_own_scale_not_the_incoming_gradient() -> None:
+    """d loss / d loss is 1; carried down the backward pass it would make every gradient near zero."""
+    rows = [
+        tensor("Tensor.mean.0.backward.input.0", 1, (-1.0,) * 4, (-1.0,) * 4),
+        # 1/256 in B, 2 % more in A
+        tensor("Tensor.mean.0.backward.output.0", 256, (-0.00398,) * 3 + (0.06375,), (-0.00390625,) * 3 + (0.0625,)),
+    ]
+    gradient = compare_rows(Path("a"), Path("b"), rows).rows[1]
+    assert gradient.scale == pytest.approx(0.06375 / 16)  # its own root mean square, the larger side's
+    assert gradient.distance == gradient.worst == pytest.approx(20)
+
+
+@pytest.mark.parametrize(
+    ("entry", "construct", "module"),
+    [
+        (
+            "Functional.linear.6.forward.input.1",
+            {"Functional.linear.6.forward": "Module.blocks.1.mlp.0.Linear.forward.0"},
+            "blocks.1.mlp.0",
+        ),
+        (
+            "Functional.linear.8.backward.output.0",
+            {"Functional.linear.8.backward": "Module.head.Linear.backward.0"},
+            "head",
+        ),
+        ("Module.blocks.1.mlp.0.Linear.forward.0.parameters.weight", {}, "blocks.1.mlp.0"),
+        ("Module.head.Linear.parameters_grad.0.weight", {}, "head"),
+        ("Tensor.__add__.0.forward.output.0", {"Tensor.__add__.0.forward": None}, None),  # the root model's own op
+        ("Functional.linear.6.forward.input.1", {}, None),  # level L1: construct.json is {}
+    ],
+)
+def test_each_row_names_the_module_it_ran_in(entry: str, construct: dict[str, str | None], module: str | None) -> None:
+    assert module_of(entry, construct) == module
+
+
 def test_the_summary_lists_the_tolerances_it_judged_with() -> None:
     tolerances = resolve_tolerances(rtol={"norm": 0.5}, atol={"max": 0.25})
     listed = summary(compare_rows(Path("a"), Path("b"), [], tolerances), 5)["tolerances"]
@@ -263,6 +456,90 @@ def test_a_perturbed_actor_weight_diverges_first_at_the_op_that_reads_it(
         capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), "--step", "1", "--stage", "ref_compute_log_prob"
     )
     assert code == 0
+
+
+def test_at_l1_no_module_is_named(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Level L1 records API calls only: its construct.json is {}."""
+    args = ("--step", "1", "--stage", "actor_compute_log_prob")
+    _, result = compare(capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), *args)
+    assert result["first_divergence"]["module"] is None
+    assert {item["module"] for item in result["worst"]} == {None}
+
+
+def test_the_worst_list_of_a_perturbed_update_is_led_by_what_moved_not_by_near_zero_noise(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One weight scaled by 1.01 moves what reads it, its gradients and Adam's state by about 1 %
+    (10x the norm's tolerance); rounding noise in statistics near zero (a loss of 0 vs 3.7e-8,
+    Adam's min of 5.6e-18 vs 2.7e-20) was 1e+03 to 2e+04x its tolerance and led the list."""
+    args = ("--step", "1", "--stage", "actor_update", "--top", "10")
+    code, result = compare(capsys, str(demo_runs["a"]), str(demo_runs["perturbed"]), *args)
+    assert code == 1
+    worst = result["worst"]
+    assert len(worst) == 10
+    assert all(1 < item["distance"] <= item["over_tol"] < 100 for item in worst), worst
+    assert [item["distance"] for item in worst] == sorted((item["distance"] for item in worst), reverse=True)
+
+
+@pytest.fixture(scope="module")
+def module_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """For levels mix and L0: a demo run and one with the actor weight perturbed, dumping step 1's
+    actor_compute_log_prob (the four runs at once: each is a few seconds of starting torch)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("msprobe")
+    from .conftest_runs import demo_run
+    from .observers.support import write_msprobe_config
+
+    root = tmp_path_factory.mktemp("module_runs")
+    jobs = {}
+    for level in ("mix", "L0"):
+        msprobe = write_msprobe_config(root / f"msprobe_{level}.json", level=level)
+        observer = {"name": "msprobe", "config_path": str(msprobe), "steps": [1], "stages": ["actor_compute_log_prob"]}
+        config = root / f"{level}.yaml"
+        config.write_text(json.dumps({"observers": [observer]}))  # JSON is YAML
+        for side, extra in (("a", []), ("perturbed", ["--perturb", "0.01"])):
+            jobs[level, side] = (root / f"{level}_{side}", "--steps", "1", "--config", str(config), *extra)
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        done = {key: pool.submit(demo_run, *job) for key, job in jobs.items()}
+        runs = {key: future.result() for key, future in done.items()}
+    return {level: (runs[level, "a"], runs[level, "perturbed"]) for level in ("mix", "L0")}
+
+
+@pytest.mark.parametrize(
+    ("level", "op", "entry"),
+    [
+        ("mix", "Functional.linear.6.forward", "Functional.linear.6.forward.input.1"),
+        ("L0", "Module.blocks.1.mlp.0.Linear.forward", "Module.blocks.1.mlp.0.Linear.forward.0.parameters.weight"),
+    ],
+)
+def test_the_first_divergence_names_the_module_it_ran_in(
+    module_runs: dict[str, tuple[Path, Path]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    level: str,
+    op: str,
+    entry: str,
+) -> None:
+    """At mix an API call's module comes from construct.json; at L0 the op is the module."""
+    module = INJECTED_WEIGHT.rpartition(".")[0]  # blocks.1.mlp.0, whose weight --perturb scales
+    a, perturbed = module_runs[level]
+    args = (str(a), str(perturbed), "--step", "1", "--stage", "actor_compute_log_prob")
+    table = tmp_path / "table.csv"
+    code, result = compare(capsys, *args, "--csv", str(table))
+    assert code == 1
+    assert result["first_divergence"] == {
+        "op": op,
+        "module": module,
+        "entry": entry,
+        "reason": result["first_divergence"]["reason"],
+    }
+    # Everything downstream of the weight runs in a module of blocks.1 or after it.
+    assert all(item["module"] for item in result["worst"]), result["worst"]
+    with table.open() as handle:
+        first = next(row for row in csv.DictReader(handle) if row["verdict"] == "diverged")
+    assert (first["entry"], first["module"]) == (entry, module)
+    assert main(["compare", *args]) == 1
+    assert f"DIVERGED. First divergence in execution order: {op} in module {module}\n" in capsys.readouterr().out
 
 
 def test_two_steps_of_one_run(demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,3 +117,69 @@ def test_bad_values_name_the_key_and_what_is_allowed(raw: dict, pattern: str) ->
 def test_a_non_config_source_is_an_error() -> None:
     with pytest.raises(ConfigError, match="int is not a config"):
         load_config(3)
+
+
+def test_run_in_save_path_is_this_runs_id_and_latest_sits_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "nightly-7")
+    cfg = load_config({"save_path": "outputs/sentinel/{run}"})
+    assert (cfg.save_path, cfg.latest) == (Path("outputs/sentinel/nightly-7"), Path("outputs/sentinel/latest"))
+    inner = load_config({"save_path": "outputs/{run}/profile"})
+    assert (inner.save_path, inner.latest) == (Path("outputs/nightly-7/profile"), None)
+    assert load_config({"save_path": "outputs/fixed"}).latest is None
+
+
+def test_a_placeholder_other_than_run_is_refused_naming_it() -> None:
+    with pytest.raises(
+        ConfigError, match=r"save_path: 'outputs/\{time\}' holds '\{time\}', which is not a placeholder; use \{run\}"
+    ):
+        load_config({"save_path": "outputs/{time}"})
+
+
+def test_a_config_files_input_paths_are_taken_from_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "observers.yaml").write_text(
+        "save_path: out/{run}\n"
+        "observers:\n"
+        "  - name: recording\n"
+        "    config_path: msprobe/statistics_L1.json\n"
+        "    other_path: /abs/file.json\n"
+        "    label: plain/words\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "r1")
+    cfg = load_config("../configs/observers.yaml")  # a relative path to the file, from another folder
+    options = cfg.observers[0].options
+    assert Path(options["config_path"]).resolve() == (folder / "msprobe/statistics_L1.json").resolve()
+    assert options["other_path"] == "/abs/file.json" and options["label"] == "plain/words"
+    assert cfg.save_path == Path("out/r1")  # where the run writes: the working directory's
+
+
+def test_a_dict_config_keeps_the_working_directory() -> None:
+    cfg = load_config({"observers": [{"name": "recording", "config_path": "msprobe/x.json"}]})
+    assert cfg.observers[0].options["config_path"] == "msprobe/x.json"
+
+
+def test_verls_precision_debugger_config_path_is_taken_from_the_files_folder(tmp_path: Path) -> None:
+    (tmp_path / "verl.yaml").write_text(
+        "global_profiler:\n"
+        "  tool: precision_debugger\n"
+        "  steps: [1]\n"
+        "  save_path: out\n"
+        "  global_tool_config:\n"
+        "    precision_debugger:\n"
+        "      config_path: dump_config.json\n"
+        "actor_rollout_ref:\n"
+        "  actor:\n"
+        "    profiler:\n"
+        "      enable: true\n"
+    )
+    from verl_events.config import read_config
+
+    raw = read_config(str(tmp_path / "verl.yaml"))
+    assert raw["global_profiler"]["global_tool_config"]["precision_debugger"]["config_path"] == str(
+        tmp_path / "dump_config.json"
+    )
+    assert raw["global_profiler"]["save_path"] == "out"

@@ -33,6 +33,22 @@ def test_nan_goes_into_one_element_at_the_step_and_only_once(tmp_path: Path) -> 
     assert all(torch.isfinite(p).all() for name, p in model.named_parameters() if name != INJECTED_WEIGHT)
 
 
+def test_a_stage_it_corrupts_still_counts_as_unprofiled(tmp_path: Path) -> None:
+    """It profiles nothing: actor_update keeps its baseline in the overhead table."""
+    from verl_events.apps.overhead import overhead_table, read_timing_records
+
+    config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}, fault_entry(kind="nan", step=2)]}
+    with verl_events.install(config):
+        for step in range(1, 4):
+            with stage("actor_update", step=step, model=TinyCausalLM()):
+                pass
+    records = read_timing_records(tmp_path)
+    assert [(r.step, r.profiled, r.profiled_by) for r in records] == [(1, False, ()), (2, False, ()), (3, False, ())]
+    assert all("verl_events.apps.inject:WeightFault" in r.hook_s for r in records)  # seen, and its cost measured
+    [row] = overhead_table(records)
+    assert (row.profiled_by, row.unprofiled_n, row.profiled_n) == ((), 3, 0)
+
+
 def test_spike_scales_the_first_linear_weight_by_default(tmp_path: Path) -> None:
     model = TinyCausalLM()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}

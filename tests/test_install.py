@@ -197,3 +197,39 @@ def test_check_and_install_build_the_same_observers_with_the_same_names(
         installed = sorted(o.name for o in installation.observers)  # install lists them in begin order
     assert listed == built == ["recording", "timing", "recording#2"]
     assert installed == sorted(built)
+
+
+class WarnsAtSetup(Observer):
+    def setup(self, context: verl_events.InstallContext) -> None:
+        import warnings
+
+        warnings.warn("the tool is off", VerlEventsWarning, stacklevel=2)
+
+
+def test_a_warning_from_an_observers_setup_points_at_the_line_that_installed() -> None:
+    with pytest.warns(VerlEventsWarning, match="the tool is off") as said:
+        install(observers=[WarnsAtSetup()]).close()
+    assert [Path(w.filename).name for w in said] == [Path(__file__).name]
+
+
+def test_the_demo_without_torch_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_events.apps.cli import main
+
+    for name in [m for m in sys.modules if m == "torch" or m.startswith(("torch.", "verl_events.apps.demo.tiny"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert main(["demo", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the demo needs torch") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_cli_says_its_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    from verl_events.apps.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"verl-events {version('verl-events')}\n"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from verl_events import VerlEventsWarning
-from verl_events.apps.overhead import overhead_table, read_timing_records
+from verl_events.apps.overhead import StageOverhead, overhead_table, read_timing_records
 from verl_events.observers.timing import TimingRecord
 
 
@@ -77,3 +77,49 @@ def test_a_cut_last_line_is_a_warning_when_no_list_collects_it(tmp_path: Path) -
     )
     with pytest.warns(VerlEventsWarning, match=r"rank0.jsonl:2: the last line is cut short and was skipped"):
         assert [r.stage for r in read_timing_records(tmp_path)] == ["a"]
+
+
+def test_each_median_carries_its_count_and_its_spread() -> None:
+    records = [record("actor_update", step, seconds) for step, seconds in enumerate([1.0, 2.0, 3.0, 4.0, 9.0], 1)]
+    records += [record("actor_update", 6, 5.0, overhead=1.0), record("actor_update", 7, 7.0, overhead=1.0)]
+    [actor] = overhead_table(records)
+    # Five unprofiled records: the interquartile range, numpy's default interpolation.
+    assert (actor.unprofiled_s, actor.unprofiled_n) == (3.0, 5)
+    assert (actor.unprofiled_spread, actor.unprofiled_low_s, actor.unprofiled_high_s) == ("iqr", 2.0, 4.0)
+    # Two profiled ones: minimum to maximum, of body plus hooks.
+    assert (actor.profiled_s, actor.profiled_n) == (7.0, 2)
+    assert (actor.profiled_spread, actor.profiled_low_s, actor.profiled_high_s) == ("min-max", 6.0, 8.0)
+
+
+def test_a_stage_without_records_of_a_kind_has_no_spread() -> None:
+    [rollout] = overhead_table([record("rollout_generate", 1, 4.0)])
+    assert (rollout.profiled_s, rollout.profiled_n, rollout.profiled_spread) == (None, 0, None)
+    assert (rollout.profiled_low_s, rollout.profiled_high_s, rollout.profiled_first_s) == (None, None, None)
+    assert not rollout.profiled_too_few and not rollout.ratio_too_few
+
+
+def test_a_median_of_fewer_than_three_records_is_marked_as_too_few() -> None:
+    def row(unprofiled: int, profiled: int) -> StageOverhead:
+        plain = [record("actor_update", step, 1.0) for step in range(unprofiled)]
+        dumped = [record("actor_update", 100 + step, 3.0, overhead=1.0) for step in range(profiled)]
+        [only] = overhead_table(plain + dumped)
+        return only
+
+    assert [(r.unprofiled_too_few, r.profiled_too_few, r.ratio_too_few) for r in (row(2, 3), row(3, 2), row(3, 3))] == [
+        (True, False, True),  # either side makes the ratio untrustworthy
+        (False, True, True),
+        (False, False, False),
+    ]
+    assert row(0, 1).profiled_too_few and not row(0, 1).unprofiled_too_few  # no median is not a median of too few
+
+
+def test_the_first_profiled_call_of_each_rank_is_reported_beside_the_median() -> None:
+    records = [
+        record("actor_update", 1, 9.0, overhead=1.0, rank=0),  # warm-up
+        record("actor_update", 1, 7.0, overhead=1.0, rank=1),  # warm-up
+        record("actor_update", 2, 1.0, overhead=1.0, rank=0),
+        record("actor_update", 2, 1.0, overhead=1.0, rank=1),
+        record("actor_update", 3, 1.0, overhead=1.0, rank=0),
+    ]
+    [row] = overhead_table(records)
+    assert (row.profiled_s, row.profiled_first_s) == (2.0, 9.0)  # the median over ranks of 10 and 8

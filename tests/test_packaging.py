@@ -25,23 +25,77 @@ def test_this_install_has_no_top_level_observers_and_the_built_ins_under_verl_ev
     assert result.stdout.split() == ["None", "verl_events.observers.msprobe.observer"]
 
 
-def test_a_wheel_holds_only_verl_events_and_its_dist_info(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, as docs/quickstart.md builds it."""
     # From a copy of the sources: setuptools builds in the source tree, and an old
     # build/ folder would leak into the wheel.
-    source = tmp_path / "source"
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".*", "build", "outputs", "*.egg-info", "__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(root), str(source)],
         check=True,
         capture_output=True,
         text=True,
     )
-    (wheel,) = tmp_path.glob("verl_events-*.whl")
+    (built,) = root.glob("verl_events-*.whl")
+    return built
+
+
+def test_a_wheel_holds_only_verl_events_and_its_dist_info(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"verl_events"}
     assert "verl_events/observers/msprobe/observer.py" in names and "verl_events/apps/verl_cpu/shim.py" in names
+    assert "verl_events/observers/msprobe/configs/statistics_L1.json" in names  # config_path: statistics_L1
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert (
         "msprobe = verl_events.observers.msprobe:MsprobeObserver" in zipfile.ZipFile(wheel).read(entry_points).decode()
     )
+
+
+OBSERVERS_YAML = """\
+save_path: out/{run}
+observers:
+  - name: timing
+  - name: msprobe
+    config_path: mine.json          # beside this file, whatever the working directory
+    stages: [actor_update]
+  - name: msprobe
+    config_path: statistics_L1      # shipped with the package
+    stages: [critic_update]
+"""
+
+TRAIN = """\
+import torch, verl_events
+model = torch.nn.Linear(4, 2)
+with verl_events.install("configs/observers.yaml"):
+    for name in ("actor_update", "critic_update"):
+        with verl_events.stage(name, step=1, model=model):
+            model(torch.ones(3, 4)).sum().backward()
+"""
+
+
+def test_the_wheel_installs_with_msprobe_into_a_fresh_venv_and_runs_a_config_from_another_folder(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """docs/quickstart.md's route outside the clone: a fresh venv, torch first, the wheel with [msprobe]."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin/python"), "-m", "pip", "--quiet", "--disable-pip-version-check", "install"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True, timeout=900)
+    subprocess.run([*pip, f"{wheel}[msprobe]"], check=True, timeout=900)
+    work = tmp_path / "work"
+    (work / "configs").mkdir(parents=True)
+    (work / "configs/observers.yaml").write_text(OBSERVERS_YAML)
+    shutil.copy(REPO / "observers/msprobe/configs/statistics_L1.json", work / "configs/mine.json")
+    for _ in range(2):  # twice in a row: each run has its own folder
+        run = subprocess.run(
+            [str(venv / "bin/python"), "-c", TRAIN], cwd=work, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+    runs = sorted(p.name for p in (work / "out").iterdir())
+    assert len(runs) == 3 and "latest" in runs, runs
+    for stage in ("actor_update", "critic_update"):
+        assert (work / f"out/latest/step_1/{stage}/step0/rank0/dump.json").is_file()

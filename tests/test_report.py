@@ -188,3 +188,97 @@ def test_plot_without_matplotlib_names_the_extra(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without it gives
     assert main(["report", str(demo_runs["a"]), "--plot", str(tmp_path / "p.png"), "--quiet"]) == 2
     assert "--plot needs matplotlib: pip install 'verl-events[plot]'" in capsys.readouterr().err
+
+
+def timed(step: int, elapsed: float, hooks: float = 0.0) -> str:
+    """A stage record of actor_update; profiled by msprobe when ``hooks``."""
+    profiled = hooks > 0
+    return json.dumps(
+        {
+            "stage": "actor_update",
+            "step": step,
+            "rank": 0,
+            "elapsed_s": elapsed,
+            "overhead_s": hooks,
+            "profiled": profiled,
+            "profiled_by": ["msprobe"] if profiled else [],
+        }
+    )
+
+
+# Unprofiled 1..4 ms and 9 ms (median 3, IQR 2-4); profiled 5 and 7 ms plus 1 ms of hooks each.
+SPREAD_LOG = [timed(s, t / 1e3) for s, t in enumerate([1.0, 2.0, 3.0, 4.0, 9.0], 3)] + [
+    timed(1, 0.005, 0.001),
+    timed(2, 0.007, 0.001),
+]
+
+
+def overhead_text(tmp_path: Path, width: int) -> str:
+    """The overhead table of SPREAD_LOG as a console ``width`` columns wide prints it."""
+    import io
+
+    from rich.console import Console
+
+    from verl_events.apps.overhead import overhead_table, read_timing_records
+    from verl_events.apps.report import render_overhead
+
+    write_log(tmp_path, *SPREAD_LOG)
+    console = Console(file=io.StringIO(), width=width)
+    render_overhead(overhead_table(read_timing_records(tmp_path)), console)
+    return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_each_median_in_the_table_shows_its_count_and_spread(tmp_path: Path) -> None:
+    text = overhead_text(tmp_path, width=200)
+    assert "3.0 (n=5, IQR 2.0-4.0)" in text  # unprofiled
+    assert "7.0* (n=2, range 6.0-8.0)" in text  # profiled: body plus hooks
+    assert "2.33x*" in text
+    assert (
+        "n: records over all ranks and steps; IQR: interquartile range (n >= 4); range: minimum to maximum (n < 4)"
+        in text
+    )
+    assert "* fewer than 3 records (a ratio: on either side): too few to trust" in text
+
+
+def test_a_narrow_console_gets_the_spread_on_a_second_line(tmp_path: Path) -> None:
+    lines = overhead_text(tmp_path, width=112).splitlines()  # the one-line table needs 130
+    assert all(len(line) <= 112 for line in lines)
+    row = next(i for i, line in enumerate(lines) if "actor_update" in line)
+    assert "3.0 (n=5)" in lines[row] and "7.0* (n=2)" in lines[row]
+    assert "IQR 2.0-4.0" in lines[row + 1] and "range 6.0-8.0" in lines[row + 1]
+
+
+def test_the_report_marks_figures_of_too_few_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, *SPREAD_LOG)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "7.0* (n=2)" in out and "2.33x*" in out and "* fewer than 3 records" in out
+
+
+def test_json_gives_each_median_its_count_spread_and_trust(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, *SPREAD_LOG)
+    [row] = report_json(capsys, tmp_path)["overhead"]
+    assert row["unprofiled_s"] == 0.003 and row["unprofiled_n"] == 5  # the keys that were there keep their meaning
+    assert (row["unprofiled_spread"], row["unprofiled_low_s"], row["unprofiled_high_s"]) == ("iqr", 0.002, 0.004)
+    assert (row["profiled_spread"], row["profiled_low_s"], row["profiled_high_s"]) == ("min-max", 0.006, 0.008)
+    assert (row["unprofiled_too_few"], row["profiled_too_few"], row["ratio_too_few"]) == (False, True, True)
+    assert row["profiled_first_s"] == 0.006  # step 1, the first profiled call: warm-up shows here
+
+
+def test_a_two_rank_run_gives_every_overhead_median_its_spread(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = report_json(capsys, demo_runs["two_ranks"])
+    for row in result["overhead"]:
+        # Step 3 of 3 on two ranks is the baseline: two records, too few; steps 1-2 profiled: four, the IQR.
+        assert (row["unprofiled_n"], row["unprofiled_spread"], row["unprofiled_too_few"]) in [
+            (2, "min-max", True),
+            (6, "iqr", False),
+        ]
+        assert row["unprofiled_low_s"] <= row["unprofiled_s"] <= row["unprofiled_high_s"]
+        if row["profiled_by"]:
+            assert (row["profiled_n"], row["profiled_spread"], row["profiled_too_few"]) == (4, "iqr", False)
+            assert row["profiled_low_s"] <= row["profiled_s"] <= row["profiled_high_s"]
+            assert row["ratio_too_few"]
+    steps = {(r["stage"], r["step"]): r for r in result["stage_steps"]}
+    assert steps[("actor_update", 1)]["baseline_n"] == 2

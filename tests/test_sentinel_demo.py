@@ -1,5 +1,6 @@
-"""docs/sentinel.md's demo commands, run as written: the anomaly at step 5, msprobe
-armed for step 6 only, triage naming the injected weight's op and its source line."""
+"""docs/sentinel.md's demo commands, run as written and twice in a row: the anomaly at
+step 5, msprobe armed for step 6 only, triage naming the injected weight's op and its
+source line, in the second run's own folder."""
 
 from __future__ import annotations
 
@@ -54,10 +55,21 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def run_twice(commands: list[list[str]], cwd: Path) -> tuple[list[subprocess.CompletedProcess[str]], Path]:
+    """The block run twice in a row, as users do; the second run's results, and
+    the folder its triage command reads (the doc's, from ``cwd``)."""
+    first = run_block(commands, cwd)
+    assert [r.returncode for r in first] == [0, 1], first[0].stderr[-3000:] + first[1].stderr
+    second = run_block(commands, cwd)
+    triage_argv = commands[-1]
+    assert triage_argv[1] == "triage", triage_argv
+    return second, cwd / triage_argv[2]
+
+
 def test_a_nan_at_step_5_is_caught_dumped_at_step_6_only_and_named(workdir: Path) -> None:
-    demo, triage = run_block(demo_block("nan@5"), workdir)
+    (demo, triage), save_path = run_twice(demo_block("nan@5"), workdir)
     assert demo.returncode == 0, demo.stderr[-3000:]
-    save_path = workdir / "outputs/sentinel"
+    assert save_path.is_symlink() and len(list(save_path.parent.iterdir())) == 3  # two runs and latest
     first = anomalies(save_path)[0]
     assert (first["step"], first["stage"], first["rule"], first["value"]) == (5, "actor_update", "non_finite", "nan")
     assert {a["metric"] for a in anomalies(save_path) if a["step"] == 5} >= {"actor/grad_norm"}
@@ -70,9 +82,8 @@ def test_a_nan_at_step_5_is_caught_dumped_at_step_6_only_and_named(workdir: Path
 
 
 def test_a_spike_at_step_5_is_caught_and_triage_compares_with_the_healthy_step(workdir: Path) -> None:
-    demo, triage = run_block(demo_block("spike@5"), workdir)
+    (demo, triage), save_path = run_twice(demo_block("spike@5"), workdir)
     assert demo.returncode == 0, demo.stderr[-3000:]
-    save_path = workdir / "outputs/sentinel-spike"
     first = anomalies(save_path)[0]
     assert (first["step"], first["metric"], first["rule"]) == (5, "actor/grad_norm", "spike")
     assert dumped_steps(save_path) == ["step_2", "step_6"]

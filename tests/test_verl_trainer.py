@@ -83,7 +83,7 @@ def write_doc_config(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     config = next(b for b in doc_blocks("yaml") if "global_profiler:" in b)
     (root / "observers.yaml").write_text(on(root, config))
-    shutil.copy(REPO / "examples/msprobe/statistics_L1.json", root / "dump_config.json")
+    shutil.copy(REPO / "observers/msprobe/configs/statistics_L1.json", root / "dump_config.json")
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     files = job.prepare(tmp_path_factory.mktemp("sentinel-job"))
     root = tmp_path_factory.mktemp("sentinel")
     config = next(b for b in doc_blocks("yaml", SENTINEL_DOC) if "# /shared/sentinel.yaml" in b)
-    shutil.copy(REPO / "examples/msprobe/statistics_mix.json", root / "statistics_mix.json")
+    shutil.copy(REPO / "observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
     fault = {"_target_": "verl_events.apps.inject:WeightFault", "kind": "nan", "step": 2, "stages": ["actor_update"]}
     (root / "sentinel.yaml").write_text(on(root, config) + "  - " + json.dumps(fault) + "\n")
     switch, triage = doc_commands("sentinel.yaml", doc=SENTINEL_DOC)

@@ -11,6 +11,7 @@ claim the save_path.  :class:`SavePathClaim` makes it, once per installation.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -39,13 +40,15 @@ class SavePathClaim:
     """The claim an installation makes on its save_path for its writers.
 
     :meth:`make` checks again that no other run's files are there (a run
-    started beside this one may have written since install), then claims.
+    started beside this one may have written since install), then claims,
+    and points ``latest`` (if any) at the save_path.
     It runs at most once: later calls return at once, whether it succeeded
     or raised.  Thread-safe.
     """
 
-    def __init__(self, save_path: Path, writers: Sequence[Observer]) -> None:
+    def __init__(self, save_path: Path, writers: Sequence[Observer], latest: Path | None = None) -> None:
         self.save_path = save_path
+        self.latest = latest  # a link to point at save_path once claimed (save_path: .../{run})
         self.writers = tuple(writers)
         self.writer_names = frozenset(o.name for o in self.writers)
         self._lock = threading.Lock()
@@ -63,3 +66,14 @@ class SavePathClaim:
                 refuse_other_runs(self.save_path, found, observer.output_noun)
                 files += found
             claim_save_path(self.save_path, files)
+            if self.latest is not None:
+                point_at(self.latest, self.save_path)
+
+
+def point_at(link: Path, folder: Path) -> None:
+    """Make ``link`` a relative symbolic link to ``folder`` (its sibling),
+    replacing an older one in one step: a reader sees the old run or the new."""
+    aside = link.with_name(f".{link.name}.{os.getpid()}")
+    aside.unlink(missing_ok=True)
+    os.symlink(folder.name, aside)
+    os.replace(aside, link)

@@ -2,7 +2,7 @@
 
 Schema::
 
-    save_path: outputs/profile   # root of every observer's output
+    save_path: outputs/profile/{run}   # root of every observer's output ({run}: this run's id)
     strict: false                # raise instead of logging observer problems
     max_failures: 5              # switch an observer off after this many failures (null: never)
     observers:
@@ -21,11 +21,22 @@ is accepted too and mapped onto the same observers.
 Sources: a YAML file path, a mapping, or an OmegaConf config; overrides are
 ``key=value`` dotlist strings (``observers.0.steps=[1,2]``), values parsed
 as YAML.  Every error names the key, the bad value and what is allowed.
+
+Paths: an observer option whose name ends in ``_path`` (msprobe's
+``config_path``) names an input, so a relative one in a YAML file is taken
+from the file's folder, as docker-compose does (a bare name, without folder
+or extension, is left alone: it names something, like a packaged config); ``save_path`` is where the
+run writes, so it stays relative to the working directory, as Hydra's
+output folders do.  A mapping keeps the working directory for both.
+``{run}`` in ``save_path`` is this run's id (:func:`verl_events.layout.run_id`,
+the same in every process of the run): each run gets its own folder, and
+``latest`` beside it links to the run that claimed its folder last.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +48,17 @@ import yaml
 from ._arming import TRIGGER_KEYS, Trigger, parse_trigger
 from ._checks import check_count
 from ._errors import ConfigError
+from ._run import run_id
 from ._selection import Selection
 from ._verl_config import from_verl_config, is_verl_config
 
 DEFAULT_SAVE_PATH = "outputs/profile"
 DEFAULT_MAX_FAILURES = 5
+#: What ``save_path`` may hold besides a path: ``{run}``, this run's id.
+RUN_PLACEHOLDER = "{run}"
+#: The link beside a ``.../{run}`` folder to the run that claimed its folder last.
+LATEST_LINK = "latest"
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "observers")
 SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
 FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled", "optional", *TRIGGER_KEYS)
@@ -69,10 +86,15 @@ class ObserverSpec:
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """A validated config.  ``save_path`` has its ``{run}`` filled in;
+    ``latest`` is the link to point at it once the run claims it (when
+    ``save_path`` ended in ``{run}``), else None."""
+
     save_path: Path
     strict: bool
     observers: tuple[ObserverSpec, ...]
     max_failures: int | None = DEFAULT_MAX_FAILURES
+    latest: Path | None = None
 
 
 def load_config(source: Any = None, overrides: Iterable[str] = ()) -> Config:
@@ -90,7 +112,7 @@ def read_config(source: Any) -> dict[str, Any]:
     if source is None:
         return {}
     if isinstance(source, (str, os.PathLike)):
-        return _read_yaml(Path(source))
+        return _inputs_beside(_read_yaml(Path(source)), Path(source).parent)
     if _is_omegaconf(source):
         from omegaconf import OmegaConf
 
@@ -169,12 +191,13 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     save_path = raw.get("save_path", DEFAULT_SAVE_PATH)
     if not isinstance(save_path, (str, os.PathLike)) or not str(save_path):
         raise ConfigError(f"save_path: {save_path!r} is not allowed; use a directory path")
+    save_path, latest = _fill_save_path(str(save_path))
     max_failures = check_count(raw.get("max_failures", DEFAULT_MAX_FAILURES), "max_failures", null="for never")
     entries = raw.get("observers") or []
     if not isinstance(entries, list):
         raise ConfigError(f"observers: {entries!r} is not allowed; use a list of observer entries")
     specs = tuple(_parse_observer(entry, f"observers[{i}]", strict) for i, entry in enumerate(entries))
-    return Config(save_path=Path(save_path), strict=strict, observers=specs, max_failures=max_failures)
+    return Config(save_path=save_path, strict=strict, observers=specs, max_failures=max_failures, latest=latest)
 
 
 def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
@@ -203,3 +226,58 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
     options = MappingProxyType({str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS})
     trigger = parse_trigger(entry, where)
     return ObserverSpec(where, name, target, selection, priority, enabled, options, trigger, optional)
+
+
+def _fill_save_path(text: str) -> tuple[Path, Path | None]:
+    """``save_path`` with ``{run}`` filled in, and the ``latest`` link when
+    ``{run}`` is its last part; ConfigError for any other placeholder."""
+    for found in _PLACEHOLDER.findall(text):
+        if found != RUN_PLACEHOLDER:
+            raise ConfigError(
+                f"save_path: {text!r} holds {found!r}, which is not a placeholder; use {RUN_PLACEHOLDER} "
+                "(this run's id, the same in every process of the run; a time would differ between processes)"
+            )
+    if RUN_PLACEHOLDER not in text:
+        return Path(text), None
+    filled = Path(text.replace(RUN_PLACEHOLDER, run_id()))
+    latest = filled.parent / LATEST_LINK if Path(text).name == RUN_PLACEHOLDER else None
+    return filled, latest
+
+
+def _inputs_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A config file's relative input paths (observer options ending in
+    ``_path``; verl's ``precision_debugger.config_path``), taken from ``folder``."""
+    if is_verl_config(raw):
+        profiler = raw.get("global_profiler")
+        tools = profiler.get("global_tool_config") if isinstance(profiler, Mapping) else None
+        debugger = tools.get("precision_debugger") if isinstance(tools, Mapping) else None
+        if isinstance(profiler, Mapping) and isinstance(tools, Mapping) and isinstance(debugger, Mapping):
+            fixed = {k: _beside(v, folder) if k == "config_path" else v for k, v in debugger.items()}
+            tools = {**tools, "precision_debugger": fixed}
+            raw = {**raw, "global_profiler": {**profiler, "global_tool_config": tools}}
+        return raw
+    entries = raw.get("observers")
+    if not isinstance(entries, list):
+        return raw
+    anchored = [
+        {k: _beside(v, folder) if str(k).endswith("_path") else v for k, v in entry.items()}
+        if isinstance(entry, Mapping)
+        else entry
+        for entry in entries
+    ]
+    return {**raw, "observers": anchored}
+
+
+def _beside(value: Any, folder: Path) -> Any:
+    """``value`` taken from ``folder`` when it is a relative path string.  A
+    bare name (no folder, no extension) is a name, not a path: it is left
+    alone (msprobe's ``config_path: statistics_L1`` names a packaged config)."""
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return value
+    return value if is_bare_name(value) else str(folder / value)
+
+
+def is_bare_name(value: str) -> bool:
+    """Whether ``value`` is a name rather than a path: no folder, no extension
+    (``statistics_L1``, not ``statistics_L1.json`` or ``configs/x``)."""
+    return "/" not in value and os.sep not in value and not Path(value).suffix

@@ -38,7 +38,7 @@ class Installation:
         self.config = config
         self.clock = clock  # the armed observers' anomaly clock, if any observer is armed
         # One claim on save_path for every observer that writes there.
-        self.claim = SavePathClaim(config.save_path, [o for o in observers if writes_outputs(o)])
+        self.claim = SavePathClaim(config.save_path, [o for o in observers if writes_outputs(o)], config.latest)
         self.dispatcher = Dispatcher(
             observers, strict=config.strict, max_failures=config.max_failures, clock=clock, claim=self.claim
         )
@@ -160,12 +160,28 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
     ready: list[Observer] = []
     try:
         for observer, where in placed:
-            setup_observer(observer, context, where=where)
+            _set_up_pointing_warnings_at_the_caller(observer, context, where)
             ready.append(observer)
     except BaseException:
         _close_all(ready)
         raise
     return built
+
+
+def _set_up_pointing_warnings_at_the_caller(observer: Observer, context: InstallContext, where: str) -> None:
+    """Set ``observer`` up; the warnings its setup gives are shown at the line
+    that called :func:`install` (not at a line of ours, wherever the observer
+    warned from).  Install holds its lock, so no other thread's warnings are
+    caught here."""
+    said: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            setup_observer(observer, context, where=where)
+    finally:
+        for warning in said:
+            # this function <- build_observers <- install <- the caller
+            warnings.warn(warning.message, warning.category, stacklevel=4)
 
 
 def _check_tools(placed: list[tuple[Observer, str]]) -> None:

@@ -89,8 +89,9 @@ def refuse_other_runs(save_path: Path, existing: list[Path], what: str) -> None:
     by = f"run {owner!r}" if owner else f"a run that left no {RUN_FILE}"
     raise SavePathTaken(
         f"save_path: {str(save_path)!r} already holds {len(existing)} {what} from another run ({by}; "
-        f"this is run {mine!r}), e.g. {existing[0]}; remove them or choose another save_path, "
-        "so that two runs never mix. Processes of one run share its id: "
+        f"this is run {mine!r}), e.g. {existing[0]}; remove them, choose another save_path, or end it in "
+        "{run} (save_path: outputs/profile/{run}) to give every run its own folder, so that two runs never mix. "
+        "Processes of one run share its id: "
         f"Ray's session and job id, ${RUN_ID_ENV}, or torchrun's --rdzv-id"
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ._arming import ArmedSelection, check_triggers
 from ._checks import check_count
-from ._config import Config, ObserverSpec, load_config, read_config
+from ._config import Config, ObserverSpec, is_bare_name, load_config, read_config
 from ._install import build_observers, check_exclusive_resources, nothing_to_observe
 from ._registry import available_observers, build_observer, observer_origin
 from ._verl_config import from_verl_config, is_verl_config
@@ -28,6 +28,7 @@ __all__ = [
     "check_exclusive_resources",
     "check_triggers",
     "from_verl_config",
+    "is_bare_name",
     "is_verl_config",
     "load_config",
     "nothing_to_observe",

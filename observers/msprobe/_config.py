@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import ConfigError, VerlEventsWarning
+from verl_events.config import is_bare_name
 from verl_events.layout import STAGE_DIR_TEMPLATE
 
 from .layout import DUMP_FILE
@@ -69,11 +70,37 @@ def check_msprobe_path(path: Path, key: str) -> None:
         )
 
 
+#: msprobe configs shipped with the package, named by ``config_path: <name>``.
+PACKAGED = Path(__file__).parent / "configs"
+
+
+def packaged_configs() -> list[str]:
+    """The names ``config_path`` may give instead of a path: ``statistics_L1``, ..."""
+    return sorted(path.stem for path in PACKAGED.glob("*.json"))
+
+
+def config_file(config_path: str | os.PathLike[str]) -> Path:
+    """The file ``config_path`` names: a packaged config for a bare name (no
+    folder, no extension), else the path itself.  ConfigError for a bare name
+    that is not packaged."""
+    text = os.fspath(config_path)
+    if not is_bare_name(text):
+        return Path(text)
+    packaged = PACKAGED / f"{text}.json"
+    if not packaged.is_file():
+        raise ConfigError(
+            f"config_path: {text!r} is not a file path nor a config shipped with verl-events; "
+            f"use a path to an msprobe config.json, or one of {', '.join(packaged_configs())}"
+        )
+    return packaged
+
+
 def read_msprobe_config(config_path: str | os.PathLike[str] | None) -> MsprobeSettings:
-    """Load and check ``config_path`` (None: statistics at level L1)."""
+    """Load and check ``config_path``: a path, a packaged config's name
+    (:func:`packaged_configs`), or None for statistics at level L1."""
     if config_path is None:
         return MsprobeSettings("(default: statistics, L1)", "statistics", "L1", dict(DEFAULT_CONFIG))
-    path = Path(config_path)
+    path = config_file(config_path)
     where = f"config_path {str(path)!r}"
     if path.suffix != ".json":
         raise ConfigError(f"{where}: msprobe reads only .json config files")

@@ -91,7 +91,16 @@ def _demo(args: argparse.Namespace) -> int:
             print(f"error: {flag} {value} is not allowed; use 1 or more", file=sys.stderr)
             return 2
     from .demo.options import DemoOptions, Injection, default_config, preflight
-    from .demo.tiny import DemoRankError, run_demo
+
+    try:
+        from .demo.tiny import DemoRankError, run_demo
+    except ImportError as exc:  # the demo trains a model: torch, from the demo extra
+        print(
+            f"error: the demo needs torch, which cannot be imported here ({exc}); "
+            "install it with: pip install 'verl-events[demo,msprobe]'",
+            file=sys.stderr,
+        )
+        return 2
 
     try:
         inject = Injection.parse(args.inject, steps) if args.inject is not None else None
@@ -223,17 +232,19 @@ def _print_comparison(result: dict[str, object], csv_path: str | None) -> None:
     print(", ".join(f"{key.replace('_', ' ')}: {value}" for key, value in counts.items()))
     first = result["first_divergence"]
     if isinstance(first, dict):
-        print(f"DIVERGED. First divergence in execution order: {first['op']}")
+        module = f" in module {first['module']}" if first.get("module") else ""
+        print(f"DIVERGED. First divergence in execution order: {first['op']}{module}")
         print(f"  {first['entry']}: {first['reason']}")
     else:
         print("MATCH: every entry is matched and within tolerance")
-    worst = [item for item in result["worst"] if item["over_tol"] > 0]  # type: ignore[attr-defined]
+    worst = [item for item in result["worst"] if item["distance"] > 0]  # type: ignore[attr-defined]
     if worst:
         print("Furthest from tolerance (|a-b| / tolerance; above 1 diverged):")
+        print("  a statistic below a tenth of its op's scale counts as that tenth, so near-zero noise ranks low")
         for item in worst:
-            print(
-                f"  {item['over_tol']:>10.3g}  {item['entry']}{'  (' + item['reason'] + ')' if item['reason'] else ''}"
-            )
+            module = f" [{item['module']}]" if item["module"] else ""
+            reason = f"  ({item['reason']})" if item["reason"] else ""
+            print(f"  {item['distance']:>10.3g}  {item['entry']}{module}{reason}")
     if csv_path:
         print(f"Full table: {csv_path}")
 
@@ -248,7 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     DUMP_FILE, ANOMALY_LOG, TIMING_DIR = msprobe_layout.DUMP_FILE, anomaly_record.ANOMALY_LOG, timing_log.TIMING_DIR
 
-    parser = argparse.ArgumentParser(prog="verl-events", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="verl-events",
+        description="Check configs, run the CPU demo, and read runs back: report, compare, triage.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="validate a config and list the observers it builds")
     check.add_argument("config", help="YAML config file")
@@ -340,6 +355,15 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("--json", action="store_true", help="print the result as JSON")
     tri.set_defaults(run_command=_triage)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("verl-events")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,9 +26,14 @@ logger = logging.getLogger("verl_events.inject")
 
 
 class WeightFault(Observer):
-    """Corrupts one weight of the stage's model at ``step`` (see the module docstring)."""
+    """Corrupts one weight of the stage's model at ``step`` (see the module docstring).
+
+    Passive: it records nothing, so a stage it sees still counts as unprofiled
+    in the timing log and stays in the overhead table's baseline.
+    """
 
     needs_model = True
+    passive = True
 
     def __init__(
         self, kind: Literal["nan", "spike"], step: int, parameter: str | None = None, scale: float = 50.0

@@ -24,6 +24,8 @@ NotATimingRecord = timing_log.NotATimingRecord
 timing_log_files = timing_log.timing_log_files
 
 __all__ = [
+    "IQR_MIN_N",
+    "TRUSTED_MIN_N",
     "ObserverHooks",
     "StageOverhead",
     "TimingLogError",
@@ -118,13 +120,31 @@ def profiled_seconds(record: TimingRecord) -> float:
     return float(record.elapsed_s) + float(record.overhead_s)
 
 
+#: A median of fewer records than this is marked as not to be trusted: one
+#: slow call (a warm-up, a page fault) moves it as far as it likes.
+TRUSTED_MIN_N = 3
+#: From this many records on, the spread is the interquartile range
+#: (numpy's default interpolation); below it, the minimum and maximum.
+IQR_MIN_N = 4
+
+
 @dataclass(frozen=True, slots=True)
 class StageOverhead:
     """One row of the overhead table: a stage, and the set of observers that
     profiled it (empty for a stage never profiled).  Times in seconds,
     medians over records of all ranks.  ``profiled_s`` is body plus observer hooks, ``hooks_s``
     the hooks alone (session start/stop; the rest of the cost is inside the
-    body); ``ratio`` is profiled / unprofiled (None without both)."""
+    body); ``ratio`` is profiled / unprofiled (None without both).
+
+    Beside each median (``unprofiled_s``, ``profiled_s``): its ``_n``, its
+    spread from ``_low_s`` to ``_high_s`` — the interquartile range when
+    ``_spread`` is ``"iqr"`` (n >= :data:`IQR_MIN_N`), minimum to maximum
+    when it is ``"min-max"``, all three None without records — and
+    ``_too_few``, true when there is a median but of fewer than
+    :data:`TRUSTED_MIN_N` records.  ``ratio_too_few``: either side of the
+    ratio is.  ``profiled_first_s``: the median over ranks of each rank's
+    first profiled call, which pays the tool's one-off costs (warm-up); it
+    counts in the median like any other call."""
 
     stage: str
     profiled_by: tuple[str, ...]
@@ -136,46 +156,107 @@ class StageOverhead:
     ratio: float | None
     dump_bytes: int
     dump_bytes_per_step: float
+    unprofiled_low_s: float | None
+    unprofiled_high_s: float | None
+    unprofiled_spread: str | None
+    unprofiled_too_few: bool
+    profiled_low_s: float | None
+    profiled_high_s: float | None
+    profiled_spread: str | None
+    profiled_too_few: bool
+    profiled_first_s: float | None
+    ratio_too_few: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """A median with its count and spread (see :class:`StageOverhead`)."""
+
+    median: float | None
+    n: int
+    low: float | None
+    high: float | None
+    spread: str | None
+
+    @property
+    def too_few(self) -> bool:
+        return self.median is not None and self.n < TRUSTED_MIN_N
+
+
+def _summarise(values: list[float]) -> _Summary:
+    """Median, count and spread of ``values``, which it sorts in place (empty: all None).
+
+    Figures as ``statistics.median`` and ``statistics.quantiles(method="inclusive")``
+    give them, computed here on the one sorted list: a stage of a million
+    records is sorted once, not three times."""
+    values.sort()
+    n = len(values)
+    if not n:
+        return _Summary(None, 0, None, None, None)
+    half = n // 2
+    median = values[half] if n % 2 else (values[half - 1] + values[half]) / 2
+    if n < IQR_MIN_N:
+        return _Summary(median, n, values[0], values[-1], "min-max")
+    low, high = (_inclusive_quantile(values, i) for i in (1, 3))
+    return _Summary(median, n, low, high, "iqr")
+
+
+def _inclusive_quantile(ordered: list[float], quarter: int) -> float:
+    """The ``quarter``-th quartile of sorted ``ordered``, as statistics.quantiles's inclusive method."""
+    j, delta = divmod(quarter * (len(ordered) - 1), 4)
+    return (ordered[j] * (4 - delta) + ordered[j + 1] * delta) / 4 if delta else ordered[j]
 
 
 def overhead_table(records: Iterable[TimingRecord], stage_order: Iterable[str] = ()) -> list[StageOverhead]:
     """Per stage and set of profiling observers: median unprofiled time of
     the stage, median profiled time, their ratio, and dump bytes (total,
-    and per profiled step summed over ranks)."""
+    and per profiled step summed over ranks); each median with its count
+    and spread."""
     by_stage: dict[str, list[TimingRecord]] = {}
     for record in records:
         by_stage.setdefault(record.stage, []).append(record)
     order = [s for s in stage_order if s in by_stage] + sorted(set(by_stage) - set(stage_order))
     rows = []
     for stage in order:
-        plain = [float(r.elapsed_s) for r in by_stage[stage] if not r.profiled]
-        base = statistics.median(plain) if plain else None
+        base = _summarise([float(r.elapsed_s) for r in by_stage[stage] if not r.profiled])
         groups: dict[tuple[str, ...], list[TimingRecord]] = {}
         for record in by_stage[stage]:
             if record.profiled:
                 groups.setdefault(profilers(record), []).append(record)
         for profiled_by, profiled in sorted(groups.items()) or [((), [])]:
-            rows.append(_row(stage, profiled_by, base, len(plain), profiled))
+            rows.append(_row(stage, profiled_by, base, profiled))
     return rows
 
 
-def _row(
-    stage: str, profiled_by: tuple[str, ...], base: float | None, base_n: int, profiled: list[TimingRecord]
-) -> StageOverhead:
-    cost = statistics.median(profiled_seconds(r) for r in profiled) if profiled else None
+def _row(stage: str, profiled_by: tuple[str, ...], base: _Summary, profiled: list[TimingRecord]) -> StageOverhead:
+    cost = _summarise([profiled_seconds(r) for r in profiled])
     dumped = sum(int(r.dump_bytes) for r in profiled)
     steps = {r.step for r in profiled}
+    firsts: dict[int, TimingRecord] = {}
+    for record in profiled:  # records are in file order: each rank's calls in the order they ran
+        firsts.setdefault(record.rank, record)
+    ratio = cost.median / base.median if cost.median is not None and base.median else None
     return StageOverhead(
         stage=stage,
         profiled_by=profiled_by,
-        unprofiled_s=base,
-        unprofiled_n=base_n,
-        profiled_s=cost,
-        profiled_n=len(profiled),
+        unprofiled_s=base.median,
+        unprofiled_n=base.n,
+        profiled_s=cost.median,
+        profiled_n=cost.n,
         hooks_s=statistics.median(float(r.overhead_s) for r in profiled) if profiled else None,
-        ratio=cost / base if cost is not None and base else None,
+        ratio=ratio,
         dump_bytes=dumped,
         dump_bytes_per_step=dumped / len(steps) if steps else 0.0,
+        unprofiled_low_s=base.low,
+        unprofiled_high_s=base.high,
+        unprofiled_spread=base.spread,
+        unprofiled_too_few=base.too_few,
+        profiled_low_s=cost.low,
+        profiled_high_s=cost.high,
+        profiled_spread=cost.spread,
+        profiled_too_few=cost.too_few,
+        profiled_first_s=statistics.median(profiled_seconds(r) for r in firsts.values()) if firsts else None,
+        ratio_too_few=ratio is not None and (base.too_few or cost.too_few),
     )
 
 

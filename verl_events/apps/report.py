@@ -17,6 +17,8 @@ from verl_events import STAGE_ROLES
 
 from .formats import msprobe_layout, timing_log
 from .overhead import (
+    IQR_MIN_N,
+    TRUSTED_MIN_N,
     ObserverHooks,
     StageOverhead,
     TimingLogError,
@@ -50,6 +52,7 @@ class StageStep:
     hooks_s: float  # the largest hook time of any rank
     ratio: float | None  # slowest rank's body + hooks over the stage's unprofiled median
     dump_bytes: int  # summed over ranks
+    baseline_n: int  # the records of that unprofiled median (all ranks and steps)
 
 
 def terminal_console(*, stderr: bool, quiet: bool = False) -> Any:
@@ -101,6 +104,7 @@ def stage_steps(records: list[TimingRecord]) -> list[StageStep]:
                 hooks_s=max(r.overhead_s for r in group),
                 ratio=profiled_seconds(slowest) / base if profiled and base else None,
                 dump_bytes=sum(r.dump_bytes for r in group),
+                baseline_n=len(baseline.get(stage, ())),
             )
         )
     rows.sort(key=lambda r: (r.step is None, r.step or 0, order.get(r.stage, len(order)), r.stage))
@@ -153,12 +157,17 @@ def write_plot(overhead: list[StageOverhead], path: Path) -> None:
     labels = [f"{row.stage}\n{'+'.join(row.profiled_by) or '-'}" for row in overhead]
     x = range(len(overhead))
     fig, (times, disk) = plt.subplots(2, 1, figsize=(max(8, len(overhead) * 1.3), 8), sharex=True)
-    times.bar([i - 0.2 for i in x], [(r.unprofiled_s or 0) * 1e3 for r in overhead], 0.4, label="unprofiled (median)")
-    times.bar([i + 0.2 for i in x], [(r.profiled_s or 0) * 1e3 for r in overhead], 0.4, label="profiled (median)")
+    base = [(r.unprofiled_s, r.unprofiled_low_s, r.unprofiled_high_s) for r in overhead]
+    cost = [(r.profiled_s, r.profiled_low_s, r.profiled_high_s) for r in overhead]
+    for offset, figures, label in ((-0.2, base, "unprofiled"), (0.2, cost, "profiled")):
+        heights = [(median or 0) * 1e3 for median, _, _ in figures]
+        below = [(median - low) * 1e3 if median is not None and low is not None else 0 for median, low, _ in figures]
+        above = [(high - median) * 1e3 if median is not None and high is not None else 0 for median, _, high in figures]
+        times.bar([i + offset for i in x], heights, 0.4, yerr=[below, above], capsize=3, label=f"{label} (median)")
     times.set_ylabel("ms per stage")
     times.set_yscale("symlog")
     times.legend()
-    times.set_title("Stage time, profiled vs baseline")
+    times.set_title("Stage time, profiled vs baseline (bars: IQR, or min-max below 4 records)")
     disk.bar(list(x), [r.dump_bytes_per_step / 1e6 for r in overhead], 0.6, color="tab:green")
     disk.set_ylabel("dump MB per profiled step")
     disk.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
@@ -199,13 +208,15 @@ def render(
             f"{row.body_s * 1e3:.1f}",
             ", ".join(row.profiled_by) or "-",
             f"{row.hooks_s * 1e3:.1f}" if row.profiled_by else "-",
-            f"{row.ratio:.2f}x" if row.ratio is not None else "-",
+            _ratio(row.ratio, row.baseline_n < TRUSTED_MIN_N),
             f"{row.dump_bytes / 1e6:.3f}" if row.dump_bytes else "-",
         ]
         if multi_rank:
             cells += [str(row.ranks), f"rank{row.slowest_rank}", f"{row.spread:.2f}x"]
         table.add_row(*cells)
     console.print(table)
+    if any(row.ratio is not None and row.baseline_n < TRUSTED_MIN_N for row in rows):
+        console.print(f"* the stage's unprofiled median is of fewer than {TRUSTED_MIN_N} records: {_DISTRUST}")
     render_overhead(overhead, console)
     render_observer_hooks(hooks, console)
 
@@ -222,30 +233,98 @@ def render_observer_hooks(hooks: list[ObserverHooks], console: Any) -> None:
     console.print(table)
 
 
+_DISTRUST = "too few to trust; record more steps, unprofiled ones for a baseline"
+
+
 def render_overhead(overhead: list[StageOverhead], console: Any, title: str = "") -> None:
-    """The overhead table: a row per stage and set of profiling observers."""
+    """The overhead table: a row per stage and set of profiling observers,
+    each median with its count and spread, on one line when the table fits
+    the console and on two otherwise; then what the marks mean."""
+    table = _overhead_table(overhead, title, wide=True)
+    # Measured without the console's bound, which the measurement is clamped to.
+    if console.measure(table, options=console.options.update(max_width=10_000)).maximum > console.width:
+        table = _overhead_table(overhead, title, wide=False)
+    console.print(table)
+    if not overhead:
+        return
+    console.print(
+        f"n: records over all ranks and steps; IQR: interquartile range (n >= {IQR_MIN_N}); "
+        f"range: minimum to maximum (n < {IQR_MIN_N})"
+    )
+    if any(row.unprofiled_too_few or row.profiled_too_few for row in overhead):
+        console.print(f"* fewer than {TRUSTED_MIN_N} records (a ratio: on either side): {_DISTRUST}")
+
+
+def _overhead_table(overhead: list[StageOverhead], title: str, *, wide: bool) -> Any:
     from rich.table import Table
 
     table = Table(title=title or "Overhead per stage and tool (medians over all ranks and steps)")
-    columns = ("stage", "profiled by", "unprofiled ms", "profiled ms", "of which hooks", "ratio", "MB/step", "MB total")
+    hooks = "of which hooks" if wide else "of which\nhooks"  # its rows are narrow: two lines of header
+    columns = ("stage", "profiled by", "unprofiled ms", "profiled ms", hooks, "ratio", "MB/step", "MB total")
     for column in columns:
-        table.add_column(column, justify="left" if column in ("stage", "profiled by") else "right")
+        # A stage's name is cut short last: the figures wrap first.
+        table.add_column(
+            column, justify="left" if column in ("stage", "profiled by") else "right", no_wrap=column == "stage"
+        )
     for row in overhead:
         table.add_row(
             row.stage,
             ", ".join(row.profiled_by) or "-",
-            _ms(row.unprofiled_s, row.unprofiled_n),
-            _ms(row.profiled_s, row.profiled_n),
+            _figure(
+                row.unprofiled_s,
+                row.unprofiled_n,
+                row.unprofiled_low_s,
+                row.unprofiled_high_s,
+                row.unprofiled_spread,
+                row.unprofiled_too_few,
+                wide,
+            ),
+            _figure(
+                row.profiled_s,
+                row.profiled_n,
+                row.profiled_low_s,
+                row.profiled_high_s,
+                row.profiled_spread,
+                row.profiled_too_few,
+                wide,
+            ),
             "-" if row.hooks_s is None else f"{row.hooks_s * 1e3:.1f}",
-            f"{row.ratio:.2f}x" if row.ratio is not None else "-",
+            _ratio(row.ratio, row.ratio_too_few),
             f"{row.dump_bytes_per_step / 1e6:.3f}" if row.profiled_n else "-",
             f"{row.dump_bytes / 1e6:.3f}" if row.profiled_n else "-",
         )
-    console.print(table)
+    return table
 
 
-def _ms(seconds: float | None, count: int) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} (n={count})"
+def _figure(
+    median: float | None,
+    n: int,
+    low: float | None,
+    high: float | None,
+    spread: str | None,
+    too_few: bool,
+    wide: bool,
+) -> str:
+    """``12.3 (n=5, IQR 11.9-13.0)`` in ms, ``*`` after a median of too few
+    records; narrow: the spread on a second line."""
+    if median is None:
+        return "-"
+    head = f"{median * 1e3:.1f}{'*' if too_few else ''} (n={n}"
+    if n < 2 or low is None or high is None:  # one record has no spread
+        return head + ")"
+    span = f"{'IQR' if spread == 'iqr' else 'range'} {_short_ms(low)}-{_short_ms(high)}"
+    return f"{head}, {span})" if wide else f"{head})\n{span}"
+
+
+def _short_ms(seconds: float) -> str:
+    """Milliseconds to a tenth below 100 ms and whole above: a spread's ends
+    need no more, and the cell stays narrow."""
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
+def _ratio(ratio: float | None, too_few: bool) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x{'*' if too_few else ''}"
 
 
 def report(

@@ -20,7 +20,12 @@ tolerance could loosen that):
 * an entry present on one side only is *unmatched*, never "pass" (msprobe
   marks such rows "pass").
 
-:mod:`.comparison` puts them together and writes the verdict.  Exit codes
+The worst list ranks rows by a scale-aware distance (:mod:`.distance`): a
+statistic near zero, far below the scale of the op it belongs to, is
+measured against a tenth of that scale, so rounding noise there ranks low;
+each row names the module it ran in, from msprobe's construct.json
+(:mod:`.modules`).  :mod:`.comparison` puts them together and writes the
+verdict.  Exit codes
 for scripts and CI: 0 no divergence, 1 diverged, 2 bad input.
 
 Importing this package imports no observer and no tool: the CLI imports it
@@ -28,12 +33,15 @@ to build its parser.
 """
 
 from .comparison import Comparison, compare_dumps, compare_rows, summary, write_csv
+from .distance import NEAR_ZERO, scaled_distance
+from .modules import module_of
 from .pick import CompareInputError, Pick, dump_entries, resolve_dump
 from .table import STATS, Row, op_name, rows_from_msprobe_csv, run_msprobe_compare
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, judge, magnitude, over_tolerance, resolve_tolerances
 
 __all__ = [
     "DEFAULT_TOLERANCES",
+    "NEAR_ZERO",
     "STATS",
     "CompareInputError",
     "Comparison",
@@ -45,12 +53,14 @@ __all__ = [
     "dump_entries",
     "judge",
     "magnitude",
+    "module_of",
     "op_name",
     "over_tolerance",
     "resolve_dump",
     "resolve_tolerances",
     "rows_from_msprobe_csv",
     "run_msprobe_compare",
+    "scaled_distance",
     "summary",
     "write_csv",
 ]

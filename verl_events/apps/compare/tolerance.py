@@ -16,7 +16,16 @@ from types import MappingProxyType
 
 from .table import STATS, Row
 
-__all__ = ["DEFAULT_TOLERANCES", "Tolerance", "judge", "magnitude", "over_tolerance", "resolve_tolerances"]
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "Tolerance",
+    "judge",
+    "magnitude",
+    "over_tolerance",
+    "ratio",
+    "resolve_tolerances",
+    "shared_stats",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +50,11 @@ class Tolerance:
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"a tolerance's {kind} must be a finite number >= 0, got {value!r}")
 
-    def allowed(self, b: float, magnitude: float) -> float:
-        """The largest |a - b| still close to ``b``."""
-        return self.atol * magnitude + self.rtol * abs(b)
+    def allowed(self, b: float, magnitude: float, floor: float = 0.0) -> float:
+        """The largest |a - b| still close to ``b``; with a ``floor``, |b|
+        counts as at least that (the worst list's ranking, see
+        :mod:`.distance`; the verdict uses none)."""
+        return self.atol * magnitude + self.rtol * max(abs(b), floor)
 
 
 #: The default tolerances, the one source for compare, its CLI flags and the
@@ -98,18 +109,19 @@ def _close(a: float, b: float, tolerance: Tolerance, scale: float) -> bool:
     return abs(a - b) <= tolerance.allowed(b, scale)
 
 
-def _ratio(a: float, b: float, tolerance: Tolerance, scale: float) -> float:
-    """|a - b| over its tolerance; 0.0 for equal values (NaN and NaN
-    included), inf for a difference where nothing is allowed."""
+def ratio(a: float, b: float, tolerance: Tolerance, scale: float, floor: float = 0.0) -> float:
+    """|a - b| over its tolerance (``floor`` as for :meth:`Tolerance.allowed`);
+    0.0 for equal values (NaN and NaN included), inf for a NaN/Inf on one
+    side only or a difference where nothing is allowed."""
     if math.isnan(a) or math.isnan(b) or math.isinf(a) or math.isinf(b):
         return 0.0 if _close(a, b, tolerance, scale) else math.inf
-    diff, allowed = abs(a - b), tolerance.allowed(b, scale)
+    diff, allowed = abs(a - b), tolerance.allowed(b, scale, floor)
     if diff == 0.0:
         return 0.0
     return diff / allowed if allowed > 0.0 else math.inf
 
 
-def _both(row: Row) -> list[tuple[str, float, float]]:
+def shared_stats(row: Row) -> list[tuple[str, float, float]]:
     """The statistics both sides have (msprobe writes N/A for non-tensors and
     no mean or norm for integer tensors)."""
     return [(s, a, b) for s in STATS if (a := row.a_stats.get(s)) is not None and (b := row.b_stats.get(s)) is not None]
@@ -127,7 +139,7 @@ def judge(row: Row, tolerances: Mapping[str, Tolerance]) -> str:
         return f"dtype {a_dtype} vs {b_dtype}"
     scale = magnitude(row.b_stats)
     reasons = []
-    for stat, a, b in _both(row):
+    for stat, a, b in shared_stats(row):
         tolerance = tolerances[stat]
         if _close(a, b, tolerance, scale):
             continue
@@ -150,4 +162,4 @@ def over_tolerance(row: Row, tolerances: Mapping[str, Tolerance]) -> dict[str, f
     if not row.matched:
         return {}
     scale = magnitude(row.b_stats)
-    return {stat: _ratio(a, b, tolerances[stat], scale) for stat, a, b in _both(row)}
+    return {stat: ratio(a, b, tolerances[stat], scale) for stat, a, b in shared_stats(row)}

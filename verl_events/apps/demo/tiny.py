@@ -132,12 +132,13 @@ def run_demo(options: DemoOptions) -> Path:
     """Run all ranks, show progress, print the overhead table; return save_path."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from verl_events.config import load_config
     from verl_events.layout import run_id
 
     from ..report import terminal_console
 
     console = terminal_console(stderr=True)
-    save_path = Path(options.config.get("save_path", "outputs/profile"))
+    save_path = load_config(options.config).save_path  # {run} filled in as every rank fills it
     started = time.perf_counter()
     if options.nproc > 1:
         import torch.multiprocessing as mp

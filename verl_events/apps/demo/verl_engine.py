@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from verl_events import ConfigError, ObserverSetupError
-from verl_events.config import from_verl_config, is_verl_config, load_config, read_config
+from verl_events.config import from_verl_config, is_bare_name, is_verl_config, load_config, read_config
 
 __all__ = ["DEFAULT_STEPS", "JOB_DIR", "command", "default_config", "missing_modules", "prepare_config", "run"]
 
@@ -78,8 +78,9 @@ def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
     result = dict(config, save_path=str(Path(config["save_path"]).resolve()))
     observers = []
     for entry in result.get("observers") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("config_path"), str):
-            entry = dict(entry, config_path=str(Path(entry["config_path"]).resolve()))
+        path = entry.get("config_path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and not is_bare_name(path):  # a path, not a packaged config's name
+            entry = dict(entry, config_path=str(Path(path).resolve()))
         observers.append(entry)
     result["observers"] = observers
     return result
@@ -96,6 +97,8 @@ def prepare_config(config_file: str | None, save_path: str | None) -> dict[str, 
     chosen = save_path or (raw or {}).get("save_path") or time.strftime("outputs/verl-demo-%Y%m%d-%H%M%S")
     config = dict(raw) if raw is not None else default_config(str(chosen))
     config["save_path"] = str(chosen)
+    # {run} is filled in here, once: verl's processes each have a run id of their own.
+    config["save_path"] = str(load_config(config).save_path)
     config = _absolute_paths(config)
     load_config(config)
     return config
