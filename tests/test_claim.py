@@ -160,3 +160,38 @@ def test_a_folder_per_run_lets_the_same_config_run_twice_and_latest_follows(
         assert latest.resolve() == (tmp_path / "profile" / run).resolve()
     assert owner_of(tmp_path / "profile/first") == "first" and owner_of(tmp_path / "profile/second") == "second"
     assert os.readlink(latest) == "second"  # relative: the folder can move
+
+
+def test_a_writer_that_prepares_no_folder_still_gets_its_claim(tmp_path: Path) -> None:
+    save_path = tmp_path / "not/made/yet"
+    note = RunNote()
+    with verl_events.install({"save_path": str(save_path)}, observers=[note]):
+        assert not save_path.exists()  # nothing set up a folder
+        with stage("actor_update", step=1):
+            pass
+    assert owner_of(save_path) is not None and (save_path / "step_1/actor_update/note_rank0.txt").is_file()
+
+
+def test_a_latest_that_is_a_real_folder_is_left_alone_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "profile/latest").mkdir(parents=True)  # not a link: someone's own folder
+    with verl_events.install({"save_path": str(tmp_path / "profile/{run}")}, observers=[RunNote()]):
+        with caplog.at_level(logging.WARNING, logger="verl_events"):
+            with stage("actor_update", step=1):
+                pass
+    assert (tmp_path / "profile/latest").is_dir() and not (tmp_path / "profile/latest").is_symlink()
+    assert "cannot point at this run's folder" in caplog.text
+    assert not [p for p in (tmp_path / "profile").iterdir() if p.name.startswith(".latest")]  # no stray link
+
+
+def test_a_late_process_of_an_older_run_does_not_move_latest_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = {"save_path": str(tmp_path / "profile/{run}"), "observers": [{"name": "timing"}]}
+    for run in ("older", "newer", "older"):  # the last: a worker of the older run starting late
+        monkeypatch.setenv("VERL_EVENTS_RUN_ID", run)
+        with verl_events.install(config):
+            with stage("actor_update", step=1):
+                pass
+    assert os.readlink(tmp_path / "profile/latest") == "newer"

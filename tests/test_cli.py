@@ -151,3 +151,29 @@ def test_an_optional_observer_without_its_tool_is_a_warning_even_in_strict_mode(
     config["observers"] = [{"name": "npu", "optional": True}]
     with pytest.warns(VerlEventsWarning, match="torch_npu is not importable .* The npu observer is off"):
         verl_events.install(config).close()
+
+
+def test_check_shows_a_folder_per_run_as_written_and_where_latest_points(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path / 'profile'}/{{run}}\nobservers:\n  - name: recording\n")
+    assert main(["check", str(config)]) == 0
+    assert f"save_path: {tmp_path / 'profile'}/{{run}} (a folder per run; latest: none yet)" in capsys.readouterr().out
+    (tmp_path / "profile/run-a").mkdir(parents=True)
+    (tmp_path / "profile/latest").symlink_to("run-a")
+    assert main(["check", str(config)]) == 0
+    assert f"latest: {(tmp_path / 'profile/run-a').resolve()})" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["triage", "report"])
+def test_a_folder_of_runs_is_refused_naming_its_latest_run(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "no anomalies" (which would read as a healthy run): the runs are one level down."""
+    (tmp_path / "run-a").mkdir()
+    (tmp_path / "latest").symlink_to("run-a")
+    assert main([command, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds runs, one folder each (save_path: .../{run}), not a run" in err
+    assert f"verl-events {command} {tmp_path / 'latest'}" in err

@@ -180,8 +180,9 @@ class Dispatcher:
         if event.step is None and event.stage not in self._step_warned:
             self._warn_step_unknown(event, candidates)
         selected = [o for o in candidates if o.selection.accepts(event) and o.name not in self._switched_off]
-        if self._claim is not None and selected:
-            selected = self._claim_for(selected, event)
+        claim = self._claim  # read once: another thread may make it and clear it meanwhile
+        if claim is not None and selected:
+            selected = self._claim_for(claim, selected, event)
         if not selected:
             return
         if event.model is None and any(o.needs_model for o in selected):
@@ -202,11 +203,9 @@ class Dispatcher:
                     ask_for_result(event.seq)
                     break
 
-    def _claim_for(self, selected: list[Observer], event: StageEvent) -> list[Observer]:
+    def _claim_for(self, claim: SavePathClaim, selected: list[Observer], event: StageEvent) -> list[Observer]:
         """Make the save_path claim if a writer is about to get its first stage;
         the observers that may go on."""
-        claim = self._claim
-        assert claim is not None
         if not any(o.name in claim.writer_names for o in selected):
             return selected
         with self._claim_lock:
@@ -214,7 +213,7 @@ class Dispatcher:
                 return [o for o in selected if o.name not in self._switched_off]
             try:
                 claim.make()
-            except SavePathTaken as exc:
+            except (SavePathTaken, OSError) as exc:  # another run's, or a save_path that cannot be written
                 self._switched_off |= claim.writer_names
                 names = ", ".join(repr(o.name) for o in claim.writers)
                 logger.error(

@@ -11,14 +11,18 @@ claim the save_path.  :class:`SavePathClaim` makes it, once per installation.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ._errors import ConfigError
 from ._observer import Observer
 from ._run import SavePathTaken, claim_save_path, refuse_other_runs
+
+logger = logging.getLogger("verl_events")
 
 
 def writes_outputs(observer: Observer) -> bool:
@@ -55,7 +59,8 @@ class SavePathClaim:
         self._tried = False
 
     def make(self) -> None:
-        """Claim save_path for this run; SavePathTaken when another run holds it."""
+        """Claim save_path for this run; SavePathTaken when another run holds
+        it, OSError when it cannot be written."""
         with self._lock:
             if self._tried:
                 return
@@ -65,15 +70,22 @@ class SavePathClaim:
                 found = observer.outputs(self.save_path)
                 refuse_other_runs(self.save_path, found, observer.output_noun)
                 files += found
-            claim_save_path(self.save_path, files)
-            if self.latest is not None:
+            wrote = claim_save_path(self.save_path, files)
+            # Only the process that wrote the claim moves latest: a late worker
+            # of an older run must not point it back at that run.
+            if wrote and self.latest is not None:
                 point_at(self.latest, self.save_path)
 
 
 def point_at(link: Path, folder: Path) -> None:
     """Make ``link`` a relative symbolic link to ``folder`` (its sibling),
-    replacing an older one in one step: a reader sees the old run or the new."""
-    aside = link.with_name(f".{link.name}.{os.getpid()}")
-    aside.unlink(missing_ok=True)
-    os.symlink(folder.name, aside)
-    os.replace(aside, link)
+    replacing an older link in one step: a reader sees the old run or the
+    new.  A link that cannot be made (``latest`` is a real folder, a file
+    system without links) is logged, never raised: the run goes on."""
+    aside = link.with_name(f".{link.name}.{uuid.uuid4().hex}")
+    try:
+        os.symlink(folder.name, aside)
+        os.replace(aside, link)
+    except OSError as exc:
+        aside.unlink(missing_ok=True)
+        logger.warning("%s cannot point at this run's folder %s: %s", link, folder, exc.strerror or exc)

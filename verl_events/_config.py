@@ -48,16 +48,13 @@ import yaml
 from ._arming import TRIGGER_KEYS, Trigger, parse_trigger
 from ._checks import check_count
 from ._errors import ConfigError
+from ._paths import LATEST_LINK, RUN_PLACEHOLDER
 from ._run import run_id
 from ._selection import Selection
 from ._verl_config import from_verl_config, is_verl_config
 
 DEFAULT_SAVE_PATH = "outputs/profile"
 DEFAULT_MAX_FAILURES = 5
-#: What ``save_path`` may hold besides a path: ``{run}``, this run's id.
-RUN_PLACEHOLDER = "{run}"
-#: The link beside a ``.../{run}`` folder to the run that claimed its folder last.
-LATEST_LINK = "latest"
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "observers")
 SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
@@ -274,10 +271,11 @@ def _beside(value: Any, folder: Path) -> Any:
     alone (msprobe's ``config_path: statistics_L1`` names a packaged config)."""
     if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
         return value
-    return value if is_bare_name(value) else str(folder / value)
+    # Absolute: a process that re-reads a copy of the config elsewhere finds the same file.
+    return value if is_bare_name(value) else str(folder.resolve() / value)
 
 
 def is_bare_name(value: str) -> bool:
-    """Whether ``value`` is a name rather than a path: no folder, no extension
-    (``statistics_L1``, not ``statistics_L1.json`` or ``configs/x``)."""
-    return "/" not in value and os.sep not in value and not Path(value).suffix
+    """Whether ``value`` is a name rather than a path: no folder, no extension,
+    not ``.``/``..``/``~`` (``statistics_L1``, not ``statistics_L1.json`` or ``configs/x``)."""
+    return "/" not in value and os.sep not in value and not Path(value).suffix and not value.startswith((".", "~"))

@@ -136,10 +136,11 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
     exclusive resources, triggers.  Without ``set_up`` (``verl-events
     check``), an observer whose tool is missing (``unavailable()``) is an
     ObserverSetupError, or a VerlEventsWarning when it is ``optional``.
-    With ``set_up``, install's two remaining steps follow: a save_path holding another run's files of any of them is
-    refused (ConfigError naming the observer), then each is set up in
-    order; when one fails, those already set up are closed.  Nothing is
-    written or started without ``set_up``.
+    With ``set_up``, install's two remaining steps follow: a save_path
+    holding another run's files of any of them is refused (ConfigError
+    naming the observer), then each is set up in order; when one fails,
+    those already set up are closed.  Nothing is written or started
+    without ``set_up``.
     """
     context = InstallContext(save_path=config.save_path, strict=config.strict)
     placed: list[tuple[Observer, str]] = []  # each observer, and where an error names it

@@ -20,6 +20,11 @@ _UNKNOWN_STEP = "step_unknown"
 #: A glob that matches every step directory's name.
 STEP_DIR_GLOB = f"{_STEP_PREFIX}*"
 
+#: What ``save_path`` may hold besides a path: ``{run}``, the run's id.
+RUN_PLACEHOLDER = "{run}"
+#: The link beside a ``.../{run}`` folder to the run that claimed its folder last.
+LATEST_LINK = "latest"
+
 #: How docs and messages spell a stage directory.
 STAGE_DIR_TEMPLATE = "{save_path}/step_{N}/{stage}"
 

@@ -96,8 +96,9 @@ def refuse_other_runs(save_path: Path, existing: list[Path], what: str) -> None:
     )
 
 
-def claim_save_path(save_path: Path, others_files: list[Path]) -> None:
-    """Make ``{save_path}/run.json`` name this run, or raise SavePathTaken.
+def claim_save_path(save_path: Path, others_files: list[Path]) -> bool:
+    """Make ``{save_path}/run.json`` name this run, or raise SavePathTaken;
+    True when this call wrote it (False: this run had claimed it already).
 
     The first run to claim wins; its files and its claim keep every other
     run out.  ``others_files`` are the files already there that a claiming
@@ -107,10 +108,12 @@ def claim_save_path(save_path: Path, others_files: list[Path]) -> None:
     claim made since this process started is a run started beside this one,
     and it wins.  The file appears complete or not at all (written aside,
     then hard-linked into place), so processes of one run may claim at once.
+    The folder is created if it is missing.
     """
     mine = run_id()
     if owner_of(save_path) == mine:
-        return
+        return False
+    save_path.mkdir(parents=True, exist_ok=True)
     fd, aside = tempfile.mkstemp(dir=save_path, prefix=".run-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -120,7 +123,7 @@ def claim_save_path(save_path: Path, others_files: list[Path]) -> None:
         except FileExistsError:
             owner = owner_of(save_path)
             if owner == mine:
-                return
+                return False
             if others_files or _claimed_since_this_process_started(save_path):
                 raise SavePathTaken(
                     f"save_path: {str(save_path)!r} is taken by run {owner!r} ({save_path / RUN_FILE}), "
@@ -129,9 +132,11 @@ def claim_save_path(save_path: Path, others_files: list[Path]) -> None:
                 ) from None
             os.replace(aside, save_path / RUN_FILE)
             aside = ""
+            return True
     finally:
         if aside:
             os.unlink(aside)
+    return True
 
 
 _PROCESS_STARTED = time.time()

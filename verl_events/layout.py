@@ -23,6 +23,8 @@ from typing import Any
 
 from ._moved import NOT_MOVED, moved_name
 from ._paths import (
+    LATEST_LINK,
+    RUN_PLACEHOLDER,
     STAGE_DIR_TEMPLATE,
     STEP_DIR_GLOB,
     prepare_output_dir,
@@ -36,7 +38,9 @@ from ._paths import (
 from ._run import RUN_FILE, RUN_ID_ENV, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
 
 __all__ = [
+    "LATEST_LINK",
     "RUN_FILE",
+    "RUN_PLACEHOLDER",
     "RUN_ID_ENV",
     "STAGE_DIR_TEMPLATE",
     "STEP_DIR_GLOB",

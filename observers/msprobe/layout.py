@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "CONSTRUCT_FILE",
     "DUMP_FILE",
     "INCOMPLETE_MARKER",
+    "MODULE_ENTRY",
     "STACK_FILE",
     "NotADump",
     "SessionPlace",
@@ -76,6 +78,13 @@ _RANK_PREFIX = "rank"
 _STEP_GLOB = f"{_STEP_PREFIX}[0-9]*"
 _RANK_GLOB = f"{_RANK_PREFIX}[0-9]*"
 _PROC_GLOB = "proc[0-9]*"
+
+
+#: The name of a module's entry in a dump.json (levels L0 and mix):
+#: ``Module.{path}.{Class}.{forward|backward|parameters_grad}.{n}``.
+MODULE_ENTRY = re.compile(
+    r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<n>\d+)$"
+)
 
 
 class NotADump(ValueError):

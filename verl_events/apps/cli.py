@@ -11,6 +11,7 @@ from pathlib import Path
 
 from verl_events import ConfigError, ObserverSetupError, VerlEventsWarning
 from verl_events.config import load_config, read_config
+from verl_events.layout import RUN_PLACEHOLDER
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -30,7 +31,13 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     for warning in said:
         print(f"warning: {warning.message}", file=sys.stderr)
-    print(f"save_path: {config.save_path}  strict: {config.strict}")
+    save_path: Path | None = config.save_path
+    if config.latest is not None:  # save_path: .../{run}: this check's own id names no real folder
+        save_path = config.latest.resolve() if config.latest.is_symlink() else None
+        shown = f"{config.latest.parent / RUN_PLACEHOLDER} (a folder per run; latest: {save_path or 'none yet'})"
+    else:
+        shown = str(config.save_path)
+    print(f"save_path: {shown}  strict: {config.strict}")
     if not built:
         print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
     for spec, observer in zip(specs, built, strict=True):
@@ -53,7 +60,7 @@ def _check(args: argparse.Namespace) -> int:
         described = observer.describe()
         if described:
             print(f"    {described}")
-    for note in _save_path_notes(config.save_path):
+    for note in _save_path_notes(save_path) if save_path is not None else []:
         print(f"note: {note}")
     return 0
 
@@ -95,6 +102,8 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         from .demo.tiny import DemoRankError, run_demo
     except ImportError as exc:  # the demo trains a model: torch, from the demo extra
+        if exc.name is None or exc.name.partition(".")[0] != "torch":
+            raise
         print(
             f"error: the demo needs torch, which cannot be imported here ({exc}); "
             "install it with: pip install 'verl-events[demo,msprobe]'",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import STAGE_ROLES
+from verl_events.layout import LATEST_LINK
 
 from .formats import msprobe_layout, timing_log
 from .overhead import (
@@ -68,6 +69,11 @@ def terminal_console(*, stderr: bool, quiet: bool = False) -> Any:
 
 def timing_files(run: Path) -> list[Path]:
     files = timing_log.timing_log_files(run)
+    if not files and (run / LATEST_LINK).exists():
+        raise ReportError(
+            f"{run} holds runs, one folder each (save_path: .../{{run}}), not a run; "
+            f"report one of them, e.g. the newest: verl-events report {run / LATEST_LINK}"
+        )
     if not files:
         raise ReportError(
             f"{run} has no timing logs ({run / timing_log.TIMING_DIR}/rank*.jsonl); "

@@ -12,18 +12,15 @@ own module.  Triage places its finding the same way
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..formats import msprobe_layout
 from .table import entry_parts
 
 __all__ = ["MODULE_ENTRY", "module_of"]
 
-#: A module entry: ``Module.{path}.{Class}.{forward|backward|parameters_grad}.{n}``.
-MODULE_ENTRY = re.compile(
-    r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<n>\d+)$"
-)
+MODULE_ENTRY = msprobe_layout.MODULE_ENTRY  # msprobe's name for a module's entry
 
 
 def module_of(entry: str, *constructs: Mapping[str, Any]) -> str | None:

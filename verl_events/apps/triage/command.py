@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_events.layout import owner_of
+from verl_events.layout import LATEST_LINK, owner_of
 
 from ..formats import anomaly_record, msprobe_layout
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
@@ -170,6 +170,7 @@ def triage(run: Path) -> Triage:
         raise TriageInputError(
             f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
         )
+    _refuse_a_folder_of_runs(run)
     result = Triage(run, [])
     anomalies = read_anomalies(run, result.warnings)
     if not anomalies:
@@ -207,6 +208,17 @@ def triage(run: Path) -> Triage:
     else:
         _moved(result, anomaly, find_dumps(run), dumps)
     return result
+
+
+def _refuse_a_folder_of_runs(run: Path) -> None:
+    """TriageInputError for the folder that holds a ``{run}`` save_path's runs:
+    it has no run of its own, and "no anomalies" would read as a healthy run."""
+    latest = run / LATEST_LINK
+    if latest.exists() and owner_of(run) is None and not anomaly_log_path(run).exists():
+        raise TriageInputError(
+            f"{run} holds runs, one folder each (save_path: .../{{run}}), not a run; "
+            f"triage one of them, e.g. the newest: verl-events triage {latest}"
+        )
 
 
 def _time(anomaly: Anomaly) -> float:

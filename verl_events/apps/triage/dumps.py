@@ -76,10 +76,7 @@ __all__ = [
 STATS = ("Max", "Min", "Mean", "Norm")
 LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe"})
 
-#: A module entry: ``Module.{path}.{Class}.{forward|backward|parameters_grad}.{n}``.
-MODULE_ENTRY = re.compile(
-    r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<n>\d+)$"
-)
+MODULE_ENTRY = layout.MODULE_ENTRY  # msprobe's name for a module's entry
 _API = re.compile(r"^(?P<api>.+\.\d+)\.(?P<dir>forward|backward)$")
 _FRAME = re.compile(r"^File (?P<file>.*), line (?P<line>\d+), in (?P<function>.*?), \n ?(?P<code>.*)$", re.DOTALL)
 _STAGE_ORDER = {stage: i for i, stage in enumerate(STAGE_ROLES)}
