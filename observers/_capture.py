@@ -17,7 +17,9 @@ Every stage inside a capture also gets a named range (``begin_range``).
 
 from __future__ import annotations
 
+import importlib
 import logging
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,6 +31,7 @@ from verl_events import (
     Selection,
     StageEnd,
     StageEvent,
+    VerlEventsWarning,
     find_rank,
     prepare_output_dir,
     stage_output_dir,
@@ -54,6 +57,10 @@ class CaptureObserver(Observer):
     captures = True
 
     tool: ClassVar[str] = "capture"
+    #: The module the tool needs (imported by :meth:`unavailable`), and the
+    #: sentence that says it is missing, with ``{error}`` for the ImportError.
+    library: ClassVar[str | None] = None
+    library_missing: ClassVar[str] = "{error}"
 
     def __init__(self, discrete: bool = True) -> None:
         if not isinstance(discrete, bool):
@@ -66,6 +73,15 @@ class CaptureObserver(Observer):
         self._capture: Capture | None = None
         self._ranges: dict[int, Any] = {}
         self._calls: dict[tuple[int | None, str], int] = {}
+
+    def unavailable(self) -> str | None:
+        if self.library is None:
+            return None
+        try:
+            importlib.import_module(self.library)
+        except ImportError as exc:
+            return self.library_missing.format(error=exc)
+        return None
 
     # -- tool hooks ---------------------------------------------------------
 
@@ -87,10 +103,19 @@ class CaptureObserver(Observer):
     # -- framework ----------------------------------------------------------
 
     def setup(self, context: InstallContext) -> None:
+        """Widen the selection for continuous mode; when the tool is missing
+        (:meth:`unavailable`), switch the observer off with a warning, or
+        raise ImportError in strict mode unless the entry is optional."""
         self._root = context.save_path
         if not self.discrete:
             self.capture_steps = self.selection.steps
             self.selection = replace(self.selection, steps=None)
+        missing = self.unavailable()
+        if missing is not None:
+            if context.strict and not self.optional:
+                raise ImportError(missing)
+            warnings.warn(f"{missing}. The {self.name} observer is off.", VerlEventsWarning, stacklevel=2)
+            self.active = False
 
     @property
     def steps_captured(self) -> frozenset[int] | None:

@@ -18,10 +18,9 @@ warning (an error in strict mode).
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
 
-from verl_events import InstallContext, StageEvent, VerlEventsWarning
+from verl_events import InstallContext, StageEvent
 
 from ._capture import Capture, CaptureObserver
 from .torch_profiler import check_contents
@@ -35,6 +34,11 @@ class NpuProfilerObserver(CaptureObserver):
     """Ascend NPU profiling with torch_npu (``pip install 'verl-events[npu]'``)."""
 
     tool = "npu_profiler"
+    library = "torch_npu"
+    library_missing = (
+        "torch_npu is not importable ({error}); the NPU profiler needs Ascend hardware and "
+        "pip install 'verl-events[npu]'"
+    )
     exclusive_resources = frozenset({"kineto"})
     output_noun = "Ascend NPU profile(s)"
 
@@ -57,24 +61,9 @@ class NpuProfilerObserver(CaptureObserver):
         self.analysis = analysis
         self.torch_npu: Any = None
 
-    def unavailable(self) -> str | None:
-        try:
-            importlib.import_module("torch_npu")
-        except ImportError as exc:
-            return (
-                f"torch_npu is not importable ({exc}); the NPU profiler needs Ascend hardware and "
-                "pip install 'verl-events[npu]'"
-            )
-        return None
-
     def setup(self, context: InstallContext) -> None:
         super().setup(context)
-        missing = self.unavailable()
-        if missing is not None:
-            if context.strict and not self.optional:
-                raise ImportError(missing)
-            warnings.warn(missing + ". The npu observer is off.", VerlEventsWarning, stacklevel=2)
-            self.active = False
+        if not self.active:  # its tool is missing: the base class said so
             return
         self.torch_npu = importlib.import_module("torch_npu")
 

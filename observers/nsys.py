@@ -79,6 +79,8 @@ class NsysObserver(CaptureObserver):
     """
 
     tool = "nsys"
+    library = "nvtx"
+    library_missing = "the nvtx package is not importable ({error}); install it with: pip install 'verl-events[nsys]'"
     exclusive_resources = frozenset({"cuda_profiler_api"})
 
     def __init__(self, discrete: bool = True) -> None:
@@ -86,21 +88,9 @@ class NsysObserver(CaptureObserver):
         self.nvtx: Any = None
         self.cuda_profiler: Any = None  # torch.cuda.profiler, when CUDA is available
 
-    def unavailable(self) -> str | None:
-        try:
-            importlib.import_module("nvtx")
-        except ImportError as exc:
-            return f"the nvtx package is not importable ({exc}); install it with: pip install 'verl-events[nsys]'"
-        return None
-
     def setup(self, context: InstallContext) -> None:
         super().setup(context)
-        missing = self.unavailable()
-        if missing is not None:
-            if context.strict and not self.optional:
-                raise ImportError(missing)
-            warnings.warn(missing + ". The nsys observer is off.", VerlEventsWarning, stacklevel=2)
-            self.active = False
+        if not self.active:  # its tool is missing: the base class said so
             return
         self.nvtx = importlib.import_module("nvtx")
         import torch

@@ -16,7 +16,7 @@ import importlib.util
 import warnings
 from typing import Any
 
-from verl_events import ConfigError, InstallContext, StageEvent, VerlEventsWarning
+from verl_events import ConfigError, StageEvent, VerlEventsWarning
 
 from ._capture import Capture, CaptureObserver
 
@@ -56,15 +56,6 @@ class TorchProfilerObserver(CaptureObserver):
         if importlib.util.find_spec("torch") is None:
             return "torch is not installed; the torch profiler needs it: pip install torch"
         return None
-
-    def setup(self, context: InstallContext) -> None:
-        super().setup(context)
-        missing = self.unavailable()
-        if missing is not None:
-            if context.strict and not self.optional:
-                raise ImportError(missing)
-            warnings.warn(missing + ". The torch_profiler observer is off.", VerlEventsWarning, stacklevel=2)
-            self.active = False
 
     def _activities(self) -> list[Any]:
         import torch

@@ -759,3 +759,14 @@ def test_an_empty_compare_table_is_refused(tmp_path: Path) -> None:
         CompareInputError, match=re.escape(f"msprobe's compare table {table} has no column 'NPU Name', 'Bench Name'")
     ):
         rows_from_msprobe_csv(table)
+
+
+def test_a_step_folder_with_stage_picks_that_stage_on_both_sides(
+    demo_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = demo_runs["a"] / "step_1", demo_runs["b"] / "step_1"
+    code, result = compare(capsys, str(a), str(b), "--stage", "actor_update")
+    assert code == 0, result
+    assert result["a"] == str(a / "actor_update/step0/rank0/dump.json")
+    assert main(["compare", str(a), str(b), "--stage", "critic_nope"]) == 2
+    assert "stage 'critic_nope' was not dumped (stages here: " in capsys.readouterr().err

@@ -131,3 +131,11 @@ def test_a_bad_msprobe_config_with_two_processes_is_one_clean_error(tmp_path: Pa
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "ProcessRaisedException" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: observers[0] (msprobe): ")
+
+
+def test_a_demo_without_dumps_says_so_in_words(tmp_path: Path) -> None:
+    config = tmp_path / "timing.yaml"
+    config.write_text("observers:\n  - name: timing\n")
+    result = verl_events_cli("demo", "--steps", "1", "--config", str(config), "--save-path", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "no msprobe dumps under" in result.stderr and "(none)" not in result.stderr

@@ -40,41 +40,22 @@ class NotAnAnomalyRecord(ValueError):
     """A line that is not an anomaly record; the message says what it lacks."""
 
 
-@dataclass(frozen=True, slots=True)
-class AnomalyRecord:
-    """One anomaly as recorded: the :class:`~verl_events.AnomalyEvent`'s
-    fields, plus the run that saw it (None in files older than run ids) and
-    the Unix time it was recorded (None when unknown)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnomalyRecord(AnomalyEvent):
+    """One anomaly as recorded: the :class:`~verl_events.AnomalyEvent` (its
+    fields are this record's), plus the run that saw it (None in files older
+    than run ids) and the Unix time it was recorded (None when unknown)."""
 
-    run: str | None
-    time: float | None
-    step: int | None
-    stage: str
-    rank: int
-    metric: str
-    value: float
-    rule: str
-    baseline: float | None = None
-    detail: str = ""
+    run: str | None = None
+    time: float | None = None
 
     @classmethod
     def from_event(cls, event: AnomalyEvent, *, run: str | None, time: float | None) -> AnomalyRecord:
-        return cls(
-            run,
-            time,
-            event.step,
-            event.stage,
-            event.rank,
-            event.metric,
-            event.value,
-            event.rule,
-            event.baseline,
-            event.detail,
-        )
+        return cls(**{f.name: getattr(event, f.name) for f in fields(AnomalyEvent)}, run=run, time=time)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON-ready data, non-finite numbers as strings."""
-        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        data = {name: getattr(self, name) for name in _KEY_ORDER}
         data["value"] = _encode(self.value)
         data["baseline"] = None if self.baseline is None else _encode(self.baseline)
         return data
@@ -116,7 +97,8 @@ class AnomalyRecord:
         )
 
 
-_FIELD_NAMES = tuple(f.name for f in fields(AnomalyRecord))
+# The line's keys: where and when first, then the event's own fields.
+_KEY_ORDER = ("run", "time", *(f.name for f in fields(AnomalyEvent)))
 
 
 def _encode(value: float) -> float | str:

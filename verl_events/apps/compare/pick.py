@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events.layout import stage_dir, stage_dirs, step_dirs
+from verl_events.layout import stage_dir, stage_dirs, step_dirs, step_of
 
 from ..formats import msprobe_layout as layout
 
@@ -55,6 +55,14 @@ def resolve_dump(path: Path, pick: Pick) -> Path:
         picked = stage_dir(path, pick.step, pick.stage)
         if not picked.is_dir():
             raise CompareInputError(f"{picked} does not exist: step {pick.step} of stage {pick.stage!r} was not dumped")
+        path = picked
+    elif step_of(path.name) is not None and pick.stage is not None:  # a step directory: --stage picks in it
+        picked = path / pick.stage
+        if not picked.is_dir():
+            here = ", ".join(sorted(p.name for p in path.iterdir() if p.is_dir()))
+            raise CompareInputError(
+                f"{picked} does not exist: stage {pick.stage!r} was not dumped (stages here: {here})"
+            )
         path = picked
     if layout.holds_sessions(path):  # a stage directory: msprobe's dump_path
         path = layout.step_dir(path, pick.call)

@@ -185,6 +185,8 @@ def print_summary(save_path: Path, seconds: float, console: Any) -> None:
         rows, console, title=f"Stage overhead, from {save_path}/{timing_log.TIMING_DIR} (medians over all ranks)"
     )
     dumps = [dump for session in layout.session_dirs(save_path) if (dump := layout.dump_file(session)).is_file()]
-    example = dumps[0] if dumps else "(none)"
-    console.print(f"{len(dumps)} msprobe {layout.DUMP_FILE} files under {save_path}, e.g. {example}")
+    if dumps:
+        console.print(f"{len(dumps)} msprobe {layout.DUMP_FILE} files under {save_path}, e.g. {dumps[0]}")
+    else:
+        console.print(f"no msprobe dumps under {save_path} (no msprobe observer selected a stage that ran)")
     console.print(f"demo finished in {seconds:.1f} s; see it again with: verl-events report {save_path}")
