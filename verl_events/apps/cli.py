@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +11,9 @@ from pathlib import Path
 from verl_events import ConfigError, ObserverSetupError, VerlEventsWarning
 from verl_events.config import load_config, read_config
 from verl_events.layout import RUN_PLACEHOLDER
+
+#: Where the demo writes unless told: a folder per run, outputs/demo/latest the newest.
+DEMO_SAVE_PATH = "outputs/demo/{run}"
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -118,7 +120,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     try:
         raw = read_config(args.config) if args.config else None
-        save_path = args.save_path or (raw or {}).get("save_path") or time.strftime("outputs/demo-%Y%m%d-%H%M%S")
+        save_path = args.save_path or (raw or {}).get("save_path") or DEMO_SAVE_PATH
 
         config = dict(raw) if raw is not None else default_config(save_path)
         config["save_path"] = str(save_path)
@@ -294,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, help="training steps (default 6; verl engine 3)")
     demo.add_argument(
         "--save-path",
-        help="output directory (default: a fresh outputs/demo-<time>, verl engine outputs/verl-demo-<time>)",
+        help="output directory, {run} allowed (default: outputs/demo/{run}, a folder per run with "
+        "outputs/demo/latest the newest; verl engine outputs/verl-demo/{run})",
     )
     demo.add_argument(
         "--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1; tiny engine)"

@@ -89,12 +89,12 @@ def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
 def prepare_config(config_file: str | None, save_path: str | None) -> dict[str, Any]:
     """The observers config to run: ``config_file`` (our form or verl's) or the
     default, with the save path (``save_path``, the file's, or a fresh
-    ``outputs/verl-demo-<time>``) and other paths absolute.  Validated; raises
+    ``outputs/verl-demo/{run}``, filled in here) and other paths absolute.  Validated; raises
     :class:`ConfigError`."""
     raw = read_config(config_file) if config_file else None
     if raw is not None and is_verl_config(raw):
         raw = from_verl_config(raw)
-    chosen = save_path or (raw or {}).get("save_path") or time.strftime("outputs/verl-demo-%Y%m%d-%H%M%S")
+    chosen = save_path or (raw or {}).get("save_path") or "outputs/verl-demo/{run}"
     config = dict(raw) if raw is not None else default_config(str(chosen))
     config["save_path"] = str(chosen)
     # {run} is filled in here, once: verl's processes each have a run id of their own.
