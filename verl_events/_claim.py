@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -45,9 +44,8 @@ class SavePathClaim:
 
     :meth:`make` checks again that no other run's files are there (a run
     started beside this one may have written since install), then claims,
-    and points ``latest`` (if any) at the save_path.
-    It runs at most once: later calls return at once, whether it succeeded
-    or raised.  Thread-safe.
+    and points ``latest`` (if any) at the save_path.  The dispatcher calls
+    it once, under its own lock, and switches the writers off if it raises.
     """
 
     def __init__(self, save_path: Path, writers: Sequence[Observer], latest: Path | None = None) -> None:
@@ -55,26 +53,20 @@ class SavePathClaim:
         self.latest = latest  # a link to point at save_path once claimed (save_path: .../{run})
         self.writers = tuple(writers)
         self.writer_names = frozenset(o.name for o in self.writers)
-        self._lock = threading.Lock()
-        self._tried = False
 
     def make(self) -> None:
         """Claim save_path for this run; SavePathTaken when another run holds
         it, OSError when it cannot be written."""
-        with self._lock:
-            if self._tried:
-                return
-            self._tried = True
-            files: list[Path] = []
-            for observer in self.writers:
-                found = observer.outputs(self.save_path)
-                refuse_other_runs(self.save_path, found, observer.output_noun)
-                files += found
-            wrote = claim_save_path(self.save_path, files)
-            # Only the process that wrote the claim moves latest: a late worker
-            # of an older run must not point it back at that run.
-            if wrote and self.latest is not None:
-                point_at(self.latest, self.save_path)
+        files: list[Path] = []
+        for observer in self.writers:
+            found = observer.outputs(self.save_path)
+            refuse_other_runs(self.save_path, found, observer.output_noun)
+            files += found
+        wrote = claim_save_path(self.save_path, files)
+        # Only the process that wrote the claim moves latest: a late worker
+        # of an older run must not point it back at that run.
+        if wrote and self.latest is not None:
+            point_at(self.latest, self.save_path)
 
 
 def point_at(link: Path, folder: Path) -> None:

@@ -25,9 +25,10 @@ as YAML.  Every error names the key, the bad value and what is allowed.
 Paths: an observer option whose name ends in ``_path`` (msprobe's
 ``config_path``) names an input, so a relative one in a YAML file is taken
 from the file's folder, as docker-compose does (a bare name, without folder
-or extension, is left alone: it names something, like a packaged config); ``save_path`` is where the
-run writes, so it stays relative to the working directory, as Hydra's
-output folders do.  A mapping keeps the working directory for both.
+or extension, is left alone: it names something, like a packaged config);
+``save_path`` is where the run writes, so it stays relative to the working
+directory, as Hydra's output folders do.  A mapping keeps the working
+directory for both.
 ``{run}`` in ``save_path`` is this run's id (:func:`verl_events.layout.run_id`,
 the same in every process of the run): each run gets its own folder, and
 ``latest`` beside it links to the run that claimed its folder last.
@@ -222,7 +223,17 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
     selection = Selection.parse(**{key: entry.get(key) for key in SELECTION_KEYS}, where=where, strict=strict)
     options = MappingProxyType({str(k): v for k, v in entry.items() if k not in FRAMEWORK_KEYS})
     trigger = parse_trigger(entry, where)
-    return ObserverSpec(where, name, target, selection, priority, enabled, options, trigger, optional)
+    return ObserverSpec(
+        where=where,
+        name=name,
+        target=target,
+        selection=selection,
+        priority=priority,
+        enabled=enabled,
+        options=options,
+        trigger=trigger,
+        optional=optional,
+    )
 
 
 def _fill_save_path(text: str) -> tuple[Path, Path | None]:
