@@ -30,14 +30,10 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("verl", "ours", "ours_keep_api_hooks")
-STATS_L1 = {
-    "task": "statistics",
-    "rank": [],
-    "step": [],
-    "level": "L1",
-    "async_dump": False,
-    "statistics": {"scope": [], "list": [], "tensor_list": [], "data_mode": ["all"], "summary_mode": "statistics"},
-}
+# The packaged statistics_L1 config (verl's guide's dump_config.json).
+STATS_L1 = json.loads(
+    (Path(__file__).resolve().parents[1] / "observers/msprobe/configs/statistics_L1.json").read_text(encoding="utf-8")
+)
 
 
 def make_worker(profiler: Any) -> Any:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,8 @@ MODEL_LEVELS = ("L0", "mix")  # levels that hook modules, so start() needs the m
 # msprobe rejects any path outside this set once it is resolved (FileCheckConst.FILE_VALID_PATTERN).
 _PATH_OK = re.compile(r"^[a-zA-Z0-9_.:/-]+$")
 
-DEFAULT_CONFIG: dict[str, Any] = {
-    "task": "statistics",
-    "rank": [],
-    "step": [],
-    "level": "L1",
-    "async_dump": False,
-    "statistics": {"scope": [], "list": [], "tensor_list": [], "data_mode": ["all"], "summary_mode": "statistics"},
-}
+#: The packaged config used when ``config_path`` is left out.
+DEFAULT_CONFIG_NAME = "statistics_L1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +93,7 @@ def read_msprobe_config(config_path: str | os.PathLike[str] | None) -> MsprobeSe
     """Load and check ``config_path``: a path, a packaged config's name
     (:func:`packaged_configs`), or None for statistics at level L1."""
     if config_path is None:
-        return MsprobeSettings("(default: statistics, L1)", "statistics", "L1", dict(DEFAULT_CONFIG))
+        return replace(read_msprobe_config(DEFAULT_CONFIG_NAME), source="(default: statistics, L1)")
     path = config_file(config_path)
     where = f"config_path {str(path)!r}"
     if path.suffix != ".json":
@@ -114,7 +108,8 @@ def read_msprobe_config(config_path: str | os.PathLike[str] | None) -> MsprobeSe
         raise ConfigError(f"{where} is not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must hold a JSON object with 'task' and 'level'; found {type(data).__name__}")
-    check_msprobe_path(path, "config_path")
+    if path.parent != PACKAGED:  # ours sit in site-packages; msprobe reads a copy (see _api), never them
+        check_msprobe_path(path, "config_path")
 
     task = data.get("task", "statistics")
     if task not in TASKS:

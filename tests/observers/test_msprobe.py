@@ -648,3 +648,22 @@ def test_stack_file_is_found_beside_a_dump_json_only() -> None:
         ),
     ):
         msprobe_layout.stack_file(Path("s/step0/rank0"))
+
+
+def test_a_packaged_config_is_read_wherever_the_package_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msprobe reads a private copy of the config, never the package's file, so a
+    site-packages path with characters msprobe rejects must not refuse the default."""
+    from verl_events.observers.msprobe import _config
+
+    odd = tmp_path / "py3.11+cpu" / "configs"
+    odd.mkdir(parents=True)
+    (odd / "statistics_L1.json").write_text((_config.PACKAGED / "statistics_L1.json").read_text())
+    monkeypatch.setattr(_config, "PACKAGED", odd)
+    assert _config.read_msprobe_config(None).level == "L1"
+    assert _config.read_msprobe_config("statistics_L1").source == str(odd / "statistics_L1.json")
+    mine = odd.parent / "mine.json"
+    mine.write_text((odd / "statistics_L1.json").read_text())
+    with pytest.raises(ConfigError, match="contains characters msprobe rejects"):
+        _config.read_msprobe_config(str(mine))  # a config of the user's: checked as before
