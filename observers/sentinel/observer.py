@@ -24,7 +24,7 @@ Config::
       non_finite: true            # every metric seen: NaN/inf is an anomaly (default true)
       check_names_after: 2        # steps before rule names no stage reported are warned about
       rules:
-        actor/grad_norm: {above: 1000, spike: {z: 6, warmup: 5}}
+        actor/grad_norm: {above: 1000, spike: true}     # up, x2 the median and z 6, from step 5
         actor/entropy: {below: 0.01}
         gap/log_prob_abs_max: {above: 2.0}
         critic/vf_loss: {spike: true, non_finite: false}
@@ -33,20 +33,28 @@ Per metric, any of:
 
 * ``above: X`` / ``below: X``: a finite number; the value must not be
   greater than ``above`` / less than ``below``;
-* ``spike: true`` or ``{z, warmup, window, direction}``: a robust z-score
-  against the metric's recent history at that stage (Iglewicz and Hoaglin's
-  modified z)::
+* ``spike: true`` or ``{z, ratio, warmup, window, direction}``: the value
+  is a spike when it is both *unusual* and *large* against the metric's
+  recent history at that stage (the formula, and the measurements behind
+  each default: :mod:`verl_events.observers.sentinel.spike`):
 
-      z = 0.6745 * |x - median| / max(MAD, 1e-3 * |median|, 1e-12)
+  - ``z`` (default 6): its robust z-score (Iglewicz and Hoaglin's modified
+    z) must exceed it, the noise never taken as less than 5 % of the
+    median, so that a few quiet values cannot make a small change score
+    high;
+  - ``ratio`` (default 2): it must be at least twice the median (at most
+    half of it for ``down``), so that an unusual but small change is not a
+    spike; healthy runs stay within x1.5;
+  - ``direction`` (default ``up``; ``down`` or ``both``): the metrics a
+    spike rule is for, norms and losses, go wrong upwards, and a healthy
+    gradient norm falls as often as it rises;
+  - ``warmup`` (default 4, at least 3) **steps** of values are learnt
+    before any is judged: the first steps are the least typical, and the
+    median of four is not moved by one odd first value;
+  - ``window`` (default 50): the history is the last 50 finite values.
 
-  over the last ``window`` finite values (default 50), where
-  ``MAD = median(|x_i - median|)``; it triggers when ``z > z`` (default 6)
-  once ``warmup`` values (default 5, at least 3) are in the history, and only
-  upwards, downwards or both (``direction``: ``up``, ``down``, ``both``, the
-  default).  The floor keeps a metric that never moved from triggering on
-  rounding.  Every finite value joins the history, spikes included (the
-  median shrugs them off).  A stage that runs several times a step
-  (``train_batch``, once per mini-batch) adds one value per run;
+  A stage that runs several times a step (``train_batch``, once per
+  mini-batch) adds one value per run;
 * ``non_finite: true/false``: this metric's own switch for the NaN/inf rule.
 
 The non-finite rule fires for a value that is NaN or infinite, and for a
@@ -58,6 +66,12 @@ begins (or at close, for a shorter run) are warned about once, with the
 names that were reported: a rule with a typo never fires.  A process only
 sees the stages it runs, so a metric of a role another process holds is
 reported (and watched) there.
+
+Spike margins: :meth:`SentinelObserver.margins` says, for every metric
+with a spike rule and every stage that reported it, how many values were
+judged and the largest ratio and robust z among them (a healthy run shows
+how much room the rule leaves); they are logged at INFO when the observer
+closes.
 
 Option values are checked at install, naming the option path:
 ``option rules.actor/grad_norm.above: 'big' is not allowed; use a number``.
@@ -74,7 +88,6 @@ import math
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -85,18 +98,14 @@ from verl_events.layout import run_id
 
 from ..metrics import extract_metrics
 from .record import AnomalyRecord, anomaly_log_path
-from .rules import SpikeRule, parse_rules
+from .rules import parse_rules
+from .spike import SpikeHistory, SpikeMargin
 
 __all__ = ["SentinelObserver"]
 
 logger = logging.getLogger("verl_events.sentinel")
 
 _COUNT_SUFFIX = "/nonfinite_count"
-
-
-def _median(ordered: list[float]) -> float:
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class SentinelObserver(Observer):
@@ -128,7 +137,7 @@ class SentinelObserver(Observer):
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._run: str | None = None
-        self._history: dict[tuple[str, str], deque[float]] = {}
+        self._history: dict[tuple[str, str], SpikeHistory] = {}  # (stage, metric) -> its spike rule's history
         self._fired: dict[str, tuple[str, int]] = {}  # metric -> ("step", N) or ("seq", N) of its last trigger
         self._names_seen: set[str] | None = set() if self.rules else None  # None: checked, or nothing to check
         self._steps_seen: set[int] = set()
@@ -148,6 +157,13 @@ class SentinelObserver(Observer):
     def describe(self) -> str:
         watched = ", ".join(sorted(self.rules)) or "none"
         return f"non-finite values {'on' if self.non_finite else 'off'} for every metric; rules for: {watched}"
+
+    def margins(self) -> list[SpikeMargin]:
+        """How close each metric with a spike rule came to it so far, one per
+        stage that reported it, by metric then stage (see the module docstring)."""
+        with self._lock:
+            keys = sorted(self._history, key=lambda key: (key[1], key[0]))
+            return [self._history[key].margin(*key) for key in keys]
 
     # -- the stage's end ----------------------------------------------------
 
@@ -181,46 +197,26 @@ class SentinelObserver(Observer):
                 broken = ("non_finite", None, f"{name} is {value}")
             elif name.endswith(_COUNT_SUFFIX) and value > 0:
                 broken = ("non_finite", None, f"{value:g} non-finite element(s) in {name[: -len(_COUNT_SUFFIX)]}")
+        when = ("step", event.step) if event.step is not None else ("seq", event.seq)
         if rule is not None:
             if broken is None and rule.above is not None and value > rule.above:
                 broken = ("above", rule.above, f"{name} {value:g} is above {rule.above:g}")
             if broken is None and rule.below is not None and value < rule.below:
                 broken = ("below", rule.below, f"{name} {value:g} is below {rule.below:g}")
             if rule.spike is not None and finite:
-                spike = self._spike(event.stage, name, value, rule.spike)
-                if broken is None:
-                    broken = spike
+                history = self._history.get((event.stage, name))
+                if history is None:
+                    history = self._history[(event.stage, name)] = SpikeHistory(rule.spike)
+                spike = history.observe(value, when, event.step)
+                if broken is None and spike is not None:
+                    broken = ("spike", spike[0], f"{name} {value:g} is {spike[1]}")
         if broken is None:
             return None
-        when = ("step", event.step) if event.step is not None else ("seq", event.seq)
         if self._fired.get(name) == when:
             return None
         self._fired[name] = when
         rule_name, baseline, detail = broken
         return AnomalyEvent(event.step, event.stage, event.rank, name, value, rule_name, baseline, detail)
-
-    def _spike(self, stage: str, name: str, value: float, rule: SpikeRule) -> tuple[str, float, str] | None:
-        """Compare ``value`` with the history, then add it (lock held)."""
-        history = self._history.get((stage, name))
-        if history is None:
-            history = self._history[(stage, name)] = deque(maxlen=rule.window)
-        found = None
-        if len(history) >= rule.warmup:
-            median = _median(sorted(history))
-            mad = _median(sorted([abs(x - median) for x in history]))
-            scale = max(mad, 1e-3 * abs(median), 1e-12)
-            z = 0.6745 * abs(value - median) / scale
-            side_ok = rule.direction == "both" or (value > median) == (rule.direction == "up")
-            if z > rule.z and side_ok and value != median:
-                word = "above" if value > median else "below"
-                found = (
-                    "spike",
-                    median,
-                    f"{name} {value:g} is {z:.3g} robust z {word} the median {median:g} of the last {len(history)} "
-                    f"values (MAD {mad:g}); the limit is {rule.z:g}",
-                )
-        history.append(value)
-        return found
 
     # -- the alarm ----------------------------------------------------------
 
@@ -310,3 +306,5 @@ class SentinelObserver(Observer):
                 self._fd = None
         if unknown:
             self._warn_unknown(*unknown)
+        for margin in self.margins():
+            logger.info("sentinel: spike margin of %s", margin.describe())

@@ -1,7 +1,9 @@
 """The sentinel's rules: what each ``rules:`` entry may say, checked at install.
 
 See :mod:`verl_events.observers.sentinel.observer` for what the rules mean
-when a stage ends.  Option values are checked here, naming the option path:
+when a stage ends, and :mod:`verl_events.observers.sentinel.spike` for the
+spike rule's formula and why its defaults are what they are.  Option values
+are checked here, naming the option path:
 ``option rules.actor/grad_norm.above: 'big' is not allowed; use a number``.
 """
 
@@ -20,17 +22,21 @@ __all__ = ["Direction", "MetricRule", "SpikeRule", "parse_rules"]
 Direction = Literal["up", "down", "both"]
 _DIRECTIONS: tuple[Direction, ...] = ("up", "down", "both")
 _RULE_KEYS = ("above", "below", "spike", "non_finite")
-_SPIKE_KEYS = ("z", "warmup", "window", "direction")
+_SPIKE_KEYS = ("z", "ratio", "warmup", "window", "direction")
 
 
 @dataclass(frozen=True, slots=True)
 class SpikeRule:
-    """A robust z-score limit (see the module docstring for the formula)."""
+    """A spike is unusual (robust z above ``z``) and large (``ratio`` times the
+    median, or ``1/ratio`` of it downwards), in ``direction``, judged once
+    ``warmup`` steps are in the history of the last ``window`` values.  The
+    formula, and why these are the defaults: :mod:`.spike`."""
 
     z: float = 6.0
-    warmup: int = 5
+    ratio: float = 2.0
+    warmup: int = 4
     window: int = 50
-    direction: Direction = "both"
+    direction: Direction = "up"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,21 +98,33 @@ def _parse_spike(where: str, spec: Any) -> SpikeRule | None:
     z = _finite_number(f"{where}.z", spec.get("z"))
     if z is not None and z <= 0:
         raise ConfigError(f"option {where}.z: {z!r} is not allowed; use a positive number")
+    ratio = _finite_number(f"{where}.ratio", spec.get("ratio"))
+    if ratio is not None and ratio < 1:
+        raise ConfigError(
+            f"option {where}.ratio: {ratio!r} is not allowed; use a number of at least 1 "
+            "(2: a spike is at least twice the median, or at most half of it downwards; 1: z alone decides)"
+        )
     warmup = _at_least_3(f"{where}.warmup", spec.get("warmup"))
     window = _at_least_3(f"{where}.window", spec.get("window"))
     warmup = default.warmup if warmup is None else warmup
     window = max(default.window, warmup) if window is None else window
     if warmup > window:
         raise ConfigError(
-            f"option {where}: warmup ({warmup}) is larger than window ({window}), so it would never end; "
-            "use a warmup of at most the window"
+            f"option {where}: warmup ({warmup} steps) is larger than window ({window} values), so the history "
+            "would forget the first steps before the warm-up ends; use a warmup of at most the window"
         )
     direction = spec.get("direction", default.direction)
     if direction not in _DIRECTIONS:
         raise ConfigError(
             f"option {where}.direction: {direction!r} is not allowed; use one of {', '.join(map(repr, _DIRECTIONS))}"
         )
-    return SpikeRule(default.z if z is None else z, warmup, window, direction)
+    return SpikeRule(
+        z=default.z if z is None else z,
+        ratio=default.ratio if ratio is None else ratio,
+        warmup=warmup,
+        window=window,
+        direction=direction,
+    )
 
 
 def _refuse_unknown(where: str, spec: Mapping[Any, Any], allowed: tuple[str, ...]) -> None:
