@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from verl_events import Observer, StageEnd, StageEvent, stage
+from verl_events import Observer, StageEnd, StageEvent, current_installation, stage
 from verl_events._anomaly import AnomalyEvent, anomaly
 from verl_events.testing import RecordingObserver
+
+if TYPE_CHECKING:
+    from verl_events.observers.sentinel import SpikeMargin
 
 
 def make_event(**overrides: object) -> StageEvent:
@@ -41,6 +48,42 @@ class Watcher(Observer):
                 event.stage,
                 event=AnomalyEvent(event.step, event.stage, event.rank, "loss", float("nan"), "non_finite"),
             )
+
+
+class SentinelMarginsFile(Observer):
+    """Writes the installed sentinel's spike margins (``SentinelObserver.margins()``) to
+    ``{folder}/margins-{pid}.json`` at the end of every stage: for processes whose observers
+    may never be closed (verl's Ray workers), where the sentinel's close-time log is lost.
+
+    Its priority makes its end hook run after the sentinel's, so the file includes the
+    stage's own values.
+    """
+
+    passive = True
+    priority = 10
+
+    def __init__(self, folder: str) -> None:
+        self.path = Path(folder) / f"margins-{os.getpid()}.json"
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        from verl_events.observers.sentinel import SentinelObserver
+
+        installation = current_installation()
+        sentinels = [o for o in installation.observers if isinstance(o, SentinelObserver)] if installation else []
+        margins = [asdict(margin) for sentinel in sentinels for margin in sentinel.margins()]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(margins))
+
+
+def read_margins(folder: Path) -> list[SpikeMargin]:
+    """The margins every process's :class:`SentinelMarginsFile` left in ``folder``."""
+    from verl_events.observers.sentinel import SpikeMargin, SpikeRule
+
+    found = []
+    for path in sorted(Path(folder).glob("margins-*.json")):
+        for data in json.loads(path.read_text()):
+            found.append(SpikeMargin(**{**data, "rule": SpikeRule(**data["rule"])}))
+    return found
 
 
 def run_steps(steps: range, stages: tuple[str, ...] = ("actor_compute_log_prob", "actor_update")) -> None:

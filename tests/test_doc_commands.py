@@ -31,6 +31,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUN_ELSEWHERE = {
     ("docs/sentinel.md", "verl-events demo --config examples/sentinel.yaml"): "tests/test_sentinel_demo.py",
     ("docs/sentinel.md", "verl-events demo --config examples/sentinel_spike.yaml"): "tests/test_sentinel_demo.py",
+    ("docs/sentinel.md", "pytest tests/test_sentinel_healthy.py"): "those tests themselves (the command runs them)",
     ("docs/msprobe.md", ""): "tests/test_msprobe_tools.py (the msprobe tools section, block by block)",
     ("docs/quickstart.md", "pip install torch==2.13.0"): "tests/test_packaging.py (the wheel in a fresh venv)",
 }

@@ -26,6 +26,8 @@ pytest.importorskip("verl")
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
 
+from .support import read_margins
+
 REPO = Path(__file__).parent.parent
 DOC = (REPO / "docs/verl.md").read_text()
 SENTINEL_DOC = (REPO / "docs/sentinel.md").read_text()
@@ -65,13 +67,22 @@ def on(root: Path, text: str) -> str:
     return text.replace("/shared/", f"{root}/")
 
 
-def run_doc_command(command: DocCommand, root: Path, files: job.JobFiles, name: str) -> Path:
-    """Run one of the doc's main_ppo commands on the tiny job; return its save_path root."""
+def run_doc_command(
+    command: DocCommand,
+    root: Path,
+    files: job.JobFiles,
+    name: str,
+    *,
+    steps: int = 3,
+    env: dict[str, str] | None = None,
+) -> Path:
+    """Run one of the doc's main_ppo commands on the tiny job (``env`` added to its
+    environment); return its save_path root."""
     assert command.argv[:3] == ["python3", "-m", "verl.trainer.main_ppo"], command.argv
     doc_args = [on(root, arg) for arg in command.argv[3:]]
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
-    env = job.trainer_env(base) | {k: on(root, v) for k, v in command.env.items()}
-    overrides = job.merge_overrides(job.trainer_args(files, steps=3), doc_args)
+    env = job.trainer_env(base) | {k: on(root, v) for k, v in command.env.items()} | (env or {})
+    overrides = job.merge_overrides(job.trainer_args(files, steps=steps), doc_args)
     log = root / f"{name}.log"
     code = job.run_trainer(overrides, env, log=log)
     assert code == 0, f"{name}: main_ppo exited {code}:\n{log.read_text()[-6000:]}"
@@ -173,6 +184,30 @@ def test_the_setup_hook_switch_alone_dumps_the_same(runs: Runs) -> None:
 
 
 # -- the anomaly sentinel on verl's trainer ------------------------------------------
+
+
+def test_verls_trainer_runs_healthy_steps_without_an_anomaly(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """docs/sentinel.md's verl config and switch on 12 healthy steps (a fifth trainer run): no anomaly,
+    no dump, and the example rule's gradient norm judged at the update and at each of its
+    mini-batches (``train_batch``, two a step).  Prints the margins (docs/sentinel.md's table);
+    tests/support.py's observer writes them in the workers, where the sentinel is never closed."""
+    files = job.prepare(tmp_path_factory.mktemp("healthy-job"))
+    root = tmp_path_factory.mktemp("healthy")
+    config = next(b for b in doc_blocks("yaml", SENTINEL_DOC) if "# /shared/sentinel.yaml" in b)
+    shutil.copy(REPO / "observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
+    margins_file = {"_target_": "tests.support:SentinelMarginsFile", "folder": "/shared/margins"}
+    (root / "sentinel.yaml").write_text(on(root, config + "  - " + json.dumps(margins_file) + "\n"))
+    switch, _ = doc_commands("sentinel.yaml", doc=SENTINEL_DOC)
+    run_doc_command(switch, root, files, "healthy", steps=12, env={"PYTHONPATH": str(REPO)})
+
+    save_path = root / "profile"
+    assert not (save_path / "anomalies.jsonl").exists(), (save_path / "anomalies.jsonl").read_text()
+    assert dump_files(save_path) == []
+    found = [m for m in read_margins(root / "margins") if m.metric == "actor/grad_norm"]
+    for margin in found:
+        print(f"verl: {margin.describe()}")
+    # Judged from step 5 to 12: once a step at the update, at each of its two mini-batches.
+    assert [(m.stage, m.judged) for m in found] == [("actor_update", 8), ("train_batch", 16)]
 
 
 def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step_only(
