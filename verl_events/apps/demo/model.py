@@ -46,14 +46,20 @@ class Block(nn.Module):
 class TinyCausalLM(nn.Module):
     def __init__(self, out_dim: int = VOCAB) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.pos = nn.Embedding(PROMPT_LEN + RESPONSE_LEN, DIM)
+        # Embedding tables of this module's own, looked up in its forward, not nn.Embedding
+        # submodules: msprobe's L0 and mix dumps put a full backward hook on every submodule
+        # (not on the model), and torch warns "Full backward hook is firing ..." in every
+        # backward for one whose only input, token ids, needs no gradient.  The first hooked
+        # module is then blocks.0, fed activations that do.  Initialised as nn.Embedding is,
+        # in the same order: a seed gives the weights it gave before.
+        self.embed = nn.Parameter(nn.init.normal_(torch.empty(VOCAB, DIM)))
+        self.pos = nn.Parameter(nn.init.normal_(torch.empty(PROMPT_LEN + RESPONSE_LEN, DIM)))
         self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
         self.norm = nn.LayerNorm(DIM)
         self.head = nn.Linear(DIM, out_dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        h = F.embedding(tokens, self.embed) + F.embedding(torch.arange(tokens.shape[1]), self.pos)
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h))

@@ -1,0 +1,40 @@
+"""The tiny demo's output (issue 17, item 9: noise): no torch warning under msprobe's
+module hooks."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # the demo trains with torch and dumps with msprobe
+pytest.importorskip("msprobe")
+
+from verl_events.apps.demo.options import DemoOptions
+from verl_events.apps.demo.tiny import run_rank
+
+pytestmark = pytest.mark.slow  # runs the demo: skipped by -m 'not slow'
+
+
+@pytest.mark.parametrize("config_path", ["statistics_L0", "statistics_mix"])
+def test_module_level_dumps_of_the_demo_make_torch_warn_nothing_about_backward_hooks(
+    tmp_path: Path, config_path: str
+) -> None:
+    """msprobe's L0 and mix dumps hook every submodule with a full backward hook; torch
+    warns "Full backward hook is firing ..." for one whose inputs need no gradient (token
+    ids).  The demo's two backward stages, critic_update and actor_update, run hooked,
+    in this process."""
+    config = {
+        "save_path": str(tmp_path / "run"),
+        "observers": [
+            {"name": "msprobe", "config_path": config_path, "steps": [1], "stages": ["critic_update", "actor_update"]}
+        ],
+    }
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run_rank(0, DemoOptions(config, steps=1, nproc=1, seed=0))
+    hooked = [f"{w.filename}:{w.lineno}: {w.message}" for w in said if "Full backward hook" in str(w.message)]
+    assert not hooked
+    dumps = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("dump.json"))
+    assert dumps == [f"step_1/{stage}/step0/rank0/dump.json" for stage in ("actor_update", "critic_update")]
