@@ -1,8 +1,9 @@
 """The tiny demo's output (issue 17, item 9: noise): no torch warning under msprobe's
-module hooks."""
+module hooks, and a summary table that cuts no stage name."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -12,7 +13,10 @@ pytest.importorskip("torch")  # the demo trains with torch and dumps with msprob
 pytest.importorskip("msprobe")
 
 from verl_events.apps.demo.options import DemoOptions
-from verl_events.apps.demo.tiny import run_rank
+from verl_events.apps.demo.tiny import DEMO_STAGES, run_rank
+
+from .support import verl_events_exe
+from .terminal import run_in_terminal
 
 pytestmark = pytest.mark.slow  # runs the demo: skipped by -m 'not slow'
 
@@ -38,3 +42,14 @@ def test_module_level_dumps_of_the_demo_make_torch_warn_nothing_about_backward_h
     assert not hooked
     dumps = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("dump.json"))
     assert dumps == [f"step_1/{stage}/step0/rank0/dump.json" for stage in ("actor_update", "critic_update")]
+
+
+def test_the_overhead_table_in_a_60_column_terminal_cuts_no_stage_name(tmp_path: Path) -> None:
+    """The command, in a terminal window 60 columns wide."""
+    args = [verl_events_exe(), "demo", "--steps", "2", "--save-path", str(tmp_path / "run")]
+    status, out = run_in_terminal(args, columns=60, timeout=300)
+    assert status == 0, out
+    table = out[out.index("Stage overhead") :]
+    assert "…" not in table, table
+    for name in [*DEMO_STAGES, "msprobe"]:
+        assert re.search(rf"(?<!\w){name}(?!\w)", table), f"{name} is cut:\n{table}"

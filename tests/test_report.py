@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+import verl_events
+from verl_events import STAGE_ROLES
 from verl_events.apps.cli import main
 from verl_events.observers.timing import rank_bytes
+
+from .support import run_steps, verl_events_exe
+from .terminal import run_in_terminal
 
 STAGES = {
     "rollout_generate",
@@ -282,3 +289,47 @@ def test_a_two_rank_run_gives_every_overhead_median_its_spread(
             assert row["ratio_too_few"]
     steps = {(r["stage"], r["step"]): r for r in result["stage_steps"]}
     assert steps[("actor_update", 1)]["baseline_n"] == 2
+
+
+TITLES = ("Stages by step", "Overhead per stage and tool", "Each observer's own hook time per stage")
+CAPTURE = "tests.support:Capturing"  # the second observer's name: a long one
+
+
+def tables(text: str) -> dict[str, str]:
+    """The report's text, cut into its three tables by their titles."""
+    starts = [text.index(title) for title in TITLES]
+    return {title: text[start:end] for title, start, end in zip(TITLES, starts, [*starts[1:], len(text)], strict=True)}
+
+
+def assert_names_whole(text: str, stages: list[str], profiler: str) -> None:
+    """Every name on one line of each table, uncut (rich ends a cut name with "…"):
+    the stages, the profiling observer, and in the hook times the timing observer too."""
+    assert "…" not in text, text
+    for title, table in tables(text).items():
+        for name in [*stages, profiler, *(["timing"] if title == TITLES[-1] else [])]:
+            assert re.search(rf"(?<![\w.:]){re.escape(name)}(?![\w.:])", table), f"{name} is cut in {title!r}:\n{table}"
+
+
+def test_a_narrow_console_cuts_no_stage_or_observer_name_in_any_table(tmp_path: Path) -> None:
+    """Stages of verl's, a timing log of a real run, the other observer capturing steps 1 and 2."""
+    from rich.console import Console
+
+    from verl_events.apps.report import report
+
+    stages = [s for s in STAGE_ROLES if s not in ("train_batch", "forward_backward")]
+    config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}, {"_target_": CAPTURE, "steps": [1, 2]}]}
+    with verl_events.install(config):
+        run_steps(range(1, 5), tuple(stages))
+    for width in (40, 60, 80):
+        console = Console(file=io.StringIO(), width=width)
+        report(tmp_path, console=console)
+        assert_names_whole(console.file.getvalue(), stages, CAPTURE)  # type: ignore[attr-defined]
+
+
+def test_report_in_a_60_column_terminal_cuts_no_name(demo_runs: dict[str, Path]) -> None:
+    """The command on a two-rank demo run, in a terminal window 60 columns wide."""
+    status, out = run_in_terminal([verl_events_exe(), "report", str(demo_runs["two_ranks"])], columns=60, timeout=120)
+    assert status == 0, out
+    assert_names_whole(out, sorted(STAGES), "msprobe")
+    notes = [line for line in out.splitlines() if line.startswith("n: records")]
+    assert notes and len(notes[0]) <= 60  # the text around the tables keeps to the window

@@ -142,7 +142,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     """Stage times, overhead and dump sizes of a run, from its timing logs."""
     from .overhead import TimingLogError
-    from .report import report, terminal_console
+    from .report import report
+    from .tables import terminal_console
 
     out = terminal_console(stderr=False)
     try:
@@ -174,7 +175,7 @@ def _compare(args: argparse.Namespace) -> int:
         summary,
         write_csv,
     )
-    from .report import terminal_console
+    from .tables import terminal_console
 
     b_root = Path(args.b) if args.b else Path(args.a)
     if args.b is None and args.vs_step is None and args.vs_rank is None:
@@ -218,7 +219,7 @@ def _triage(args: argparse.Namespace) -> int:
     """Name the op behind a run's first recorded anomaly."""
     import json
 
-    from .report import terminal_console
+    from .tables import terminal_console
     from .triage import TriageInputError, render, triage
 
     try:

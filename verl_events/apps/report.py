@@ -31,6 +31,7 @@ from .overhead import (
     read_timing_records,
     runs_in,
 )
+from .tables import print_table
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
@@ -54,17 +55,6 @@ class StageStep:
     ratio: float | None  # slowest rank's body + hooks over the stage's unprofiled median
     dump_bytes: int  # summed over ranks
     baseline_n: int  # the records of that unprofiled median (all ranks and steps)
-
-
-def terminal_console(*, stderr: bool, quiet: bool = False) -> Any:
-    """A rich console; when it writes to a pipe, wide enough for the tables
-    (rich would assume 80 columns)."""
-    import sys
-
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, quiet=quiet, width=None if stream.isatty() else 120)
 
 
 def timing_files(run: Path) -> list[Path]:
@@ -206,7 +196,9 @@ def render(
     if multi_rank:
         columns += ["ranks", "slowest", "spread"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("stage", "profiled by") else "right")
+        table.add_column(
+            column, justify="left" if column in ("stage", "profiled by") else "right", no_wrap=column == "stage"
+        )
     for row in rows:
         cells = [
             str(row.step),
@@ -220,7 +212,7 @@ def render(
         if multi_rank:
             cells += [str(row.ranks), f"rank{row.slowest_rank}", f"{row.spread:.2f}x"]
         table.add_row(*cells)
-    console.print(table)
+    print_table(table, console)
     if any(row.ratio is not None and row.baseline_n < TRUSTED_MIN_N for row in rows):
         console.print(f"* the stage's unprofiled median is of fewer than {TRUSTED_MIN_N} records: {_DISTRUST}")
     render_overhead(overhead, console)
@@ -233,10 +225,11 @@ def render_observer_hooks(hooks: list[ObserverHooks], console: Any) -> None:
 
     table = Table(title="Each observer's own hook time per stage (begin + end, ms; all ranks and steps)")
     for column in ("observer", "stage", "median", "max", "n"):
-        table.add_column(column, justify="left" if column in ("observer", "stage") else "right")
+        names = column in ("observer", "stage")
+        table.add_column(column, justify="left" if names else "right", no_wrap=names)
     for row in hooks:
         table.add_row(row.observer, row.stage, f"{row.median_s * 1e3:.3f}", f"{row.max_s * 1e3:.3f}", str(row.n))
-    console.print(table)
+    print_table(table, console)
 
 
 _DISTRUST = "too few to trust; record more steps, unprofiled ones for a baseline"
@@ -250,7 +243,7 @@ def render_overhead(overhead: list[StageOverhead], console: Any, title: str = ""
     # Measured without the console's bound, which the measurement is clamped to.
     if console.measure(table, options=console.options.update(max_width=10_000)).maximum > console.width:
         table = _overhead_table(overhead, title, wide=False)
-    console.print(table)
+    print_table(table, console)
     if not overhead:
         return
     console.print(
@@ -268,7 +261,7 @@ def _overhead_table(overhead: list[StageOverhead], title: str, *, wide: bool) ->
     hooks = "of which hooks" if wide else "of which\nhooks"  # its rows are narrow: two lines of header
     columns = ("stage", "profiled by", "unprofiled ms", "profiled ms", hooks, "ratio", "MB/step", "MB total")
     for column in columns:
-        # A stage's name is cut short last: the figures wrap first.
+        # A stage's name stays on one line: the figures wrap (print_table cuts nothing).
         table.add_column(
             column, justify="left" if column in ("stage", "profiled by") else "right", no_wrap=column == "stage"
         )

@@ -135,7 +135,7 @@ def run_demo(options: DemoOptions) -> Path:
     from verl_events.config import load_config
     from verl_events.layout import run_id
 
-    from ..report import terminal_console
+    from ..tables import terminal_console
 
     console = terminal_console(stderr=True)
     save_path = load_config(options.config).save_path  # {run} filled in as every rank fills it

@@ -109,7 +109,7 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
     print the summary; return the trainer's exit code."""
     from verl_events.verl_bridge import CONFIG_ENV
 
-    from ..report import terminal_console
+    from ..tables import terminal_console
     from ..verl_cpu.job import prepare, run_trainer, trainer_args, trainer_env
     from .tiny import print_summary
 
