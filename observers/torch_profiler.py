@@ -1,9 +1,10 @@
 """torch.profiler traces, per selected stage (discrete) or across selected steps (continuous).
 
-Each capture is one Chrome trace (open it in Perfetto or chrome://tracing)::
+Each capture is one Chrome trace (open it in Perfetto, chrome://tracing, or
+TensorBoard's profiler plugin, which finds files named ``*.pt.trace.json``)::
 
-    discrete:   {save_path}/step_{N}/{stage}/torch_profiler_step_{N}_{stage}_rank{R}.json
-    continuous: {save_path}/step_{first}/torch_profiler_step_{first}-{last}_rank{R}.json
+    discrete:   {save_path}/step_{N}/{stage}/torch_profiler_step_{N}_{stage}_rank{R}.pt.trace.json
+    continuous: {save_path}/step_{first}/torch_profiler_step_{first}-{last}_rank{R}.pt.trace.json
 
 Every stage inside a trace is a ``record_function`` range named after it.
 Only one Kineto session runs per process (resource ``kineto``, shared
@@ -19,6 +20,10 @@ from typing import Any
 from verl_events import ConfigError, StageEvent, VerlEventsWarning
 
 from ._capture import Capture, CaptureObserver
+
+#: The end of every trace's name: what TensorBoard's profiler plugin
+#: (torch-tb-profiler) looks for; Perfetto reads the file whatever its name.
+TRACE_SUFFIX = ".pt.trace.json"
 
 #: verl's TorchProfilerToolConfig contents; empty means cpu and cuda.
 CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
@@ -88,7 +93,7 @@ class TorchProfilerObserver(CaptureObserver):
 
     def stop_capture(self, capture: Capture) -> None:
         capture.handle.stop()
-        capture.handle.export_chrome_trace(str(self.output_path(capture, ".json")))
+        capture.handle.export_chrome_trace(str(self.output_path(capture, TRACE_SUFFIX)))
 
     def begin_range(self, event: StageEvent) -> Any:
         import torch.profiler

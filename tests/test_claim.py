@@ -61,8 +61,8 @@ def test_an_nsys_report_of_another_run_makes_install_refuse(tmp_path: Path, monk
 @pytest.mark.parametrize(
     "relative",
     [
-        "step_2/actor_update/torch_profiler_step_2_actor_update_rank0.json",  # discrete
-        "step_2/torch_profiler_step_2-3_rank1.json",  # continuous
+        "step_2/actor_update/torch_profiler_step_2_actor_update_rank0.pt.trace.json",  # discrete
+        "step_2/torch_profiler_step_2-3_rank1.pt.trace.json",  # continuous
     ],
 )
 def test_a_torch_profiler_trace_of_another_run_makes_install_refuse(
@@ -87,7 +87,7 @@ def test_a_real_torch_profiler_trace_keeps_the_next_run_out(tmp_path: Path, monk
     with verl_events.install(config):
         with stage("actor_update", step=1):
             torch.ones(4).sum()
-    assert (tmp_path / "step_1/actor_update/torch_profiler_step_1_actor_update_rank0.json").is_file()
+    assert (tmp_path / "step_1/actor_update/torch_profiler_step_1_actor_update_rank0.pt.trace.json").is_file()
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "second")
     with pytest.raises(ConfigError, match=r"already holds 1 torch.profiler trace\(s\) from another run"):
         verl_events.install(config)

@@ -116,7 +116,7 @@ def test_the_stacked_example_runs_three_tools_in_one_run(tmp_path: Path) -> None
     )
     assert result.returncode == 0, result.stderr
     assert dumps(out) == [f"step_{s}/{stage}/step0/rank0/dump.json" for s in (1, 2) for stage in ACTOR_REF]
-    traces = sorted(p.parent.name for p in out.glob("step_3/*/torch_profiler_step_3_*_rank0.json"))
+    traces = sorted(p.parent.name for p in out.glob("step_3/*/torch_profiler_step_3_*_rank0.pt.trace.json"))
     assert traces == sorted(ALL_STAGES)
     profiled_by = {(r.step, r.profiled_by) for r in read_timing_records(out) if r.profiled}
     assert profiled_by == {(1, ("msprobe",)), (2, ("msprobe",)), (3, ("torch_profiler",))}

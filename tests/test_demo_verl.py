@@ -41,7 +41,7 @@ def test_the_verl_engine_runs_verls_trainer_with_three_tools_stacked(tmp_path: P
     assert not list(out.glob("step_3/**/dump.json"))
     assert {r.step for r in read_timing_records(out)} == {1, 2, 3}
     traces = sorted(str(p.relative_to(out)) for p in out.rglob("torch_profiler_*.json"))
-    assert traces == ["step_2/actor_update/torch_profiler_step_2_actor_update_rank0.json"]
+    assert traces == ["step_2/actor_update/torch_profiler_step_2_actor_update_rank0.pt.trace.json"]
     assert (tmp_path / "outputs/verl-job/job.json").is_file()
     assert yaml.safe_load((out / "observers.yaml").read_text())["save_path"] == str(out)
 

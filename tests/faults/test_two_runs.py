@@ -141,5 +141,5 @@ def test_the_other_writers_files_belong_to_the_owner_alone(two_runs: TwoRuns) ->
     assert notes == {f"step_{step}/{stage}/note_rank0.txt": [owner] for step in (1, 2) for stage in stages}
     traces = sorted(str(p.relative_to(two_runs.save_path)) for p in two_runs.save_path.rglob("torch_profiler_*"))
     assert traces == [
-        f"step_{step}/compute_values/torch_profiler_step_{step}_compute_values_rank0.json" for step in (1, 2)
+        f"step_{step}/compute_values/torch_profiler_step_{step}_compute_values_rank0.pt.trace.json" for step in (1, 2)
     ]

@@ -40,8 +40,8 @@ def test_discrete_writes_one_trace_per_stage_holding_that_stages_ops(tmp_path: P
     profile(tmp_path, model, range(1, 3), ("actor_compute_log_prob", "actor_update"), steps=[1])
     traces = sorted(str(p.relative_to(tmp_path)) for p in traces_under(tmp_path))
     assert traces == [
-        "step_1/actor_compute_log_prob/torch_profiler_step_1_actor_compute_log_prob_rank0.json",
-        "step_1/actor_update/torch_profiler_step_1_actor_update_rank0.json",
+        "step_1/actor_compute_log_prob/torch_profiler_step_1_actor_compute_log_prob_rank0.pt.trace.json",
+        "step_1/actor_update/torch_profiler_step_1_actor_update_rank0.pt.trace.json",
     ]
     names = trace_names(tmp_path / traces[1])
     assert "actor_update" in names and "actor_compute_log_prob" not in names
@@ -59,7 +59,7 @@ def test_the_stage_range_encloses_its_ops(tmp_path: Path, model: Small) -> None:
 def test_continuous_writes_one_trace_across_the_selected_steps(tmp_path: Path, model: Small) -> None:
     profile(tmp_path, model, range(1, 6), ("actor_compute_log_prob", "actor_update"), discrete=False, steps=["2-3"])
     [trace] = list(traces_under(tmp_path))
-    assert str(trace.relative_to(tmp_path)) == "step_2/torch_profiler_step_2-3_rank0.json"
+    assert str(trace.relative_to(tmp_path)) == "step_2/torch_profiler_step_2-3_rank0.pt.trace.json"
     spans = [
         e
         for e in trace_events(trace)
@@ -78,10 +78,10 @@ def test_ranks_and_repeated_stages_never_share_a_file(
                 with stage("actor_update", step=1, model=model):
                     run_model(model)
     assert sorted(p.name for p in traces_under(tmp_path)) == [
-        "torch_profiler_step_1_actor_update_rank0.json",
-        "torch_profiler_step_1_actor_update_rank0_call1.json",
-        "torch_profiler_step_1_actor_update_rank1.json",
-        "torch_profiler_step_1_actor_update_rank1_call1.json",
+        "torch_profiler_step_1_actor_update_rank0.pt.trace.json",
+        "torch_profiler_step_1_actor_update_rank0_call1.pt.trace.json",
+        "torch_profiler_step_1_actor_update_rank1.pt.trace.json",
+        "torch_profiler_step_1_actor_update_rank1_call1.pt.trace.json",
     ]
 
 
@@ -129,3 +129,22 @@ def test_two_torch_profilers_on_one_stage_are_rejected(tmp_path: Path) -> None:
     }
     with pytest.raises(ConfigError, match=r"observers 'torch_profiler' and 'torch_profiler#2' both need 'kineto'"):
         verl_events.install(config)
+
+
+def test_traces_open_in_tensorboards_profiler_plugin(tmp_path: Path, model: Small) -> None:
+    """torch-tb-profiler finds a run's traces by name (``*.pt.trace.json``) and parses them
+    into its Overview, Operator and Trace views, as ``tensorboard --logdir {save_path}`` does."""
+    pytest.importorskip("torch_tb_profiler")
+    from torch_tb_profiler import consts
+    from torch_tb_profiler.profiler.data import RunProfileData
+    from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+    profile(tmp_path, model, range(1, 2), ("actor_update",))
+    (trace,) = traces_under(tmp_path)
+    found = consts.WORKER_PATTERN.match(trace.name)
+    assert found is not None, f"the plugin does not list {trace.name}"
+    worker = found.group(1)
+    data = RunProfileData.parse(worker, None, str(trace), str(tmp_path / "cache"))
+    run = RunGenerator(worker, None, data).generate_run_profile()
+    assert {view.name for view in run.views} >= {"overall", "operator", "trace"}
+    assert "aten::addmm" in {op["name"] for op in run.operation_table_by_name["data"]}
