@@ -5,8 +5,9 @@ import time.  They are registered as entry points of the group
 ``verl_events.observers`` (see pyproject.toml), exactly like a third-party
 observer, and are normally loaded by name from config: ``msprobe`` (alias
 ``precision_debugger``), ``timing``, ``torch_profiler``, ``nsys``, ``npu``,
-and the anomaly watcher ``sentinel`` (its metric reading is in
-:mod:`verl_events.observers.metrics`).
+the anomaly watcher ``sentinel`` (its metric reading is in
+:mod:`verl_events.observers.metrics`), and ``tracker``, which sends stage
+times and anomalies to TensorBoard, W&B or MLflow.
 """
 
 from .msprobe import MsprobeObserver
@@ -15,6 +16,7 @@ from .nsys import NsysObserver
 from .sentinel import SentinelObserver
 from .timing import TimingObserver
 from .torch_profiler import TorchProfilerObserver
+from .tracker import TrackerObserver
 
 __all__ = [
     "MsprobeObserver",
@@ -23,4 +25,5 @@ __all__ = [
     "SentinelObserver",
     "TimingObserver",
     "TorchProfilerObserver",
+    "TrackerObserver",
 ]

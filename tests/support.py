@@ -138,3 +138,12 @@ def run_two_gloo_ranks(directory: Path, rank_body: str, timeout: float) -> subpr
         text=True,
         timeout=timeout,
     )
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, dict[int, float]]:
+    """Every scalar of one TensorBoard run folder, by tag and step, as TensorBoard reads it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}

@@ -34,6 +34,7 @@ RUN_ELSEWHERE = {
     ("docs/sentinel.md", "pytest tests/test_sentinel_healthy.py"): "those tests themselves (the command runs them)",
     ("docs/msprobe.md", ""): "tests/test_msprobe_tools.py (the msprobe tools section, block by block)",
     ("docs/quickstart.md", "pip install torch==2.13.0"): "tests/test_packaging.py (the wheel in a fresh venv)",
+    ("docs/trackers.md", "verl-events demo --config examples/tracker.yaml"): "tests/observers/test_tracker.py",
 }
 #: The test command itself (README.md): it runs this test, so it is not run from here.
 TEST_COMMAND = "bash scripts/test.sh"
@@ -47,6 +48,7 @@ NOT_RUN_HERE = {
     ("docs/profilers.md", "nsys profile"): "needs NVIDIA's nsys and a CUDA device",
     ("docs/performance.md", "benchmarks/"): "benchmarks: minutes each, their figures are in the doc",
     ("docs/report-and-compare.md", "runs/fp32"): "illustrates the forms of the arguments, on the reader's runs",
+    ("docs/trackers.md", "tensorboard --logdir"): "TensorBoard's web server; test_tracker.py reads its files",
 }
 
 

@@ -26,7 +26,7 @@ pytest.importorskip("verl")
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
 
-from .support import read_margins
+from .support import read_margins, tensorboard_scalars
 
 REPO = Path(__file__).parent.parent
 DOC = (REPO / "docs/verl.md").read_text()
@@ -214,13 +214,16 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """docs/sentinel.md's verl config and commands, plus an observer that puts a NaN into the
-    actor's weights at the start of step 2's update (a fourth trainer run)."""
+    actor's weights at the start of step 2's update (a fourth trainer run), and the tracker,
+    which sends every step's stage times and the anomalies to TensorBoard from the worker."""
     files = job.prepare(tmp_path_factory.mktemp("sentinel-job"))
     root = tmp_path_factory.mktemp("sentinel")
     config = next(b for b in doc_blocks("yaml", SENTINEL_DOC) if "# /shared/sentinel.yaml" in b)
     shutil.copy(REPO / "observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
     fault = {"_target_": "verl_events.apps.inject:WeightFault", "kind": "nan", "step": 2, "stages": ["actor_update"]}
-    (root / "sentinel.yaml").write_text(on(root, config) + "  - " + json.dumps(fault) + "\n")
+    tracker = {"name": "tracker", "backends": ["tensorboard"]}
+    extra = "".join(f"  - {json.dumps(entry)}\n" for entry in (fault, tracker))
+    (root / "sentinel.yaml").write_text(on(root, config) + extra)
     switch, triage = doc_commands("sentinel.yaml", doc=SENTINEL_DOC)
     run_doc_command(switch, root, files, "sentinel")
 
@@ -243,3 +246,10 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     # WeightFault's default: the first Linear layer's weight.
     assert result["found"] and result["op"]["parameter"] == "model.layers.0.self_attn.q_proj.weight", result
     assert "/step_3/" in result["dump"]
+
+    # The actor worker (rank 0) sent each step's stage times and the anomalies to TensorBoard.
+    sent = tensorboard_scalars(save_path / "tensorboard/rank0")
+    assert {step for step in sent["stage_s/actor_update"]} == {1, 2, 3}
+    assert {"stage_s/actor_compute_log_prob", "stage_s/ref_compute_log_prob", "stage_s/train_batch"} <= set(sent)
+    counts = {key.removeprefix("anomalies/"): by_step for key, by_step in sent.items() if key.startswith("anomalies/")}
+    assert counts["actor_update"][1] == 0 and counts["actor_update"][2] + counts["train_batch"][2] >= 1, counts

@@ -242,12 +242,16 @@ class Dispatcher:
             error = self._call(observer, "on_stage_end", observer.on_stage_end, event, frame.end_seconds)
             if error is not None and first is None:
                 first = (observer, error)
+        hook = "on_stage_end"
         if self._timed:
-            self._report(event, frame)
+            reported = self._report(event, frame)
+            if first is None and reported is not None:
+                first, hook = reported, "on_stage_report"
         if first is not None and self.strict:
-            raise _strict_error(first[0], "on_stage_end", event) from first[1]
+            raise _strict_error(first[0], hook, event) from first[1]
 
-    def _report(self, event: StageEnd, frame: _Frame) -> None:
+    def _report(self, event: StageEnd, frame: _Frame) -> tuple[Observer, BaseException] | None:
+        """Give the timing-capable observers the stage's hook times; the first failure, if any."""
         begin, end = frame.begin_seconds, frame.end_seconds
         report = StageReport(
             event=event,
@@ -260,9 +264,13 @@ class Dispatcher:
             end_seconds=MappingProxyType(end),
             enclosing=frame.enclosing,
         )
+        first: tuple[Observer, BaseException] | None = None
         for observer in frame.delivered:
             if observer.wants_timings:
-                self._call(observer, "on_stage_report", observer.on_stage_report, report, None)
+                error = self._call(observer, "on_stage_report", observer.on_stage_report, report, None)
+                if error is not None and first is None:
+                    first = (observer, error)
+        return first
 
     def _call(
         self,
