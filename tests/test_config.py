@@ -75,14 +75,16 @@ def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
     with pytest.raises(
-        ConfigError, match="must hold a mapping with keys save_path, strict, max_failures, observers; found a list"
+        ConfigError,
+        match="must hold a mapping with keys save_path, strict, max_failures, replay, observers; found a list",
     ):
         load_config(path)
 
 
 def test_unknown_top_level_keys_are_errors() -> None:
     with pytest.raises(
-        ConfigError, match=r"config: unknown key 'observer'; allowed: save_path, strict, max_failures, observers"
+        ConfigError,
+        match=r"config: unknown key 'observer'; allowed: save_path, strict, max_failures, replay, observers",
     ):
         load_config({"observer": []})
 
@@ -183,3 +185,16 @@ def test_verls_precision_debugger_config_path_is_taken_from_the_files_folder(tmp
         tmp_path / "dump_config.json"
     )
     assert raw["global_profiler"]["save_path"] == "out"
+
+
+def test_replay_is_a_boolean_and_needs_an_armed_observer() -> None:
+    with pytest.raises(ConfigError, match=r"replay: 'yes' is not allowed; use true or false"):
+        load_config({"replay": "yes"})
+    with pytest.raises(
+        ConfigError,
+        match=r"replay: true replays a stage for the capture observers an anomaly arms, but no observer "
+        r"has trigger: anomaly; add trigger: anomaly to a capture observer",
+    ):
+        load_config({"replay": True, "observers": [{"name": "sentinel"}, {"name": "msprobe"}]})
+    assert load_config({"replay": False}).replay is False
+    assert load_config({}).replay is None

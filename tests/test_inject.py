@@ -73,6 +73,8 @@ def test_bad_options_are_named(tmp_path: Path, keys: dict[str, object], message:
 @pytest.mark.parametrize("text", ["nan", "nan@", "nan@0", "nan@7", "zero@2", "nan@two"])
 def test_the_demo_names_a_bad_inject_value(text: str) -> None:
     with pytest.raises(
-        ValueError, match=rf"--inject: '{text}' is not allowed; use nan@STEP or spike@STEP with STEP from 1 to 6"
+        ValueError,
+        match=rf"--inject: '{text}' is not allowed; use KIND@STEP with KIND one of nan, spike, nan-once, "
+        r"nan-flaky and STEP from 1 to 6",
     ):
         Injection.parse(text, steps=6)

@@ -126,7 +126,7 @@ class TriggerClock:
                 self._step = step
                 earlier = {seen for seen in self._seen if seen < step}
                 self._seen -= earlier  # agreed on now: only the newest matters from here on
-                self._agreed = max(self._agreed, _max_over_ranks(max(earlier, default=-1)))
+                self._agreed = max(self._agreed, max_over_ranks(max(earlier, default=-1)))
 
     def newest(self) -> int | None:
         """The newest anomaly step all ranks agreed on so far, or None."""
@@ -134,7 +134,7 @@ class TriggerClock:
         return agreed if agreed >= 0 else None
 
 
-def _max_over_ranks(value: int) -> int:
+def max_over_ranks(value: int) -> int:
     """``value`` all-reduced with max over the default process group, or
     ``value`` itself when there is none (or one rank)."""
     dist = sys.modules.get("torch.distributed")  # never import torch for this
@@ -178,6 +178,12 @@ class Arming:
                 self.handled = newest
                 self._arm_after(newest, step)
             return step in self.armed
+
+    def has_room(self) -> bool:
+        """Whether this observer may capture another anomaly (``max_captures``)."""
+        limit = self.trigger.max_captures
+        with self.lock:
+            return limit is None or self.captures < limit
 
     def _arm_after(self, anomaly_step: int, step: int) -> None:
         limit = self.trigger.max_captures
@@ -234,6 +240,8 @@ class ArmedSelection(Selection):
         step = event.step
         if step is None or self.arming is None:
             return False
+        if event.replay:  # run because an anomaly was just sent (verl_events._replay)
+            return self.arming.has_room() and Selection.accepts(self, event)
         armed = self.arming.armed_for(step)
         return (armed or step in self.fixed_steps) and Selection.accepts(self, event)
 
@@ -249,6 +257,17 @@ def check_triggers(observers: Sequence[Observer]) -> list[Arming]:
             "never capture; add the sentinel observer (- name: sentinel) to observers:, or remove trigger"
         )
     return armed
+
+
+def armed_stages(observers: Sequence[Observer]) -> frozenset[str] | None:
+    """The stages some armed observer selects (None: any stage)."""
+    stages: set[str] = set()
+    for observer in observers:
+        if isinstance(observer.selection, ArmedSelection):
+            if observer.selection.stages is None:
+                return None
+            stages |= observer.selection.stages
+    return frozenset(stages)
 
 
 def arm(observers: Sequence[Observer]) -> TriggerClock | None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from blinker import ANY
 
+from ._arming import ArmedSelection
 from ._errors import ObserverError
 from ._events import StageEnd, StageEvent, StageReport
 from ._observer import Observer
@@ -179,6 +180,8 @@ class Dispatcher:
         candidates = self._candidates(event.stage)
         if event.step is None and event.stage not in self._step_warned:
             self._warn_step_unknown(event, candidates)
+        if event.replay:  # only armed observers and those that ask see a replay
+            candidates = tuple(o for o in candidates if o.sees_replays or isinstance(o.selection, ArmedSelection))
         selected = [o for o in candidates if o.selection.accepts(event) and o.name not in self._switched_off]
         claim = self._claim  # read once: another thread may make it and clear it meanwhile
         if claim is not None and selected:

@@ -5,6 +5,7 @@ Schema::
     save_path: outputs/profile/{run}   # root of every observer's output ({run}: this run's id)
     strict: false                # raise instead of logging observer problems
     max_failures: 5              # switch an observer off after this many failures (null: never)
+    replay: true                 # false: no replay of forward-only stages for armed observers
     observers:
       - name: msprobe            # an entry point of group verl_events.observers
         # or _target_: my_pkg.observers:MyObserver
@@ -57,7 +58,7 @@ from ._verl_config import from_verl_config, is_verl_config
 DEFAULT_SAVE_PATH = "outputs/profile"
 DEFAULT_MAX_FAILURES = 5
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
-TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "observers")
+TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "replay", "observers")
 SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
 FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled", "optional", *TRIGGER_KEYS)
 
@@ -93,6 +94,7 @@ class Config:
     observers: tuple[ObserverSpec, ...]
     max_failures: int | None = DEFAULT_MAX_FAILURES
     latest: Path | None = None
+    replay: bool | None = None  # None: replay when an observer is armed (verl_events._replay)
 
 
 def load_config(source: Any = None, overrides: Iterable[str] = ()) -> Config:
@@ -191,11 +193,22 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
         raise ConfigError(f"save_path: {save_path!r} is not allowed; use a directory path")
     save_path, latest = _fill_save_path(str(save_path))
     max_failures = check_count(raw.get("max_failures", DEFAULT_MAX_FAILURES), "max_failures", null="for never")
+    replay = raw.get("replay")
+    if replay is not None and not isinstance(replay, bool):
+        raise ConfigError(f"replay: {replay!r} is not allowed; use true or false (or leave it out: on when armed)")
     entries = raw.get("observers") or []
     if not isinstance(entries, list):
         raise ConfigError(f"observers: {entries!r} is not allowed; use a list of observer entries")
     specs = tuple(_parse_observer(entry, f"observers[{i}]", strict) for i, entry in enumerate(entries))
-    return Config(save_path=save_path, strict=strict, observers=specs, max_failures=max_failures, latest=latest)
+    if replay and not any(spec.trigger is not None and spec.enabled for spec in specs):
+        raise ConfigError(
+            "replay: true replays a stage for the capture observers an anomaly arms, but no observer has "
+            "trigger: anomaly; add trigger: anomaly to a capture observer (msprobe, torch_profiler, nsys, npu), "
+            "or remove replay"
+        )
+    return Config(
+        save_path=save_path, strict=strict, observers=specs, max_failures=max_failures, latest=latest, replay=replay
+    )
 
 
 def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:

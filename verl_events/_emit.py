@@ -18,6 +18,7 @@ process-unique ``seq``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -29,6 +30,8 @@ from typing import Any, ParamSpec, TypeVar
 from ._bus import result_asked
 from ._events import EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
 from ._listened import listeners as _listeners
+from ._replay import active as active_replay_plan
+from ._replay import replayable as replayable_stage
 from ._resolve import check_step, current_step, find_model, find_rank, find_step
 from ._signals import stage_begin, stage_end
 from ._stack import open_stages
@@ -116,6 +119,30 @@ def _send_end(end: StageEnd, *, body_failed: bool) -> None:
         stage_end.send(end.stage, event=end)
     except Exception:
         logger.exception("stage_end receiver failed while stage %r was already failing", end.stage)
+
+
+def _replay(event: StageEvent, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Run the stage's body once more as a replay (``replay=True``), for the
+    armed capture observers; its result is dropped, and an exception it
+    raises is logged, never raised."""
+    replay = dataclasses.replace(event, seq=next(_seq), replay=True)
+    logger.info("replaying stage %r of step %s on rank %d for the armed observers", event.stage, event.step, event.rank)
+    started, wants_result = _open(replay)
+    inputs = _first_input(args, kwargs) if wants_result else None
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as exc:
+        _close(replay, started, exc, None, inputs)
+        logger.error(
+            "the replay of stage %r (step %s, rank %d) raised %s: %s; training goes on with the stage's own result",
+            event.stage,
+            event.step,
+            event.rank,
+            type(exc).__name__,
+            exc,
+        )
+        return
+    _close(replay, started, None, result if wants_result else None, inputs)
 
 
 class stage:
@@ -212,7 +239,9 @@ class stage:
         _close(event, self._started, exc, result if exc is None else None, self._inputs if wanted else None)
 
 
-def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
+def emits_stage(
+    name: str, *, role: str | None = None, replayable: bool | None = None
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a worker method so that each call is a stage.
 
     Like verl's ``DistProfiler.annotate(role=...)``.  On each call where
@@ -227,9 +256,17 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
     carries the method's return value as ``result`` (None when it raised)
     and its first argument after ``self`` as ``inputs`` (else the first
     keyword argument's value, else None), by reference.
+
+    ``replayable``: whether the method may run again right after a call that
+    raised an anomaly, for the armed capture observers (see
+    :mod:`verl_events._replay`); by default verl's forward-only stages are,
+    and no other.  Declare it only for a method that changes no state: the
+    replay runs it once more with the same arguments, and its result is
+    thrown away.
     """
     check_stage_name(name, where="emits_stage")
     stage_role = role if role is not None else STAGE_ROLES.get(name)
+    replays = replayable_stage(name, replayable)
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         method_meta = {"method": fn.__qualname__}
@@ -251,6 +288,9 @@ def emits_stage(name: str, *, role: str | None = None) -> Callable[[Callable[P, 
                 _close(event, started, exc, None, inputs)
                 raise
             _close(event, started, None, result if wants_result else None, inputs)
+            plan = active_replay_plan()
+            if replays and plan is not None and plan.agrees(name, event.step):
+                _replay(event, fn, args, kwargs)
             return result
 
         return wrapper

@@ -56,7 +56,11 @@ class StageEvent:
     nested inside another on the same thread; ``parent`` names the enclosing
     stage.  ``seq`` is unique within the process and shared by a stage's
     begin and end events.  ``model_paths`` lists the worker attribute paths
-    that were tried when the model was looked up on a worker.
+    that were tried when the model was looked up on a worker.  ``replay`` is
+    True for a replay: the stage's body run again right after it ended, with
+    the same inputs, for the capture observers armed by an anomaly it raised
+    (:mod:`verl_events._replay`); only armed capture observers and observers
+    that set ``sees_replays`` receive it.
     """
 
     stage: str
@@ -70,6 +74,7 @@ class StageEvent:
     parent: str | None = None
     seq: int = 0
     model_paths: tuple[str, ...] = ()
+    replay: bool = False
 
     def ended(
         self,
@@ -91,6 +96,7 @@ class StageEvent:
             self.parent,
             self.seq,
             self.model_paths,
+            self.replay,
             elapsed_s,
             error,
             result,

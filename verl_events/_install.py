@@ -11,13 +11,14 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._arming import TriggerClock, arm, check_triggers
+from ._arming import ArmedSelection, TriggerClock, arm, armed_stages, check_triggers
 from ._bus import Dispatcher
 from ._claim import SavePathClaim, refuse_other_runs_files, writes_outputs
 from ._config import Config, load_config
 from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
 from ._observer import InstallContext, Observer
 from ._registry import build_observer, setup_observer
+from ._replay import ReplayPlan, activate, active
 
 logger = logging.getLogger("verl_events")
 
@@ -34,9 +35,16 @@ class Installation:
     context manager.
     """
 
-    def __init__(self, config: Config, observers: Sequence[Observer], clock: TriggerClock | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        observers: Sequence[Observer],
+        clock: TriggerClock | None = None,
+        plan: ReplayPlan | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock  # the armed observers' anomaly clock, if any observer is armed
+        self.plan = plan  # which stages replay, when an armed observer selects them
         # One claim on save_path for every observer that writes there.
         self.claim = SavePathClaim(config.save_path, [o for o in observers if writes_outputs(o)], config.latest)
         self.dispatcher = Dispatcher(
@@ -61,6 +69,10 @@ class Installation:
         self.dispatcher.disconnect()
         if self.clock is not None:
             self.clock.disconnect()
+        if self.plan is not None:
+            self.plan.disconnect()
+            if active() is self.plan:
+                activate(None)
         failed = _close_all(self.dispatcher.observers)
         if failed is not None and self.config.strict:
             raise ObserverError(f"observer {failed[0].name!r} failed to close") from failed[1]
@@ -117,13 +129,25 @@ def install(
         if not built:
             _nothing_to_observe(config, strict=cfg.strict)
         clock = arm(built)
-        installation = Installation(cfg, built, clock)
+        plan = _replay_plan(cfg, built, clock)
+        installation = Installation(cfg, built, clock, plan)
         installation.dispatcher.connect()
         if clock is not None:
             clock.connect()
+        if plan is not None:
+            plan.connect()
+            activate(plan)
         _current = installation
     atexit.register(installation.close)
     return installation
+
+
+def _replay_plan(config: Config, observers: Sequence[Observer], clock: TriggerClock | None) -> ReplayPlan | None:
+    """The installation's replay plan: on when an observer is armed, unless ``replay: false``."""
+    armings = [o.selection.arming for o in observers if isinstance(o.selection, ArmedSelection) and o.selection.arming]
+    if config.replay is False or not armings or clock is None:
+        return None  # load_config refused replay: true without an armed observer
+    return ReplayPlan(armings, armed_stages(observers))
 
 
 def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: bool) -> list[Observer]:

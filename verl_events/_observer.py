@@ -65,6 +65,10 @@ class Observer:
     * ``sends_anomalies``: the observer sends the ``anomaly`` signal (the
       sentinel does).  Install refuses an observer with ``trigger: anomaly``
       unless one such observer is installed with it;
+    * ``sees_replays``: the observer also receives replays (``event.replay``:
+      a stage run again right after it raised an anomaly, for the armed
+      capture observers; see :mod:`verl_events._replay`).  The sentinel
+      does, to judge them; other observers never see them;
     * ``output_noun``: what :meth:`outputs` lists, in the sentence that
       refuses another run's files (``"msprobe dump(s)"``).
 
@@ -85,6 +89,7 @@ class Observer:
     passive: bool = False
     wants_result: bool = False
     sends_anomalies: bool = False
+    sees_replays: bool = False
     output_noun: str = "file(s)"
     optional: bool = False
 

@@ -1,6 +1,7 @@
 """The output tree every observer shares: ``{save_path}/step_{N}/{stage}/...``.
 
-This module owns the tree's names (``step_{N}``, ``step_unknown``); what an
+This module owns the tree's names (``step_{N}``, ``step_unknown``, a replay's
+``{stage}.replay``); what an
 observer writes inside a stage directory is the observer's own format, in its
 own module (msprobe's sessions: :mod:`verl_events.observers.msprobe.layout`).
 """
@@ -27,6 +28,8 @@ LATEST_LINK = "latest"
 
 #: How docs and messages spell a stage directory.
 STAGE_DIR_TEMPLATE = "{save_path}/step_{N}/{stage}"
+#: The end of a replay's directory name, beside its stage's: ``step_{N}/{stage}.replay``.
+REPLAY_SUFFIX = ".replay"
 
 
 def step_dir_name(step: int | None) -> str:
@@ -57,8 +60,19 @@ def stage_dir(save_path: Path, step: int | None, stage: str) -> Path:
 
 
 def stage_output_dir(save_path: Path, event: StageEvent) -> Path:
-    """Where observers write what they collect for one stage."""
-    return stage_dir(save_path, event.step, event.stage)
+    """Where observers write what they collect for one stage; a replay's
+    outputs go beside the stage's, in ``{stage}.replay``."""
+    return stage_dir(save_path, event.step, replay_dir_name(event.stage) if event.replay else event.stage)
+
+
+def replay_dir_name(stage: str) -> str:
+    """The directory name of a stage's replay: ``{stage}.replay``."""
+    return stage + REPLAY_SUFFIX
+
+
+def replayed_stage(name: str) -> str | None:
+    """The stage a directory name is the replay of, or None."""
+    return name[: -len(REPLAY_SUFFIX)] if name.endswith(REPLAY_SUFFIX) else None
 
 
 def prepare_output_dir(path: Path, key: str = "save_path") -> Path:

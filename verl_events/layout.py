@@ -24,10 +24,13 @@ from typing import Any
 from ._moved import NOT_MOVED, moved_name
 from ._paths import (
     LATEST_LINK,
+    REPLAY_SUFFIX,
     RUN_PLACEHOLDER,
     STAGE_DIR_TEMPLATE,
     STEP_DIR_GLOB,
     prepare_output_dir,
+    replay_dir_name,
+    replayed_stage,
     stage_dir,
     stage_dirs,
     stage_output_dir,
@@ -39,6 +42,7 @@ from ._run import RUN_FILE, RUN_ID_ENV, SavePathTaken, claim_save_path, owner_of
 
 __all__ = [
     "LATEST_LINK",
+    "REPLAY_SUFFIX",
     "RUN_FILE",
     "RUN_PLACEHOLDER",
     "RUN_ID_ENV",
@@ -49,6 +53,8 @@ __all__ = [
     "owner_of",
     "prepare_output_dir",
     "refuse_other_runs",
+    "replay_dir_name",
+    "replayed_stage",
     "run_id",
     "stage_dir",
     "stage_dirs",

@@ -67,6 +67,13 @@ names that were reported: a rule with a typo never fires.  A process only
 sees the stages it runs, so a metric of a role another process holds is
 reported (and watched) there.
 
+Replays (:mod:`verl_events._replay`): when an anomaly this sentinel raised
+makes its stage run again for the armed capture observers, the sentinel
+judges the replay (:mod:`.replay`): one :class:`~.record.ReplayRecord`
+line in ``{save_path}/replays.jsonl`` with the verdict, reproducible or
+transient, one log line at WARNING, and the stage's tensor inputs kept in
+the replay's directory.
+
 Spike margins: :meth:`SentinelObserver.margins` says, for every metric
 with a spike rule and every stage that reported it, how many values were
 judged and the largest ratio and robust z among them (a healthy run shows
@@ -97,7 +104,8 @@ from verl_events.config import check_count
 from verl_events.layout import run_id
 
 from ..metrics import extract_metrics
-from .record import AnomalyRecord, anomaly_log_path
+from .record import AnomalyRecord, ReplayRecord, anomaly_log_path, replay_log_path
+from .replay import describe, judge, keep_inputs
 from .rules import parse_rules
 from .spike import SpikeHistory, SpikeMargin
 
@@ -120,6 +128,7 @@ class SentinelObserver(Observer):
     wants_result = True
     #: Read by install: observers with ``trigger: anomaly`` need a sender.
     sends_anomalies = True
+    sees_replays = True  # to judge them
 
     def __init__(
         self,
@@ -135,19 +144,20 @@ class SentinelObserver(Observer):
         self._root = Path()
         self._strict = False
         self._lock = threading.Lock()
-        self._fd: int | None = None
+        self._fds: dict[Path, int] = {}
         self._run: str | None = None
         self._history: dict[tuple[str, str], SpikeHistory] = {}  # (stage, metric) -> its spike rule's history
         self._fired: dict[str, tuple[str, int]] = {}  # metric -> ("step", N) or ("seq", N) of its last trigger
         self._names_seen: set[str] | None = set() if self.rules else None  # None: checked, or nothing to check
         self._steps_seen: set[int] = set()
+        # (stage, step, rank) -> the anomalies raised there, for a replay to be judged by; the newest step only.
+        self._raised: dict[tuple[str, int, int], list[AnomalyEvent]] = {}
 
     output_noun = "anomaly record file(s)"
 
     def outputs(self, save_path: Path) -> list[Path]:
-        """The run's anomaly record file, when there is one."""
-        path = anomaly_log_path(save_path)
-        return [path] if path.exists() else []
+        """The run's anomaly and replay record files, when there are any."""
+        return [path for path in (anomaly_log_path(save_path), replay_log_path(save_path)) if path.exists()]
 
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)
@@ -170,6 +180,9 @@ class SentinelObserver(Observer):
     def on_stage_end(self, event: StageEnd) -> None:
         if event.error is not None or event.result is None:
             return
+        if event.replay:
+            self._judge_replay(event)
+            return
         metrics = extract_metrics(event.stage, event.result, event.inputs)
         if not metrics and self._names_seen is None:
             return
@@ -182,8 +195,44 @@ class SentinelObserver(Observer):
             unknown = self._note_names(event.step, metrics)
         if unknown:
             self._warn_unknown(*unknown)
+        if triggered and event.step is not None:
+            with self._lock:
+                if any(step != event.step for _, step, _ in self._raised):
+                    self._raised.clear()
+                self._raised.setdefault((event.stage, event.step, event.rank), []).extend(triggered)
         for found in triggered:
             self._raise_alarm(found)
+
+    def _judge_replay(self, event: StageEnd) -> None:
+        """The verdict on a replay of a stage this rank raised anomalies at."""
+        assert event.step is not None  # only stages with a step replay
+        with self._lock:
+            raised = self._raised.pop((event.stage, event.step, event.rank), None)
+        if raised is None:
+            return  # replayed for another rank's anomaly: nothing to judge here
+        verdict, again = judge(raised, extract_metrics(event.stage, event.result, event.inputs), self.rules)
+        try:
+            inputs = keep_inputs(self._root, event)
+        except Exception as exc:
+            if self._strict:
+                raise
+            inputs = None
+            logger.error("sentinel: could not keep the inputs of the replay: %s: %s", type(exc).__name__, exc)
+        said = describe(verdict, again)
+        logger.warning("sentinel: step %s %s rank %d: replayed; %s", event.step, event.stage, event.rank, said)
+        names = tuple(dict.fromkeys(found.metric for found in raised))
+        record = ReplayRecord(
+            run=self._run or run_id(),
+            time=time.time(),
+            step=event.step,
+            stage=event.stage,
+            rank=event.rank,
+            verdict=verdict,
+            anomalies=names,
+            again=again,
+            inputs=inputs,
+        )
+        self._append_line(replay_log_path(self._root), record.to_json(), f"the replay's verdict at step {event.step}")
 
     def _check(self, event: StageEnd, name: str, value: float) -> AnomalyEvent | None:
         """The first rule ``value`` breaks, as an AnomalyEvent, if the metric has
@@ -235,33 +284,30 @@ class SentinelObserver(Observer):
             )
 
     def _append(self, found: AnomalyEvent) -> None:
+        if self._run is None:
+            # The installation claimed the save_path for this run before this
+            # observer's first stage began.
+            self._run = run_id()
+        record = AnomalyRecord.from_event(found, run=self._run, time=time.time())
+        self._append_line(
+            anomaly_log_path(self._root), record.to_json(), f"the anomaly ({found.metric} at step {found.step})"
+        )
+
+    def _append_line(self, path: Path, text: str, what: str) -> None:
         """One line, one write; a failure is logged, never raised into training (unless strict)."""
+        line = (text + "\n").encode("utf-8")
         try:
             with self._lock:
-                if self._fd is None:
-                    self._fd = self._open()
-                record = AnomalyRecord.from_event(found, run=self._run, time=time.time())
-                line = (record.to_json() + "\n").encode("utf-8")
-                written = os.write(self._fd, line)
+                fd = self._fds.get(path)
+                if fd is None:
+                    fd = self._fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                written = os.write(fd, line)
             if written != len(line):
                 raise OSError(f"wrote {written} of {len(line)} bytes")
         except Exception as exc:
             if self._strict:
                 raise
-            logger.error(
-                "sentinel: could not record the anomaly (%s at step %s) in %s: %s: %s",
-                found.metric,
-                found.step,
-                anomaly_log_path(self._root),
-                type(exc).__name__,
-                exc,
-            )
-
-    def _open(self) -> int:
-        # The installation claimed the save_path for this run before this
-        # observer's first stage began.
-        self._run = run_id()
-        return os.open(anomaly_log_path(self._root), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            logger.error("sentinel: could not record %s in %s: %s: %s", what, path, type(exc).__name__, exc)
 
     # -- rule names no stage reported -------------------------------------
 
@@ -301,9 +347,9 @@ class SentinelObserver(Observer):
     def close(self) -> None:
         with self._lock:
             unknown = self._unknown_names() if self._names_seen is not None else None
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
         if unknown:
             self._warn_unknown(*unknown)
         for margin in self.margins():

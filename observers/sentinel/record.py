@@ -1,6 +1,7 @@
-"""The anomaly record: one line of ``{save_path}/anomalies.jsonl``.
+"""The sentinel's records: an anomaly (a line of ``{save_path}/anomalies.jsonl``) and a
+replay's verdict (a line of ``{save_path}/replays.jsonl``).
 
-This module owns the format.  The sentinel writes it
+This module owns both formats.  The sentinel writes it
 (:meth:`AnomalyRecord.to_json`); ``verl-events triage`` reads it back
 (:meth:`AnomalyRecord.from_json`).  A line looks like::
 
@@ -9,7 +10,15 @@ This module owns the format.  The sentinel writes it
      "detail": "actor/grad_norm is nan"}
 
 JSON has no NaN or infinity, so a non-finite ``value`` or ``baseline`` is the
-string ``"nan"``, ``"inf"`` or ``"-inf"``.  Standard library only.
+string ``"nan"``, ``"inf"`` or ``"-inf"``.  A replay's verdict
+(:class:`ReplayRecord`)::
+
+    {"run": "…", "time": 1796025668.02, "step": 3, "stage": "actor_compute_log_prob", "rank": 1,
+     "verdict": "reproducible", "anomalies": ["old_log_probs/nonfinite_count"],
+     "again": {"old_log_probs/nonfinite_count": 12.0},
+     "inputs": "step_3/actor_compute_log_prob.replay/inputs_rank1.pt"}
+
+Standard library only.
 """
 
 from __future__ import annotations
@@ -22,10 +31,23 @@ from typing import Any
 
 from verl_events import AnomalyEvent
 
-__all__ = ["ANOMALY_LOG", "AnomalyRecord", "NotAnAnomalyRecord", "anomaly_log_path"]
+__all__ = [
+    "ANOMALY_LOG",
+    "REPLAY_LOG",
+    "AnomalyRecord",
+    "NotAnAnomalyRecord",
+    "ReplayRecord",
+    "anomaly_log_path",
+    "inputs_file_name",
+    "replay_log_path",
+]
 
 #: The file under ``save_path`` every rank appends its anomalies to.
 ANOMALY_LOG = "anomalies.jsonl"
+#: The file under ``save_path`` every rank appends its replays' verdicts to.
+REPLAY_LOG = "replays.jsonl"
+#: A replay's verdicts: the anomaly showed again, or it did not.
+VERDICTS = ("reproducible", "transient")
 
 _REQUIRED = ("step", "stage", "rank", "metric", "value", "rule")
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -34,6 +56,16 @@ _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 def anomaly_log_path(save_path: Path) -> Path:
     """Where the sentinel appends a run's anomalies."""
     return Path(save_path) / ANOMALY_LOG
+
+
+def replay_log_path(save_path: Path) -> Path:
+    """Where the sentinel appends a run's replay verdicts."""
+    return Path(save_path) / REPLAY_LOG
+
+
+def inputs_file_name(rank: int) -> str:
+    """The file, in a replay's directory, holding the stage's tensor inputs on one rank."""
+    return f"inputs_rank{rank}.pt"
 
 
 class NotAnAnomalyRecord(ValueError):
@@ -113,3 +145,46 @@ def _decode(value: Any) -> float:
     if isinstance(value, str) and value in _NON_FINITE:
         return _NON_FINITE[value]
     return float(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayRecord:
+    """A replay's verdict on one rank: the stage's anomalies (``anomalies``:
+    the metrics that raised one) showed again (``reproducible``; ``again``
+    holds their values in the replay) or not (``transient``).  ``inputs`` is
+    the stage's tensor inputs kept on disk, relative to save_path, or None."""
+
+    run: str | None
+    time: float | None
+    step: int | None
+    stage: str
+    rank: int
+    verdict: str
+    anomalies: tuple[str, ...]
+    again: dict[str, float]
+    inputs: str | None = None
+
+    def to_json(self) -> str:
+        """One line of replays.jsonl (no newline)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["anomalies"] = list(self.anomalies)
+        data["again"] = {metric: _encode(value) for metric, value in self.again.items()}
+        return json.dumps(data, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> ReplayRecord:
+        """Parse one line; ValueError when it is not one (the message says why)."""
+        data = json.loads(line)
+        if not isinstance(data, dict) or data.get("verdict") not in VERDICTS or not isinstance(data.get("rank"), int):
+            raise ValueError(f"not a replay record (needs a verdict of {', '.join(VERDICTS)} and an integer rank)")
+        return cls(
+            run=data.get("run"),
+            time=data.get("time"),
+            step=data.get("step"),
+            stage=str(data["stage"]),
+            rank=data["rank"],
+            verdict=data["verdict"],
+            anomalies=tuple(data.get("anomalies") or ()),
+            again={str(k): _decode(v) for k, v in (data.get("again") or {}).items()},
+            inputs=data.get("inputs"),
+        )

@@ -106,6 +106,15 @@ def _ratio_down(value: float, median: float) -> float:
     return math.inf if left <= 0 else 1 / left
 
 
+def moved_as_far(rule: SpikeRule, value: float, median: float) -> bool:
+    """Whether ``value`` is again as large a move from ``median`` as the rule
+    calls a spike (its ratio, in its direction): how a replay's value is judged
+    against the median the anomaly was judged by."""
+    up = rule.direction != "down" and _ratio_up(value, median) >= rule.ratio
+    down = rule.direction != "up" and _ratio_down(value, median) >= rule.ratio
+    return up or down
+
+
 def _sizes(up: bool, median: float, ratio: float, limit: float) -> tuple[str, str]:
     """How a spike's size is said: ``x8`` / ``1/8 of`` for a positive median;
     for a median of 0 or below, "x3 the median" would mislead, so how far it

@@ -314,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--inject",
         metavar="KIND@STEP",
         help="nan@STEP or spike@STEP: corrupt that actor weight at STEP's update on the last rank, "
-        "to try the sentinel (tiny engine; see docs/sentinel.md)",
+        "to try the sentinel; nan-once@STEP or nan-flaky@STEP: a NaN in STEP's actor_compute_log_prob "
+        "only, which its replay shows again (once) or not (flaky) (tiny engine; see docs/sentinel.md)",
     )
     demo.set_defaults(run_command=_demo)
 

@@ -36,33 +36,49 @@ def default_config(save_path: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Injection:
-    """``--inject KIND@STEP``: corrupt ``INJECTED_WEIGHT`` of the actor on the last rank
-    at the begin of ``step``'s actor update (nan: one element; spike: times
-    ``SPIKE_SCALE``), through the :class:`~verl_events.apps.inject.WeightFault` observer."""
+    """``--inject KIND@STEP``: corrupt ``INJECTED_WEIGHT`` of the actor on the last rank,
+    through the :class:`~verl_events.apps.inject.WeightFault` observer:
+
+    * ``nan`` / ``spike``: at the begin of ``step``'s actor update, for good (one element
+      NaN; the weight times ``SPIKE_SCALE``);
+    * ``nan-once``: a NaN in ``step``'s actor_compute_log_prob only, there through its
+      replay and undone after (a fault of the step's weights: reproducible);
+    * ``nan-flaky``: the same, undone as soon as the stage's own run ends, so its replay
+      runs clean (a fault of that one run: transient).
+    """
 
     kind: str
     step: int
 
-    KINDS = ("nan", "spike")
+    #: Each kind: (the fault, the stage it hits, how long it lasts).
+    KINDS = {
+        "nan": ("nan", "actor_update", "run"),
+        "spike": ("spike", "actor_update", "run"),
+        "nan-once": ("nan", "actor_compute_log_prob", "stage"),
+        "nan-flaky": ("nan", "actor_compute_log_prob", "call"),
+    }
 
     @classmethod
     def parse(cls, text: str, steps: int) -> Injection:
         kind, _, step = text.partition("@")
         if kind not in cls.KINDS or not step.isdigit() or not 1 <= int(step) <= steps:
             raise ValueError(
-                f"--inject: {text!r} is not allowed; use nan@STEP or spike@STEP with STEP from 1 to {steps} (--steps)"
+                f"--inject: {text!r} is not allowed; use KIND@STEP with KIND one of {', '.join(cls.KINDS)} "
+                f"and STEP from 1 to {steps} (--steps)"
             )
         return cls(kind, int(step))
 
     def observer_entry(self, nproc: int) -> dict[str, Any]:
+        fault, stage, lasts = self.KINDS[self.kind]
         # The last rank only: the others see the fault through the averaged gradients.
         return {
             "_target_": "verl_events.apps.inject:WeightFault",
-            "kind": self.kind,
+            "kind": fault,
             "step": self.step,
             "parameter": INJECTED_WEIGHT,
             "scale": SPIKE_SCALE,
-            "stages": ["actor_update"],
+            "lasts": lasts,
+            "stages": [stage],
             "ranks": [nproc - 1],
         }
 
