@@ -72,7 +72,7 @@ class CaptureObserver(Observer):
         self._slot = SessionSlot(self.tool, "captured", logging.getLogger(f"verl_events.{self.tool}"))
         self._capture: Capture | None = None
         self._ranges: dict[int, Any] = {}
-        self._calls: dict[tuple[int | None, str], int] = {}
+        self._calls: dict[tuple[Path, str], int] = {}
 
     def unavailable(self) -> str | None:
         if self.library is None:
@@ -189,7 +189,7 @@ class CaptureObserver(Observer):
             directory = self._root / step_dir_name(event.step)
             stem = f"{self.tool}_{step_dir_name(event.step)}-{capture.last_step}_rank{rank}"
         prepare_output_dir(directory)
-        key = (event.step, stem)
+        key = (directory, stem)  # a replay's directory is its own
         call = self._calls.get(key, 0)
         while True:
             path = directory / f"{stem}{f'_call{call}' if call else ''}{suffix}"

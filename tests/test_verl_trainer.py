@@ -238,7 +238,13 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     step_3 = {a["metric"] for a in anomalies if a["step"] == 3 and a["stage"] == "actor_compute_log_prob"}
     assert {"old_log_probs/nonfinite_count", "entropys/nonfinite_count"} <= step_3, anomalies
     assert sorted({p.relative_to(save_path).parts[0] for p in save_path.rglob("dump.json")}) == ["step_3"]
-    assert dump_files(save_path) == sorted(f"step_3/{stage}/step0/rank0/dump.json" for stage in STAGES)
+    # Step 3's recomputed log-probs raise an anomaly of their own, and actor_compute_log_prob
+    # is forward-only: it is replayed, in its own folder; the NaN is in the weights, so the
+    # replay shows it again.
+    replay = "step_3/actor_compute_log_prob.replay/step0/rank0/dump.json"
+    assert dump_files(save_path) == sorted([replay, *(f"step_3/{stage}/step0/rank0/dump.json" for stage in STAGES)])
+    (verdict,) = [json.loads(line) for line in (save_path / "replays.jsonl").read_text().splitlines()]
+    assert (verdict["step"], verdict["stage"], verdict["verdict"]) == (3, "actor_compute_log_prob", "reproducible")
 
     assert triage.argv[:2] == ["verl-events", "triage"]
     assert verl_events_main([*triage.argv[1:-1], on(root, triage.argv[-1]), "--json"]) == 1

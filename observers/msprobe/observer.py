@@ -84,7 +84,7 @@ class MsprobeObserver(Observer):
         self._root = Path()
         self._strict = False
         self._slot = SessionSlot("msprobe", "dumped", logger)
-        self._calls: dict[tuple[int | None, str], int] = {}
+        self._calls: dict[Path, int] = {}  # stage directory -> sessions begun there
         self._debugger: MsprobeDebugger | None = None  # set once set up, warm-up included
         self._output = Path()  # the open session's rank directory
 
@@ -139,7 +139,7 @@ class MsprobeObserver(Observer):
                     )
                 return  # the bus has already warned, naming the paths it tried
             dump_dir = stage_output_dir(self._root, event)
-            call = self._calls.get((event.step, event.stage), 0)
+            call = self._calls.get(dump_dir, 0)  # a replay has a directory of its own
             output = session_dir(dump_dir, call, event.rank)
             try:
                 output.mkdir(parents=True)  # atomic: of two processes, one gets it
@@ -149,7 +149,7 @@ class MsprobeObserver(Observer):
                     f"{event.step} is not dumped so that two runs never mix in one {DUMP_FILE}. "
                     "Remove it or choose another save_path"
                 ) from None
-            self._calls[(event.step, event.stage)] = call + 1
+            self._calls[dump_dir] = call + 1
             # Until a clean stop, this session is not a whole stage: a kill -9,
             # a crash or a full disk leaves the marker, and readers say so.
             mark_incomplete(output, f"cut off during step {event.step} {event.stage} (rank {event.rank})")
