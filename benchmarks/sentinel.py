@@ -18,11 +18,18 @@ process (``time.process_time``): on a shared machine wall time measures the
 neighbours' load as much as the step, while CPU time measures only this
 process's work.  ``--clock wall`` uses wall time instead; both are printed.
 
+A fourth configuration, ``armed``, adds to the sentinel a capture observer
+armed with ``trigger: anomaly`` on every stage (it captures nothing: the
+demo is healthy), so replay's agreement runs at the end of each replayable
+stage; its cost alone is timed too, in this process (one rank: no
+collective) and on two gloo ranks spawned for it (one all-reduce each).
+
 Prints each configuration's best and median step time and their ratios to
 the unprofiled step, the sentinel's own CPU time per step (its end hook,
-timed inside), and ends with::
+timed inside), the agreement's cost, and ends with::
 
-    sentinel_vs_unprofiled_step=<best sentinel step / best unprofiled step>
+    sentinel_vs_unprofiled_step=<best sentinel step / best unprofiled step> \
+        armed_vs_unprofiled_step=<the same, armed> replay_agreement_us=<one rank> replay_agreement_gloo2_us=<two>
 
 Best-of, because the least-disturbed step is the stable figure; the median
 is printed beside it.  The target is at most 1.02.
@@ -101,11 +108,21 @@ class Listening(Observer):
     wants_result = True
 
 
+class Armed(Observer):
+    """A capture observer that captures nothing: armed, it makes replay's agreement run."""
+
+    captures = True
+
+
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+# The sentinel with an observer armed on the demo's stages: replay's agreement then runs at the
+# end of each replayable stage (nothing is captured: the demo is healthy).
+ARMED = {"_target_": f"{__name__}:Armed", "trigger": "anomaly", "stages": list(DEMO_STAGES)}
 CONFIGS: dict[str, list[dict[str, Any]]] = {
     "unprofiled": [],
     "listening": [{"_target_": f"{__name__}:Listening"}],
     "sentinel": [{"_target_": f"{__name__}:TimedSentinel", "rules": RULES}],
+    "armed": [{"_target_": f"{__name__}:TimedSentinel", "rules": RULES}, ARMED],
 }
 
 
@@ -211,6 +228,50 @@ def verl_rounds(rounds: int, steps: int) -> tuple[float, float]:
     return step_ratio, stage_ratio
 
 
+AGREEMENTS = 2000
+
+
+def agreement_cost() -> tuple[float, float]:
+    """Microseconds per replay agreement: in one process, and on two gloo ranks."""
+    from verl_events._replay import ReplayPlan
+
+    plan = ReplayPlan([], None)
+    started = time.perf_counter()
+    for step in range(AGREEMENTS):
+        plan.agrees("actor_compute_log_prob", step)
+    alone = (time.perf_counter() - started) / AGREEMENTS * 1e6
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as scratch:
+        mp.spawn(_agree_on_two_ranks, args=(scratch,), nprocs=2)
+        gloo = max(float(Path(scratch, f"rank{rank}").read_text()) for rank in (0, 1))
+    return alone, gloo
+
+
+def _agree_on_two_ranks(rank: int, scratch: str) -> None:
+    import socket
+
+    import torch.distributed as dist
+
+    from verl_events._replay import ReplayPlan
+
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            Path(scratch, "port").write_text(str(probe.getsockname()[1]))
+    while not Path(scratch, "port").exists():
+        time.sleep(0.01)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=Path(scratch, "port").read_text())
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    plan = ReplayPlan([], None)
+    plan.agrees("actor_compute_log_prob", 0)  # the first collective sets the group up
+    started = time.perf_counter()
+    for step in range(1, AGREEMENTS + 1):
+        plan.agrees("actor_compute_log_prob", step)
+    Path(scratch, f"rank{rank}").write_text(str((time.perf_counter() - started) / AGREEMENTS * 1e6))
+    dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8, help="demo steps per run (the first and last are not timed)")
@@ -236,15 +297,17 @@ def main() -> None:
     torch.set_num_threads(1)
     run([], 3)  # warm-up: torch's first passes, imports
     times: dict[str, dict[str, list[float]]] = {name: {clock: [] for clock in CLOCKS} for name in CONFIGS}
-    TimedSentinel.spent = 0.0
+    spent = dict.fromkeys(CONFIGS, 0.0)
     names = list(CONFIGS)
     for repeat in range(args.repeats):
         # A different configuration goes first each repeat: no order effect.
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
+            TimedSentinel.spent = 0.0
             for clock, steps in run(CONFIGS[name], args.steps).items():
                 times[name][clock] += steps
-    hook_per_step = TimedSentinel.spent / (args.repeats * args.steps)
+            spent[name] += TimedSentinel.spent
+    hook_per_step = spent["sentinel"] / (args.repeats * args.steps)
 
     print(
         f"demo: {len(DEMO_STAGES)} stages a step, torch on 1 thread, "
@@ -264,7 +327,14 @@ def main() -> None:
         f"sentinel end hooks (CPU time): {hook_per_step * 1e3:.3f} ms per step, "
         f"{hook_per_step / base * 100:.2f} % of the best unprofiled step"
     )
+    alone, gloo = agreement_cost()
+    print(
+        f"replay agreement at the end of a replayable stage: {alone:.2f} us with one rank (no collective), "
+        f"{gloo:.1f} us with two gloo ranks (one all-reduce of one integer)"
+    )
     last = f"sentinel_vs_unprofiled_step={min(times['sentinel'][args.clock]) / base:.4f}"
+    last += f" armed_vs_unprofiled_step={min(times['armed'][args.clock]) / base:.4f}"
+    last += f" replay_agreement_us={alone:.2f} replay_agreement_gloo2_us={gloo:.1f}"
     if args.verl_rounds:
         step_ratio, stage_ratio = verl_rounds(args.verl_rounds, args.verl_steps)
         last += (
