@@ -121,18 +121,28 @@ def _send_end(end: StageEnd, *, body_failed: bool) -> None:
         logger.exception("stage_end receiver failed while stage %r was already failing", end.stage)
 
 
+def _run(event: StageEvent, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    """Run a stage's body between its begin and end events; its exception
+    propagates unchanged, after the end event."""
+    started, wants_result = _open(event)
+    inputs = _first_input(args, kwargs) if wants_result else None
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _close(event, started, exc, None, inputs)
+        raise
+    _close(event, started, None, result if wants_result else None, inputs)
+    return result
+
+
 def _replay(event: StageEvent, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Run the stage's body once more as a replay (``replay=True``), for the
     armed capture observers; its result is dropped, and an exception it
     raises is logged, never raised."""
-    replay = dataclasses.replace(event, seq=next(_seq), replay=True)
     logger.info("replaying stage %r of step %s on rank %d for the armed observers", event.stage, event.step, event.rank)
-    started, wants_result = _open(replay)
-    inputs = _first_input(args, kwargs) if wants_result else None
     try:
-        result = fn(*args, **kwargs)
+        _run(dataclasses.replace(event, seq=next(_seq), replay=True), fn, args, kwargs)
     except Exception as exc:
-        _close(replay, started, exc, None, inputs)
         logger.error(
             "the replay of stage %r (step %s, rank %d) raised %s: %s; training goes on with the stage's own result",
             event.stage,
@@ -141,8 +151,6 @@ def _replay(event: StageEvent, fn: Callable[..., Any], args: tuple[Any, ...], kw
             type(exc).__name__,
             exc,
         )
-        return
-    _close(replay, started, None, result if wants_result else None, inputs)
 
 
 class stage:
@@ -280,14 +288,7 @@ def emits_stage(
             step = find_step(worker, args[1:], kwargs)
             model, paths = find_model(worker, stage_role)
             event = _new_event(name, stage_role, step, model, dict(method_meta), paths)
-            started, wants_result = _open(event)
-            inputs = _first_input(args, kwargs) if wants_result else None
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                _close(event, started, exc, None, inputs)
-                raise
-            _close(event, started, None, result if wants_result else None, inputs)
+            result = _run(event, fn, args, kwargs)
             plan = active_replay_plan()
             if replays and plan is not None and plan.agrees(name, event.step):
                 _replay(event, fn, args, kwargs)
