@@ -87,7 +87,9 @@ def keep_inputs(root: Path, event: StageEnd) -> str | None:
         return None
     directory = prepare_output_dir(stage_output_dir(root, event))
     path = directory / inputs_file_name(event.rank)
-    torch.save({name: tensor.detach().cpu() for name, tensor in tensors.items()}, path)
+    # clone: verl's TensorDicts arrive consolidated, their tensors views of one storage as several
+    # dtypes, which torch.save refuses ("view the same data as different types").
+    torch.save({name: tensor.detach().cpu().clone() for name, tensor in tensors.items()}, path)
     return str(path.relative_to(root))
 
 

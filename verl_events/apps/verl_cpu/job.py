@@ -323,20 +323,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_trainer(overrides, trainer_env())
 
 
-def run_trainer(overrides: Sequence[str], env: Mapping[str, str], *, log: Path | None = None) -> int:
+def run_trainer(
+    overrides: Sequence[str], env: Mapping[str, str], *, log: Path | None = None, timeout: float | None = None
+) -> int:
     """Run ``python -m verl.trainer.main_ppo OVERRIDES`` with ``env``; return its exit code.
 
     Its output goes to ``log`` when given, else to this process's stdout and stderr.
-    No Ray process of the run is left behind.
+    No Ray process of the run is left behind: past ``timeout`` seconds (a hang) all of
+    them are killed and :class:`subprocess.TimeoutExpired` is raised.
     """
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     if log is None:
-        return _run_in_own_session(cmd, env)
+        return _run_in_own_session(cmd, env, timeout=timeout)
     with log.open("w") as out:
-        return _run_in_own_session(cmd, env, out)
+        return _run_in_own_session(cmd, env, out, timeout=timeout)
 
 
-def _run_in_own_session(cmd: Sequence[str], env: Mapping[str, str], output: IO[str] | None = None) -> int:
+def _run_in_own_session(
+    cmd: Sequence[str], env: Mapping[str, str], output: IO[str] | None = None, *, timeout: float | None = None
+) -> int:
     """Run ``cmd`` (output streamed) in a new session and wait until the session is empty.
 
     The trainer starts a local Ray cluster whose worker processes outlive the driver by a
@@ -345,7 +350,11 @@ def _run_in_own_session(cmd: Sequence[str], env: Mapping[str, str], output: IO[s
     """
     proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, stdout=output, stderr=output)
     try:
-        return proc.wait()
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _reap_session(proc.pid, timeout=0)  # hung: kill every process of the run now
+        proc.wait()
+        raise
     except KeyboardInterrupt:
         # The child no longer shares the terminal's process group: pass the interrupt on.
         proc.send_signal(signal.SIGINT)
