@@ -29,7 +29,10 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 # (file, text in the block's first command) -> the test that runs it twice
 RUN_ELSEWHERE = {
-    ("docs/sentinel.md", "verl-events demo --config examples/sentinel.yaml"): "tests/test_sentinel_demo.py",
+    (
+        "docs/sentinel.md",
+        "verl-events demo --config examples/sentinel.yaml",
+    ): "tests/test_sentinel_demo.py, tests/test_triage_replay.py",
     ("docs/sentinel.md", "verl-events demo --config examples/sentinel_spike.yaml"): "tests/test_sentinel_demo.py",
     ("docs/sentinel.md", "pytest tests/test_sentinel_healthy.py"): "those tests themselves (the command runs them)",
     ("docs/msprobe.md", ""): "tests/test_msprobe_tools.py (the msprobe tools section, block by block)",

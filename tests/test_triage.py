@@ -206,9 +206,22 @@ def test_triage_prints_the_anomaly_the_op_and_its_source_line(
 def test_json_has_one_shape_for_every_outcome(
     nan_run: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    keys = {"run", "anomalies", "anomaly", "found", "dump", "healthy_dump", "op", "reason", "notes", "warnings"}
+    keys = {
+        "run",
+        "anomalies",
+        "anomaly",
+        "found",
+        "dump",
+        "healthy_dump",
+        "replay",
+        "op",
+        "reason",
+        "notes",
+        "warnings",
+    }
     found = triage_json(nan_run[1], capsys)
     assert set(found) == keys and found["found"] is True and found["anomalies"] == 1 and found["reason"] is None
+    assert found["replay"] is None  # a with-stage block is never replayed: no replays.jsonl
     assert isinstance(found["op"], dict) and set(found["op"]) == {
         "op",
         "parts",

@@ -7,6 +7,14 @@ a watcher saw: step, stage, rank, metric, value, rule, baseline, detail,
 run, time) and the msprobe dumps of the run, and names, for the first
 anomaly (lowest step, then earliest time):
 
+* first, when the stage was replayed (``{RUN}/replays.jsonl`` has the
+  sentinel's verdict for that step, stage and rank; see
+  :mod:`verl_events.apps.triage.replay`), the verdict; for a
+  ``reproducible`` one the search below runs on the replay's own dump,
+  ``step_{N}/{stage}.replay``: the anomalous step itself.  A ``transient``
+  one (and a reproducible one whose replay dump shows nothing) goes on to
+  the dumps of the later steps;
+
 * ``non_finite``: the first op, in execution order, with a NaN or Inf in
   any statistic (Max, Min, Mean, Norm) of any tensor it saw (the parts that
   have one are named: output, inputs, parameters, gradients), in the first
@@ -37,12 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_events.layout import LATEST_LINK, owner_of
+from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_stage, stage_dir
 
 from ..formats import anomaly_record, msprobe_layout
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite
+from .replay import Replay, replay_of
 from .spike import most_moved
 
 # The formats' names, as their owners define them.
@@ -50,7 +59,6 @@ AnomalyRecord = anomaly_record.AnomalyRecord
 NotAnAnomalyRecord = anomaly_record.NotAnAnomalyRecord
 anomaly_log_path = anomaly_record.anomaly_log_path
 SessionPlace = msprobe_layout.SessionPlace
-STACK_FILE = msprobe_layout.STACK_FILE
 
 __all__ = [
     "Anomaly",
@@ -58,7 +66,6 @@ __all__ = [
     "TriageInputError",
     "is_library_frame",  # re-exported from .dumps, where the user frame is defined
     "read_anomalies",
-    "render",
     "triage",
     "user_frame",
 ]
@@ -129,15 +136,16 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
 
 @dataclass(slots=True)
 class Triage:
-    """What triage found for the first anomaly of a run: the op (or why none
-    is named), the dump it is in and, for a spike, the healthy dump it was
-    compared with."""
+    """What triage found for the first anomaly of a run: the verdict of its
+    replay, if the stage was replayed, the op (or why none is named), the
+    dump it is in and, for a spike, the healthy dump it was compared with."""
 
     run: Path
     anomalies: list[Anomaly]
     finding: Finding | None = None
     dump: SessionPlace | None = None
     healthy_dump: SessionPlace | None = None
+    replay: Replay | None = None
     reason: str = ""
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -155,11 +163,17 @@ class Triage:
             "found": self.finding is not None,
             "dump": None if self.dump is None else str(self.dump.path),
             "healthy_dump": None if self.healthy_dump is None else str(self.healthy_dump.path),
+            "replay": None if self.replay is None else self.replay.as_json(self.dump if self.in_replay else None),
             "op": None if self.finding is None else self.finding.as_json(),
             "reason": self.reason or None,
             "notes": self.notes,
             "warnings": self.warnings,
         }
+
+    @property
+    def in_replay(self) -> bool:
+        """Whether ``dump`` is the replay's: the anomalous step itself."""
+        return self.dump is not None and replayed_stage(self.dump.stage) is not None
 
 
 def triage(run: Path) -> Triage:
@@ -188,6 +202,9 @@ def triage(run: Path) -> Triage:
     if anomaly.step is None:
         result.reason = "the anomaly has no step, so triage cannot tell which dumps follow it"
         return result
+    result.replay = replay_of(run, anomaly.record, result.warnings, result.notes)
+    if result.replay is not None and result.replay.verdict == "reproducible" and _in_replay(result, anomaly, run):
+        return result
     dumps = [d for d in find_dumps(run) if d.step > anomaly.step]
     if not dumps:
         result.reason = (
@@ -208,6 +225,34 @@ def triage(run: Path) -> Triage:
     else:
         _moved(result, anomaly, find_dumps(run), dumps)
     return result
+
+
+def _in_replay(result: Triage, anomaly: Anomaly, run: Path) -> bool:
+    """Search the replay's dump of a reproducible anomaly; whether it named the op."""
+    assert result.replay is not None and anomaly.step is not None
+    dumps = result.replay.dumps
+    if not dumps:
+        stage = anomaly.record.stage
+        where = stage_dir(run, anomaly.step, replay_dir_name(stage))
+        result.notes.append(
+            f"the replay of step {anomaly.step} has no msprobe dump in {where} "
+            f"(msprobe was not armed for {stage}, or had no capture left)"
+        )
+        return False
+    if all(d.rank != anomaly.record.rank for d in dumps):
+        result.notes.append(
+            f"rank {anomaly.record.rank} has no replay dump of step {anomaly.step}; the replay dumps of rank(s) "
+            f"{', '.join(map(str, sorted({d.rank for d in dumps})))} are used instead"
+        )
+    if anomaly.rule == "non_finite":
+        _non_finite(result, anomaly.step, dumps)
+    else:
+        _moved(result, anomaly, find_dumps(run), dumps)
+    if result.finding is not None:
+        return True
+    result.notes.append(f"the replay's dump names no op ({result.reason}); the dumps after step {anomaly.step} follow")
+    result.reason, result.dump, result.healthy_dump = "", None, None
+    return False
 
 
 def _refuse_a_folder_of_runs(run: Path) -> None:
@@ -232,6 +277,9 @@ def _non_finite(result: Triage, step: int, dumps: list[SessionPlace]) -> None:
         if session is not None and (finding := first_non_finite(session)) is not None:
             result.finding, result.dump = finding, dump
             return
+    if all(d.step == step for d in dumps):  # the replay's
+        result.reason = f"the {len(dumps)} replay dump(s) of step {step} hold no NaN or Inf"
+        return
     steps = sorted({d.step for d in dumps})
     result.reason = (
         f"none of the {len(dumps)} dump(s) after step {step} (steps {', '.join(map(str, steps))}) holds a NaN or Inf: "
@@ -241,8 +289,9 @@ def _non_finite(result: Triage, step: int, dumps: list[SessionPlace]) -> None:
 
 def _moved(result: Triage, anomaly: Anomaly, every: list[SessionPlace], after: list[SessionPlace]) -> None:
     step, stage = anomaly.step or 0, anomaly.record.stage
-    for armed in sorted(after, key=lambda d: d.stage != stage):  # the anomaly's own stage first; sort is stable
-        earlier = [d for d in every if d.stage == armed.stage and d.rank == armed.rank and d.step < step]
+    # The anomaly's own stage first (sort is stable); a replay is compared with its stage's healthy dumps.
+    for armed in sorted(after, key=lambda d: _stage_of(d) != stage):
+        earlier = [d for d in every if d.stage == _stage_of(armed) and d.rank == armed.rank and d.step < step]
         if not earlier:
             continue
         healthy = max(earlier, key=lambda d: (d.step, d.call == armed.call))
@@ -254,7 +303,7 @@ def _moved(result: Triage, anomaly: Anomaly, every: list[SessionPlace], after: l
         if result.finding is None:
             result.reason = f"{armed.path} and {healthy.path} share no entry to compare"
         return
-    stages = ", ".join(sorted({d.stage for d in after}))
+    stages = ", ".join(sorted({_stage_of(d) for d in after}))
     result.reason = (
         f"no healthy dump to compare with: no dump of {stages} before step {step} "
         f"(rank {', '.join(map(str, sorted({d.rank for d in after})))}); a {anomaly.rule} is triaged against the last "
@@ -262,62 +311,6 @@ def _moved(result: Triage, anomaly: Anomaly, every: list[SessionPlace], after: l
     )
 
 
-# -- printing ------------------------------------------------------------------------------
-
-
-def render(result: Triage, console: Any) -> None:
-    """A few lines for the terminal."""
-
-    def say(label: str, text: str, style: str | None = None) -> None:
-        console.print(f"{label:<8}{text}", markup=False, highlight=False, soft_wrap=True, style=style)
-
-    anomaly = result.anomaly
-    if anomaly is None:
-        console.print(result.reason, markup=False, highlight=False, soft_wrap=True)
-        return
-    say("anomaly", anomaly.describe(), "bold")
-    if len(result.anomalies) > 1:
-        later = sorted({a.record.step for a in result.anomalies[1:]}, key=lambda step: (step is None, step or 0))
-        steps = ", ".join(str(step) for step in later)
-        say("", f"({len(result.anomalies) - 1} more recorded, step(s) {steps}; the first is triaged)")
-    if result.healthy_dump is not None and result.dump is not None:
-        say("dumps", f"healthy {result.healthy_dump.path}  ->  after {result.dump.path}")
-    elif result.dump is not None:
-        say("dump", str(result.dump.path))
-    finding = result.finding
-    if finding is None:
-        say("no op", result.reason, "yellow")
-        return
-    if finding.others is not None:
-        output = "" if finding.factor is None else f"; its output norm x{finding.factor:.3g}"
-        say(
-            "op",
-            f"{finding.op}  (parameter {finding.parameter} moved x{finding.parameter_factor:.3g}, the median parameter "
-            f"x{finding.others:.4g}: the first op to read it, {', '.join(finding.parts)}{output})",
-            "bold red",
-        )
-    elif finding.factor is None:
-        say("op", f"{finding.op}  (first in execution order with a NaN/Inf: {', '.join(finding.parts)})", "bold red")
-    else:
-        largest = (
-            "the largest move"
-            if finding.largest is None
-            else (f"the earliest move of the order of the largest, {finding.largest[0]} x{finding.largest[1]:.3g}")
-        )
-        say("op", f"{finding.op}  ({', '.join(finding.parts)} norm x{finding.factor:.3g}: {largest})", "bold red")
-    say(
-        "module",
-        f"{finding.module} ({finding.module_entry})"
-        if finding.module
-        else "none recorded (level L1 records no modules, and msprobe never hooks the root model)",
-    )
-    if finding.parameter:
-        moved = "" if finding.parameter_factor is None else f" (moved x{finding.parameter_factor:.3g})"
-        say("param", finding.parameter + moved)
-    source = finding.source
-    say(
-        "source",
-        f"{source['file']}:{source['line']} in {source['function']}: {source['code']}"
-        if source
-        else f"no user frame in its call stack ({STACK_FILE} missing, or every frame in torch/msprobe/the stdlib)",
-    )
+def _stage_of(dump: SessionPlace) -> str:
+    """The stage a dump is of: a replay's (``{stage}.replay``) is its stage's."""
+    return replayed_stage(dump.stage) or dump.stage

@@ -50,6 +50,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from verl_events import STAGE_ROLES
+from verl_events.layout import replayed_stage
 
 from ..formats import msprobe_layout as layout
 
@@ -86,8 +87,10 @@ _STAGE_ORDER = {stage: i for i, stage in enumerate(STAGE_ROLES)}
 
 
 def dump_order(place: SessionPlace) -> tuple[int, int, str, int]:
-    """Where a session sits in a run: by step, verl's stage order, stage, call."""
-    return (place.step, _STAGE_ORDER.get(place.stage, len(_STAGE_ORDER)), place.stage, place.call)
+    """Where a session sits in a run: by step, verl's stage order, stage, call
+    (a replay, ``{stage}.replay``, right after its stage)."""
+    stage = replayed_stage(place.stage) or place.stage
+    return (place.step, _STAGE_ORDER.get(stage, len(_STAGE_ORDER)), place.stage, place.call)
 
 
 def find_dumps(run: Path) -> list[SessionPlace]:
