@@ -9,7 +9,10 @@ observers capture that run: its dump is the anomalous step itself.  The
 replay's result is thrown away; the stage returns its own.
 
 * Replayable: verl's forward-only stages (:data:`REPLAYABLE`), and a user's
-  stage declared ``@emits_stage(..., replayable=True)``.  Stages that change
+  stage declared ``@emits_stage(..., replayable=True)``.  Such a stage must
+  change no state, its arguments included: it returns its output rather than
+  writing it into the batch it was given (verl's workers return a new
+  DataProto), or training would see the replay's values.  Stages that change
   state or draw samples (:data:`STATE_CHANGES`) are never replayed by default;
   they keep the next-step capture.  A ``with stage(...)`` block cannot be run
   twice, so only decorated methods replay.

@@ -75,6 +75,10 @@ class Batch:
     tensors: dict[str, torch.Tensor]
     meta_info: dict[str, Any] = field(default_factory=dict)
 
+    def with_tensor(self, name: str, tensor: torch.Tensor) -> Batch:
+        """A new batch: this one's tensors and ``name``, as verl's ``DataProto.union`` makes."""
+        return Batch({**self.tensors, name: tensor}, dict(self.meta_info))
+
 
 def sampling_probs(logits: torch.Tensor) -> torch.Tensor:
     """Next-token probabilities.  A broken model (NaN logits) still samples,
@@ -116,17 +120,17 @@ class ActorRolloutRefWorker:
                 sequences = torch.cat([sequences, next_token], dim=1)
         return Batch({"sequences": sequences}, dict(prompts.meta_info))
 
+    # The forward-only stages return a new batch and leave theirs as it was, as verl's
+    # workers do: a replay (after an anomaly) runs them again on the same batch.
     @emits_stage("ref_compute_log_prob")
     def compute_ref_log_prob(self, data: Batch) -> Batch:
         with torch.no_grad():
-            data.tensors["ref_log_prob"] = response_log_probs(self.ref_module, data.tensors["sequences"])
-        return data
+            return data.with_tensor("ref_log_prob", response_log_probs(self.ref_module, data.tensors["sequences"]))
 
     @emits_stage("actor_compute_log_prob")
     def compute_log_prob(self, data: Batch) -> Batch:
         with torch.no_grad():
-            data.tensors["old_log_prob"] = response_log_probs(self.actor_module, data.tensors["sequences"])
-        return data
+            return data.with_tensor("old_log_prob", response_log_probs(self.actor_module, data.tensors["sequences"]))
 
     @emits_stage("actor_update")
     def update_actor(self, data: Batch) -> dict[str, float]:
@@ -158,8 +162,7 @@ class CriticWorker:
     @emits_stage("compute_values")
     def compute_values(self, data: Batch) -> Batch:
         with torch.no_grad():
-            data.tensors["values"] = self._values(data.tensors["sequences"])
-        return data
+            return data.with_tensor("values", self._values(data.tensors["sequences"]))
 
     @emits_stage("critic_update")
     def update_critic(self, data: Batch) -> float:
