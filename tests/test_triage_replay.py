@@ -352,6 +352,12 @@ def test_the_demos_flaky_nan_replays_transient_with_the_stages_tensors_kept(work
     kept = torch.load(run / record["inputs"])
     assert all(isinstance(t, torch.Tensor) for t in kept.values()) and "sequences" in kept
     assert kept["sequences"].dtype == torch.int64 and kept["sequences"].dim() == 2  # the rollout's token ids
+    # The stage's input, not its output: the replay ran on the batch as the stage got it.
+    assert "old_log_prob" not in kept
+    # Training went on with the stage's own NaN log-probs, never the replay's clean ones:
+    # step 3's actor update sees them.
+    updates = [json.loads(line) for line in (run / "anomalies.jsonl").read_text().splitlines()]
+    assert any(a["step"] == 3 and a["stage"] == "actor_update" for a in updates), updates
     lines = labelled(triage.stdout)
     assert lines["replay"].startswith("transient: not reproduced with the same inputs and weights")
     assert lines["inputs"].startswith(f"{shown / record['inputs']} (")
