@@ -68,6 +68,7 @@ __all__ = [
     "is_library_frame",
     "non_finite",
     "read_session",
+    "run_by_torch_distributed",
     "same_tensor",
     "tensor_identity",
     "tensors",
@@ -187,6 +188,15 @@ def user_frame(frames: list[str]) -> dict[str, Any] | None:
                 "code": match["code"].strip(),
             }
     return None
+
+
+def run_by_torch_distributed(frames: list[str]) -> bool:
+    """Whether the op was called by torch.distributed itself (its innermost
+    frame is there): FSDP copying an all-gathered weight into place, a
+    DTensor being redistributed.  Such an op moves a tensor and computes
+    nothing from it."""
+    match = _FRAME.match(frames[0]) if frames else None
+    return match is not None and "/torch/distributed/" in match["file"].replace("\\", "/")
 
 
 def same_tensor(a: dict[str, Any], b: dict[str, Any]) -> bool:

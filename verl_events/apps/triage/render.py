@@ -67,7 +67,8 @@ def render(result: Triage, console: Any) -> None:
         "module",
         f"{finding.module} ({finding.module_entry})"
         if finding.module
-        else "none recorded (level L1 records no modules, and msprobe never hooks the root model)",
+        else "none recorded (level L1 records no modules, msprobe never hooks the root model, "
+        "and an op outside every module's forward has none)",
     )
     if finding.parameter:
         moved = "" if finding.parameter_factor is None else f" (moved x{finding.parameter_factor:.3g})"
