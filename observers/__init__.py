@@ -7,7 +7,8 @@ observer, and are normally loaded by name from config: ``msprobe`` (alias
 ``precision_debugger``), ``timing``, ``torch_profiler``, ``nsys``, ``npu``,
 the anomaly watcher ``sentinel`` (its metric reading is in
 :mod:`verl_events.observers.metrics`), and ``tracker``, which sends stage
-times and anomalies to TensorBoard, W&B or MLflow.
+times and anomalies to TensorBoard, W&B or MLflow, and ``watchdog``, which
+reports a stage that runs past its deadline (a hang) with every thread's stack.
 """
 
 from .msprobe import MsprobeObserver
@@ -17,6 +18,7 @@ from .sentinel import SentinelObserver
 from .timing import TimingObserver
 from .torch_profiler import TorchProfilerObserver
 from .tracker import TrackerObserver
+from .watchdog import WatchdogObserver
 
 __all__ = [
     "MsprobeObserver",
@@ -26,4 +28,5 @@ __all__ = [
     "TimingObserver",
     "TorchProfilerObserver",
     "TrackerObserver",
+    "WatchdogObserver",
 ]

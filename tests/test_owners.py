@@ -26,6 +26,7 @@ OWNERS = {
     "session.incomplete": "observers/msprobe/layout.py",
     "anomalies.jsonl": "observers/sentinel/record.py",
     "run.json": "verl_events/_run.py",
+    "hangs.jsonl": "observers/watchdog/record.py",
 }
 # Each name as a layout uses it: a file name on its own (not ``data_dump.json_writer``),
 # and ``step_`` before a step (``step_3``, ``step_{N}``, ``step_*``, ``step_unknown``), not

@@ -7,8 +7,8 @@ The names here serve two audiences:
   and :func:`current_installation`), and the events;
 * observer authors: :class:`Observer`, :class:`InstallContext`,
   :class:`Selection`, :func:`find_rank`, the events, the ``anomaly``
-  signal with its :class:`AnomalyEvent`, the output-path helpers and the
-  errors.
+  signal with its :class:`AnomalyEvent`, the ``hang`` signal with its
+  :class:`HangEvent`, the output-path helpers and the errors.
 
 Tools that read or check a config import :mod:`verl_events.config`; the
 on-disk layout lives in :mod:`verl_events.layout`; verl's worker classes are
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._emit import emits_stage, stage
     from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
     from ._events import STAGE_ROLES, StageEnd, StageEvent, StageReport
+    from ._hang import HangEvent, hang
     from ._install import Installation, current_installation, install
     from ._observer import InstallContext, Observer
     from ._paths import prepare_output_dir, stage_output_dir
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 _HOMES = {
     "AnomalyEvent": "._anomaly",
     "anomaly": "._anomaly",
+    "HangEvent": "._hang",
+    "hang": "._hang",
     "stage_begin": "._signals",
     "stage_end": "._signals",
     "emits_stage": "._emit",
@@ -87,6 +90,7 @@ __all__ = [
     "STAGE_ROLES",
     "AnomalyEvent",
     "ConfigError",
+    "HangEvent",
     "InstallContext",
     "Installation",
     "Observer",
@@ -102,6 +106,7 @@ __all__ = [
     "current_installation",
     "emits_stage",
     "find_rank",
+    "hang",
     "install",
     "prepare_output_dir",
     "set_step",

@@ -1,0 +1,336 @@
+"""The watchdog's monitor thread: deadlines, reports and heartbeats.
+
+One thread per watchdog.  It sleeps until the earliest open stage's
+deadline, or ``heartbeat_s``, whichever comes first; then it rewrites the
+heartbeat of every rank whose position changed (so at most once per
+``heartbeat_s``, never from a hook), and fires every stage whose deadline
+has passed: the report, the record, the log line, the ``hang`` signal and,
+with ``action: abort``, :func:`os._exit` with :data:`ABORT_EXIT_CODE`.
+A new stage with a deadline earlier than the one the thread sleeps on is
+seen at its next wake-up, at most ``heartbeat_s`` late.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from verl_events import HangEvent, StageEvent, hang
+from verl_events.layout import run_id
+
+from .record import HangRecord, Heartbeat, append_line, hangs_log_path, new_report_path, write_heartbeat
+from .stacks import ThreadStack, collective_info, thread_stacks
+
+if TYPE_CHECKING:
+    from .observer import WatchdogObserver
+
+__all__ = ["ABORT_EXIT_CODE", "Monitor", "OpenStage", "RankState"]
+
+#: The exit code of a process the watchdog ends (``action: abort``), as GNU timeout's.
+ABORT_EXIT_CODE = 124
+
+logger = logging.getLogger("verl_events.watchdog")
+
+
+class OpenStage:
+    """A stage the watchdog is watching: its event, thread and deadline."""
+
+    __slots__ = ("begun", "deadline", "event", "fired", "how", "seconds", "since", "started", "thread")
+
+    def __init__(
+        self, event: StageEvent, thread: int, started: float, since: float, deadline: float, seconds: float, how: str
+    ) -> None:
+        self.event = event
+        self.thread = thread
+        self.started = started  # monotonic
+        self.since = since  # wall clock
+        self.deadline = deadline  # monotonic
+        self.seconds = seconds
+        self.how = how
+        self.begun = 0
+        self.fired = False
+
+
+@dataclass(slots=True)
+class RankState:
+    """What a rank's heartbeat says, as the hooks leave it."""
+
+    rank: int
+    begun: int = 0
+    last_begun: OpenStage | None = None
+    last_ended: tuple[str, int | None, float] | None = None
+    ended: dict[str, tuple[int | None, float]] = field(default_factory=dict)
+    changed: bool = True
+
+
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def describe_where(where: dict[str, Any] | None) -> str | None:
+    """``file:line in function: code``, or None."""
+    if where is None:
+        return None
+    code = f": {where['code']}" if where.get("code") else ""
+    return f"{where['file']}:{where['line']} in {where['function']}{code}"
+
+
+class Monitor:
+    """The watchdog's thread (see the module docstring)."""
+
+    def __init__(self, watchdog: WatchdogObserver, save_path: Path, host: str) -> None:
+        self.watchdog = watchdog
+        self.save_path = save_path
+        self.host = host
+        self.pid = os.getpid()
+        self._stop = threading.Event()
+        self._fire_lock = threading.Lock()  # a stage's late line waits for its hang line
+        self._run: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="verl-events-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and write every rank's last heartbeat, marked closed."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._beat(closed=True)
+
+    # -- the loop --------------------------------------------------------------
+
+    def _loop(self) -> None:
+        interval = self.watchdog.heartbeat_s
+        wait = interval
+        while not self._stop.wait(wait):
+            try:
+                wait = self._tick(interval)
+            except Exception:  # the watchdog must outlive its own failures
+                logger.exception("the watchdog's monitor failed; it goes on")
+                wait = interval
+
+    def _tick(self, interval: float) -> float:
+        watchdog = self.watchdog
+        now = time.monotonic()
+        earliest = now + interval
+        due = []
+        with watchdog._lock:
+            for entry in watchdog._open.values():
+                if entry.fired:
+                    continue
+                if entry.deadline <= now:
+                    entry.fired = True
+                    due.append(entry)
+                elif entry.deadline < earliest:
+                    earliest = entry.deadline
+            if due:  # taken before the table is let go: a late line always follows its hang line
+                self._fire_lock.acquire()
+        if due:
+            try:
+                for entry in due:
+                    self._fire(entry, now)
+            finally:
+                self._fire_lock.release()
+        self._beat()
+        return max(0.01, earliest - time.monotonic())
+
+    # -- heartbeats --------------------------------------------------------------
+
+    def _beat(self, *, closed: bool = False, force: bool = False) -> None:
+        watchdog = self.watchdog
+        with watchdog._lock:
+            states = [s for s in watchdog._ranks.values() if s.changed or closed or force]
+            beats = [self._heartbeat(state, closed) for state in states]
+            for state in states:
+                state.changed = False
+        for beat in beats:
+            try:
+                write_heartbeat(self.save_path, beat)
+            except OSError as exc:
+                logger.error(
+                    "the watchdog cannot write rank %s's heartbeat under %s: %s", beat.rank, self.save_path, exc
+                )
+
+    def _heartbeat(self, state: RankState, closed: bool) -> Heartbeat:
+        """A rank's heartbeat from the table; called with the table locked."""
+        if self._run is None:
+            self._run = run_id()  # the installation claimed the save_path before the first stage began
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        opened = sorted((e for e in self.watchdog._open.values() if e.event.rank == state.rank), key=lambda e: e.begun)
+        last = state.last_begun
+        return Heartbeat(
+            run=self._run,
+            rank=state.rank,
+            pid=self.pid,
+            host=self.host,
+            time=time.time(),
+            begun=state.begun,
+            open=[
+                {
+                    "stage": e.event.stage,
+                    "step": e.event.step,
+                    "since": e.since,
+                    "begun": e.begun,
+                    "thread": names.get(e.thread, str(e.thread)),
+                    "deadline_s": e.seconds,
+                    "passed": e.fired,
+                }
+                for e in opened
+            ],
+            last_begun=None
+            if last is None
+            else {"stage": last.event.stage, "step": last.event.step, "time": last.since},
+            last_ended=None
+            if state.last_ended is None
+            else dict(zip(("stage", "step", "time"), state.last_ended, strict=True)),
+            ended={stage: {"step": step, "time": at} for stage, (step, at) in state.ended.items()},
+            closed=closed,
+        )
+
+    # -- a deadline passed ---------------------------------------------------------
+
+    def _fire(self, entry: OpenStage, now: float) -> None:
+        event = entry.event
+        elapsed = now - entry.started
+        stacks = thread_stacks()
+        mine = next((s for s in stacks if s.ident == entry.thread), None)
+        where = None if mine is None else mine.user_frame()
+        waiting_in = None if mine is None else mine.waiting_in()
+        collective = collective_info()
+        report: Path | None = new_report_path(self.save_path, event.step, event.stage, event.rank)
+        assert report is not None
+        if self._run is None:
+            self._run = run_id()
+        record = HangRecord(
+            kind="hang",
+            run=self._run,
+            time=time.time(),
+            step=event.step,
+            stage=event.stage,
+            role=event.role,
+            rank=event.rank,
+            pid=self.pid,
+            host=self.host,
+            thread=None if mine is None else mine.name,
+            began=entry.since,
+            begun=entry.begun,
+            elapsed_s=round(elapsed, 3),
+            deadline_s=entry.seconds,
+            deadline=entry.how,
+            where=where,
+            waiting_in=waiting_in,
+            collective=collective,
+            report=report.relative_to(self.save_path).as_posix(),
+            action=self.watchdog.action,
+        )
+        try:
+            report.write_text(self._report_text(record, stacks, entry), encoding="utf-8")
+        except OSError as exc:
+            logger.error("the watchdog cannot write its report %s: %s", report, exc)
+            report = None
+        self._append(record)
+        shown = describe_where(where)
+        logger.warning(
+            "rank %s: stage %r (step %s) has run %.1f s, past its deadline of %.1f s (%s); %s%s; report: %s",
+            event.rank,
+            event.stage,
+            event.step,
+            elapsed,
+            entry.seconds,
+            entry.how,
+            f"at {shown}" if shown else "no user frame in its thread",
+            f", waiting in {waiting_in}" if waiting_in else "",
+            report if report is not None else "not written",
+        )
+        self._beat(force=True)
+        hang_event = HangEvent(
+            event.step,
+            event.stage,
+            event.rank,
+            elapsed,
+            entry.seconds,
+            None if where is None else f"{where['file']}:{where['line']} in {where['function']}",
+            None if report is None else str(report),
+        )
+        try:
+            hang.send(event.stage, event=hang_event)
+        except Exception:
+            logger.exception("a receiver of the hang signal failed (stage %r, rank %s)", event.stage, event.rank)
+        if self.watchdog.action == "abort":
+            logger.warning(
+                "rank %s: action abort: ending process %s with exit code %s", event.rank, self.pid, ABORT_EXIT_CODE
+            )
+            for handler in logging.getLogger().handlers + logger.handlers:
+                handler.flush()
+            os._exit(ABORT_EXIT_CODE)
+
+    def late(self, entry: OpenStage, elapsed_s: float) -> None:
+        """A stage whose deadline had passed ended after all: its ``late`` line."""
+        event = entry.event
+        with self._fire_lock:
+            record = HangRecord(
+                kind="late",
+                run=self._run,
+                time=time.time(),
+                step=event.step,
+                stage=event.stage,
+                role=event.role,
+                rank=event.rank,
+                pid=self.pid,
+                host=self.host,
+                began=entry.since,
+                begun=entry.begun,
+                elapsed_s=round(elapsed_s, 3),
+                deadline_s=entry.seconds,
+                deadline=entry.how,
+                action=self.watchdog.action,
+            )
+            self._append(record)
+        logger.warning(
+            "rank %s: stage %r (step %s) ended late after all, after %.1f s (its deadline: %.1f s)",
+            event.rank,
+            event.stage,
+            event.step,
+            elapsed_s,
+            entry.seconds,
+        )
+
+    def _append(self, record: HangRecord) -> None:
+        try:
+            append_line(hangs_log_path(self.save_path), record.to_json())
+        except OSError as exc:
+            logger.error("the watchdog cannot append to %s: %s", hangs_log_path(self.save_path), exc)
+
+    def _report_text(self, record: HangRecord, stacks: list[ThreadStack], entry: OpenStage) -> str:
+        how = {
+            "fixed": "timeout_s",
+            "first": "first_s: the stage's first time in this process",
+            "adaptive": f"{self.watchdog.multiple:g} x its longest so far, at least floor_s",
+        }[entry.how]
+        shown = describe_where(record.where)
+        lines = [
+            "verl-events watchdog: a stage passed its deadline",
+            f"run: {record.run}",
+            f"step {record.step}, stage {record.stage} (role {record.role}), rank {record.rank} "
+            f"of {entry.event.world_size}, pid {record.pid} on {record.host}, thread {record.thread}",
+            f"began {_iso(record.began)}; had run {record.elapsed_s:.1f} s at {_iso(record.time)}; "
+            f"deadline {record.deadline_s:g} s ({how})",
+            f"user code: {shown or 'none in the stage thread (every frame is a library)'}",
+            f"waiting in: {record.waiting_in or 'no torch.distributed call'}",
+            f"pending collective: {record.collective}",
+            f"action: {record.action}"
+            + (f" (this process ends with exit code {ABORT_EXIT_CODE})" if record.action == "abort" else ""),
+            "",
+            "Stacks, outermost frame first; '>>' marks each thread's innermost frame of user code.",
+        ]
+        for stack in stacks:
+            mark = " (the stage's thread)" if stack.ident == entry.thread else ""
+            lines += ["", f"Thread {stack.name}{mark}:", *stack.render()]
+        return "\n".join(lines) + "\n"

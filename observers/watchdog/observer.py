@@ -1,0 +1,156 @@
+"""The watchdog: a deadline on every open stage, and a report when one passes.
+
+Config::
+
+    - name: watchdog
+      # timeout_s: 900         # one fixed deadline for every stage; default: adaptive, below
+      multiple: 5.0            # adaptive: 5 x the longest time this stage took so far in this process,
+      floor_s: 120.0           #   never less than 120 s,
+      first_s: 480.0           #   and 480 s the first time (compiling, warming up)
+      heartbeat_s: 0.5         # how often, at most, each rank's heartbeat is rewritten
+      action: report           # or abort: end the process with ABORT_EXIT_CODE after the report
+
+The deadlines (:mod:`.monitor`): one monitor thread per watchdog, started at
+install, holds the open stages' deadlines and wakes at the earliest one (or
+every ``heartbeat_s`` to rewrite the heartbeats).  The hooks only put a stage
+in that table and take it out: a few attribute reads and one lock, measured
+by ``benchmarks/watchdog.py``.  A stage that ended after its deadline passed
+does not teach the adaptive deadline: it is the kind of time the deadline is
+there to catch.
+
+When a deadline passes, on that rank: one WARNING on ``verl_events.watchdog``,
+a report (:func:`~.record.new_report_path`) with every thread's stack, one
+:class:`~.record.HangRecord` line in ``hangs.jsonl``, the heartbeat rewritten
+and the ``hang`` signal sent (``HangEvent``); with ``action: abort`` the
+process then ends with :data:`ABORT_EXIT_CODE`.  When that stage ends after
+all, a ``late`` line with its whole time.
+
+Thread safety: hooks run on the stages' threads, the monitor on its own; both
+take one lock around the table.  The watchdog is passive: a stage it watches
+still counts as unprofiled.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
+
+from .monitor import ABORT_EXIT_CODE, Monitor, OpenStage, RankState
+from .record import hangs_log_path, heartbeat_dir, heartbeat_files, report_dir, report_files
+
+__all__ = ["ABORT_EXIT_CODE", "WatchdogObserver"]
+
+_monotonic = time.monotonic
+_time = time.time
+_get_ident = threading.get_ident
+
+
+def _seconds(value: object, key: str, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"option {key}: {value!r} is not allowed; use {allowed}")
+    return float(value)
+
+
+class WatchdogObserver(Observer):
+    """A deadline on every selected stage; a report, a log line, a record and
+    the ``hang`` signal when one passes (see the module docstring)."""
+
+    passive = True
+    priority = 900  # outside the other observers (the timing observer is at 1000): their hooks count as the stage's
+    output_noun = "watchdog file(s)"
+
+    def __init__(
+        self,
+        timeout_s: float | None = None,
+        multiple: float = 5.0,
+        floor_s: float = 120.0,
+        first_s: float = 480.0,
+        heartbeat_s: float = 0.5,
+        action: Literal["report", "abort"] = "report",
+    ) -> None:
+        seconds = "a number of seconds > 0"
+        self.timeout_s = None if timeout_s is None else _seconds(timeout_s, "timeout_s", f"{seconds}, or null")
+        self.floor_s = _seconds(floor_s, "floor_s", seconds)
+        self.first_s = _seconds(first_s, "first_s", seconds)
+        self.heartbeat_s = _seconds(heartbeat_s, "heartbeat_s", seconds)
+        if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or not 1 <= multiple < math.inf:
+            raise ConfigError(f"option multiple: {multiple!r} is not allowed; use a number >= 1")
+        self.multiple = float(multiple)
+        if action not in ("report", "abort"):
+            raise ConfigError(f"option action: {action!r} is not allowed; use 'report' or 'abort'")
+        self.action = action
+        first = (self.timeout_s, "fixed") if self.timeout_s is not None else (self.first_s, "first")
+        self._first = first
+        self._deadlines: dict[str, tuple[float, str]] = {}  # stage -> (seconds, how it was set)
+        self._longest: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._open: dict[int, OpenStage] = {}
+        self._ranks: dict[int, RankState] = {}
+        self._monitor: Monitor | None = None
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        """The heartbeats, the reports and hangs.jsonl under ``save_path``."""
+        log = hangs_log_path(save_path)
+        return [*heartbeat_files(save_path), *report_files(save_path), *([log] if log.exists() else [])]
+
+    def describe(self) -> str:
+        if self.timeout_s is not None:
+            deadline = f"deadline {self.timeout_s:g} s on every stage"
+        else:
+            deadline = (
+                f"deadline {self.multiple:g} x the stage's longest so far, at least {self.floor_s:g} s "
+                f"({self.first_s:g} s the first time)"
+            )
+        then = f"report, then exit {ABORT_EXIT_CODE}" if self.action == "abort" else "report"
+        return f"{deadline}; on a hang: {then}"
+
+    def setup(self, context: InstallContext) -> None:
+        for folder in (heartbeat_dir(context.save_path), report_dir(context.save_path)):
+            prepare_output_dir(folder)
+        self._monitor = Monitor(self, context.save_path, socket.gethostname())
+        self._monitor.start()
+
+    # -- the hooks: keep them to a few attribute reads (benchmarks/watchdog.py) --
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        seconds, how = self._deadlines.get(event.stage, self._first)
+        now = _monotonic()
+        entry = OpenStage(event, _get_ident(), now, _time(), now + seconds, seconds, how)
+        with self._lock:
+            state = self._ranks.get(event.rank)
+            if state is None:
+                state = self._ranks[event.rank] = RankState(event.rank)
+            state.begun += 1
+            entry.begun = state.begun
+            state.last_begun = entry
+            state.changed = True
+            self._open[event.seq] = entry
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        ended = _time()
+        with self._lock:
+            entry = self._open.pop(event.seq, None)
+            if entry is None:
+                return
+            state = self._ranks[event.rank]
+            state.ended[event.stage] = (event.step, ended)
+            state.last_ended = (event.stage, event.step, ended)
+            state.changed = True
+            fired = entry.fired
+        if fired:
+            assert self._monitor is not None
+            self._monitor.late(entry, event.elapsed_s)
+        elif self.timeout_s is None and event.error is None and event.elapsed_s > self._longest.get(event.stage, 0.0):
+            self._longest[event.stage] = event.elapsed_s
+            self._deadlines[event.stage] = (max(self.floor_s, self.multiple * event.elapsed_s), "adaptive")
+
+    def close(self) -> None:
+        if self._monitor is not None:
+            self._monitor.stop()
+            self._monitor = None

@@ -1,0 +1,258 @@
+"""The watchdog's files: hang reports, ``hangs.jsonl`` and the heartbeats.
+
+This module owns the three formats; the watchdog writes them and
+``verl-events hangs`` reads them back, both through the names here::
+
+    {save_path}/hangs.jsonl                          one HangRecord per line, every rank
+    {save_path}/hangs/step_3_actor_update_rank1.txt  one report per stage that passed its deadline
+    {save_path}/heartbeats/rank1.json                one Heartbeat per rank, kept current
+
+A line of ``hangs.jsonl`` (``kind`` is ``"hang"`` when the deadline passed,
+``"late"`` when that stage ended after all, with its final time)::
+
+    {"kind": "hang", "run": "…", "time": 1796025667.1, "step": 3, "stage": "actor_update",
+     "role": "actor", "rank": 1, "pid": 4242, "host": "node7", "thread": "MainThread",
+     "began": 1796025662.0, "elapsed_s": 5.1, "deadline_s": 5.0, "deadline": "fixed",
+     "where": {"file": "/work/train.py", "line": 88, "function": "update", "code": "time.sleep(60)"},
+     "waiting_in": null, "collective": "not available: ...", "report": "hangs/step_3_actor_update_rank1.txt",
+     "action": "report"}
+
+A heartbeat (``open``: the stages open on the rank, outermost first;
+``ended``: each stage's last end; ``begun``: how many stages the rank had
+begun, comparable across ranks that run the same stages)::
+
+    {"run": "…", "rank": 1, "pid": 4242, "host": "node7", "time": 1796025667.3, "begun": 7,
+     "open": [{"stage": "actor_update", "step": 3, "since": 1796025662.0, "begun": 7, "thread": "MainThread"}],
+     "last_begun": {"stage": "actor_update", "step": 3, "time": 1796025662.0},
+     "last_ended": {"stage": "actor_compute_log_prob", "step": 3, "time": 1796025661.9},
+     "ended": {"actor_compute_log_prob": {"step": 3, "time": 1796025661.9}}, "closed": false}
+
+Heartbeats are written whole (a temporary file, then ``os.replace``), so a
+reader sees the previous one or the next one; a file cut short anyway (a
+disk that filled up) raises :class:`NotAHeartbeat`.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from verl_events.layout import step_dir_name
+
+__all__ = [
+    "HANGS_LOG",
+    "HEARTBEAT_DIR",
+    "KINDS",
+    "REPORT_DIR",
+    "HangRecord",
+    "Heartbeat",
+    "NotAHangRecord",
+    "NotAHeartbeat",
+    "append_line",
+    "hangs_log_path",
+    "heartbeat_dir",
+    "heartbeat_files",
+    "heartbeat_path",
+    "new_report_path",
+    "read_heartbeat",
+    "report_dir",
+    "report_files",
+    "write_heartbeat",
+]
+
+#: The file under ``save_path`` every rank appends its hangs to.
+HANGS_LOG = "hangs.jsonl"
+#: The folder under ``save_path`` with one report per stage that passed its deadline.
+REPORT_DIR = "hangs"
+#: The folder under ``save_path`` with each rank's heartbeat.
+HEARTBEAT_DIR = "heartbeats"
+#: ``hang``: a deadline passed; ``late``: that stage ended after all.
+KINDS = ("hang", "late")
+
+_RANK_FILE = re.compile(r"^rank(\d+)\.json$")
+
+
+def hangs_log_path(save_path: Path) -> Path:
+    """``{save_path}/hangs.jsonl``."""
+    return Path(save_path) / HANGS_LOG
+
+
+def heartbeat_dir(save_path: Path) -> Path:
+    """``{save_path}/heartbeats``."""
+    return Path(save_path) / HEARTBEAT_DIR
+
+
+def report_dir(save_path: Path) -> Path:
+    """``{save_path}/hangs``: the reports."""
+    return Path(save_path) / REPORT_DIR
+
+
+def heartbeat_path(save_path: Path, rank: int) -> Path:
+    """``{save_path}/heartbeats/rank{R}.json``."""
+    return heartbeat_dir(save_path) / f"rank{rank}.json"
+
+
+def heartbeat_files(save_path: Path) -> list[Path]:
+    """Every rank's heartbeat, by rank."""
+    found = [p for p in heartbeat_dir(save_path).glob("rank*.json") if _RANK_FILE.match(p.name)]
+    return sorted(found, key=lambda p: int(_RANK_FILE.match(p.name)[1]))  # type: ignore[index]
+
+
+def report_files(save_path: Path) -> list[Path]:
+    """Every hang report of a run, by name."""
+    return sorted(report_dir(save_path).glob("*.txt"))
+
+
+def new_report_path(save_path: Path, step: int | None, stage: str, rank: int) -> Path:
+    """A report file that does not exist yet: ``hangs/step_{N}_{stage}_rank{R}.txt``,
+    then ``…_rank{R}.2.txt`` for the same stage's next hang in that step."""
+    folder = report_dir(save_path)
+    base = f"{step_dir_name(step)}_{stage}_rank{rank}"
+    path, n = folder / f"{base}.txt", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{base}.{n}.txt"
+    return path
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line with one ``write`` on an ``O_APPEND`` descriptor, so
+    the lines of several ranks never interleave."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class NotAHangRecord(ValueError):
+    """A line that is not a hang record; the message says what it lacks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangRecord:
+    """One line of ``hangs.jsonl``: a stage that passed its deadline on one
+    rank (``kind="hang"``), or that stage ending after all (``"late"``).
+
+    ``elapsed_s`` is how long the stage had run when the deadline was seen to
+    pass (``hang``), or its whole time (``late``); ``deadline_s`` the deadline
+    and ``deadline`` how it was set (``fixed``: ``timeout_s``; ``first``: the
+    first occurrence's; ``adaptive``: a multiple of the longest so far).
+    ``where`` is the innermost frame of user code in the stage's thread
+    (file, line, function, code), ``waiting_in`` the torch.distributed call
+    below it, if any; ``collective`` what torch.distributed could tell of the
+    pending collective (or why nothing); ``report`` the report file, relative
+    to save_path.  ``begun`` counts the stages the rank had begun.
+    """
+
+    kind: str
+    run: str | None
+    time: float
+    step: int | None
+    stage: str
+    role: str | None = None
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    thread: str | None = None
+    began: float
+    begun: int = 0
+    elapsed_s: float
+    deadline_s: float
+    deadline: str = "fixed"
+    where: dict[str, Any] | None = None
+    waiting_in: str | None = None
+    collective: str | None = None
+    report: str | None = None
+    action: str = "report"
+
+    def to_json(self) -> str:
+        """One line of hangs.jsonl (no newline)."""
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> HangRecord:
+        """Parse one line.  ValueError when it is not JSON; NotAHangRecord (a
+        ValueError too) when it lacks a field or a field has the wrong type.
+        Keys it does not know are ignored."""
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise NotAHangRecord(f"a hang record is a JSON object, not {type(data).__name__}")
+        missing = [name for name in _REQUIRED if name not in data]
+        if missing:
+            raise NotAHangRecord(f"a hang record needs {', '.join(_REQUIRED)}; this one lacks {', '.join(missing)}")
+        if (
+            data["kind"] not in KINDS
+            or not _is_int(data["rank"])
+            or not (data["step"] is None or _is_int(data["step"]))
+        ):
+            raise NotAHangRecord(f"a hang record has a kind of {' or '.join(KINDS)} and integer step and rank")
+        return cls(**{name: data[name] for name in _NAMES if name in data})
+
+
+_NAMES = tuple(f.name for f in fields(HangRecord))
+_REQUIRED = ("kind", "time", "step", "stage", "rank", "began", "elapsed_s", "deadline_s")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class NotAHeartbeat(ValueError):
+    """A heartbeat file that cannot be read as one (cut short, or another file)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """One rank's last position (see the module docstring for the fields).
+
+    ``open`` items and ``last_begun`` / ``last_ended`` are dicts with
+    ``stage``, ``step`` and a time (``since`` / ``time``); ``closed`` is True
+    once the installation closed (the rank finished its run).
+    """
+
+    run: str | None
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    time: float
+    begun: int = 0
+    open: list[dict[str, Any]] = field(default_factory=list)
+    last_begun: dict[str, Any] | None = None
+    last_ended: dict[str, Any] | None = None
+    ended: dict[str, dict[str, Any]] = field(default_factory=dict)
+    closed: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Heartbeat:
+        """Parse a heartbeat file's text; NotAHeartbeat when it is not one."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise NotAHeartbeat(f"it is not JSON ({exc}); it may have been cut short") from None
+        if not isinstance(data, dict) or not _is_int(data.get("rank")) or not isinstance(data.get("time"), float):
+            raise NotAHeartbeat("it is not a heartbeat (needs an integer rank and a time)")
+        try:
+            return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        except TypeError as exc:
+            raise NotAHeartbeat(f"it is not a heartbeat ({exc})") from None
+
+
+def write_heartbeat(save_path: Path, heartbeat: Heartbeat) -> None:
+    """Replace a rank's heartbeat whole: a temporary file beside it, then ``os.replace``."""
+    path = heartbeat_path(save_path, heartbeat.rank)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(heartbeat.to_json(), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def read_heartbeat(path: Path) -> Heartbeat:
+    """A heartbeat file, read; NotAHeartbeat when it is cut short or not one, OSError when unreadable."""
+    return Heartbeat.from_json(path.read_bytes())
