@@ -110,6 +110,11 @@ def test_check_shows_an_armed_observer_and_refuses_one_without_a_sentinel(capsys
     out = capsys.readouterr().out
     (msprobe,) = [line for line in out.splitlines() if line.strip().startswith("msprobe ")]
     assert "steps=[2] and 1 after each anomaly (at most 1 time)" in msprobe
+    # msprobe is armed on the actor's and ref's stages: the two forward-only ones replay.
+    replay = "replay: after an anomaly, stages run again for the armed observers: "
+    assert replay + "actor_compute_log_prob, ref_compute_log_prob\n" in out
+    assert main(["check", str(config), "replay=false"]) == 0
+    assert "replay: off (replay: false)" in capsys.readouterr().out
     assert main(["check", str(config), "observers.0.enabled=false"]) == 2
     assert (
         "observer 'msprobe' has trigger: anomaly, but no installed observer sends anomalies" in capsys.readouterr().err

@@ -10,15 +10,18 @@ none of this; it calls :func:`verl_events.install`.
 
 from __future__ import annotations
 
-from ._arming import ArmedSelection, check_triggers
+from ._arming import ArmedSelection, armed_stages, check_triggers
 from ._checks import check_count
 from ._config import Config, ObserverSpec, is_bare_name, load_config, read_config
 from ._install import build_observers, check_exclusive_resources, nothing_to_observe
 from ._registry import available_observers, build_observer, observer_origin
+from ._replay import REPLAYABLE
 from ._verl_config import from_verl_config, is_verl_config
 
 __all__ = [
+    "REPLAYABLE",
     "ArmedSelection",
+    "armed_stages",
     "Config",
     "ObserverSpec",
     "available_observers",

@@ -20,7 +20,14 @@ def _check(args: argparse.Namespace) -> int:
     """Validate a config and build its observers as install() would, without
     setting them up: nothing is written, no tool is started.  An observer
     whose tool is missing is an error, unless it is marked optional."""
-    from verl_events.config import ArmedSelection, build_observers, nothing_to_observe, observer_origin
+    from verl_events.config import (
+        REPLAYABLE,
+        ArmedSelection,
+        armed_stages,
+        build_observers,
+        nothing_to_observe,
+        observer_origin,
+    )
 
     try:
         config = load_config(args.config, args.overrides)
@@ -40,6 +47,14 @@ def _check(args: argparse.Namespace) -> int:
     else:
         shown = str(config.save_path)
     print(f"save_path: {shown}  strict: {config.strict}")
+    armed = armed_stages(built) if any(isinstance(o.selection, ArmedSelection) for o in built) else frozenset()
+    if armed is None or armed:
+        if config.replay is False:
+            print("replay: off (replay: false); armed observers capture the steps after an anomaly only")
+        else:
+            replayed = ", ".join(sorted(REPLAYABLE if armed is None else REPLAYABLE & armed)) or "none of verl's"
+            print(f"replay: after an anomaly, stages run again for the armed observers: {replayed}")
+            print("  (and stages declared @emits_stage(..., replayable=True))")
     if not built:
         print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
     for spec, observer in zip(specs, built, strict=True):
