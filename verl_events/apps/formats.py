@@ -2,12 +2,14 @@
 
 * :data:`msprobe_layout`: msprobe's sessions (:mod:`verl_events.observers.msprobe.layout`);
 * :data:`timing_log`: the timing log and its record (:mod:`verl_events.observers.timing`);
-* :data:`anomaly_record`: the sentinel's record (:mod:`verl_events.observers.sentinel.record`).
+* :data:`anomaly_record`: the sentinel's record (:mod:`verl_events.observers.sentinel.record`);
+* :data:`hang_record`: the watchdog's hang records, reports and heartbeats
+  (:mod:`verl_events.observers.watchdog.record`).
 
 The tools import them from here, in one place, because mypy checks the
 repository's observers/ folder as the package ``observers`` ([tool.mypy] in
 pyproject.toml) and cannot follow its installed name, ``verl_events.observers``:
-one module, two names.  None of the three imports a tool library.
+one module, two names.  None of them imports a tool library.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ if TYPE_CHECKING:
     from observers import timing as timing_log
     from observers.msprobe import layout as msprobe_layout
     from observers.sentinel import record as anomaly_record
+    from observers.watchdog import record as hang_record
 else:
     from verl_events.observers import timing as timing_log
     from verl_events.observers.msprobe import layout as msprobe_layout
     from verl_events.observers.sentinel import record as anomaly_record
+    from verl_events.observers.watchdog import record as hang_record
 
-__all__ = ["anomaly_record", "msprobe_layout", "timing_log"]
+__all__ = ["anomaly_record", "hang_record", "msprobe_layout", "timing_log"]

@@ -1,0 +1,321 @@
+"""``verl-events hangs RUN``: from a stuck run to the rank and the line.
+
+Reads what the ``watchdog`` observer left under RUN (its save_path), through
+the format's owner (:mod:`verl_events.observers.watchdog.record`): every
+rank's heartbeat (its open stages, the last end of each stage) and
+``hangs.jsonl`` (one record per stage that passed its deadline, with the
+user frame of its thread, and one per such stage that ended late).
+
+**The stuck stage** is the furthest one that passed its deadline: the
+highest step, then the most stages begun on its rank (ranks that run the
+same stages count alike), then the latest begin.  Every rank with a
+heartbeat is then
+
+* **inside** it: the stage is open in its heartbeat (since when, and where,
+  from its own record of that stage when its deadline passed there too);
+* **finished** it: its heartbeat has that stage ended at that step or later;
+* **never began** it: neither; with its last stage (the innermost open one,
+  else the last ended) and, when that stage passed its deadline, its frame.
+
+A heartbeat is as old as the rank's last change plus at most ``heartbeat_s``
+while its process lives; an old one of a rank not ``closed`` is a rank whose
+process is stuck outside the monitor's reach or gone (``action: abort``).
+
+Exit codes: 0 no deadline passed, 1 one did (also when the stage ended late
+after all), 2 bad input (no heartbeats, RUN not a directory).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .formats import hang_record
+
+HangRecord = hang_record.HangRecord
+Heartbeat = hang_record.Heartbeat
+
+__all__ = ["Hangs", "HangsInputError", "RankPosition", "find_hangs", "render"]
+
+STATES = ("inside", "never_began", "finished")
+
+
+class HangsInputError(ValueError):
+    """RUN cannot be read as a watched run (exit 2); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankPosition:
+    """Where one rank stands against the stuck stage."""
+
+    rank: int
+    state: str  # one of STATES
+    stage: str | None  # the stuck stage when inside or finished, else the rank's own last stage
+    step: int | None
+    since: float | None  # when that stage began (inside, never_began) or ended (finished)
+    where: dict[str, Any] | None
+    waiting_in: str | None
+    heartbeat: Heartbeat
+    late_s: float | None = None  # finished late: the stage's whole time
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "state": self.state,
+            "stage": self.stage,
+            "step": self.step,
+            "since": self.since,
+            "where": self.where,
+            "waiting_in": self.waiting_in,
+            "late_s": self.late_s,
+            "heartbeat_time": self.heartbeat.time,
+            "heartbeat_age_s": round(now - self.heartbeat.time, 3),
+            "closed": self.heartbeat.closed,
+            "pid": self.heartbeat.pid,
+            "host": self.heartbeat.host,
+        }
+
+
+@dataclass(slots=True)
+class Hangs:
+    """What the watchdog's files say of a run."""
+
+    run: Path
+    heartbeats: list[Heartbeat]
+    records: list[HangRecord] = field(default_factory=list)
+    stuck: HangRecord | None = None
+    ranks: list[RankPosition] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    now: float = field(default_factory=time.time)
+
+    @property
+    def hangs(self) -> list[HangRecord]:
+        return [r for r in self.records if r.kind == "hang"]
+
+    @property
+    def late(self) -> list[HangRecord]:
+        return [r for r in self.records if r.kind == "late"]
+
+    def as_json(self) -> dict[str, Any]:
+        stuck = self.stuck
+        return {
+            "run": str(self.run),
+            "hang": stuck is not None,
+            "stuck": None if stuck is None else {"step": stuck.step, "stage": stuck.stage},
+            "ranks": [position.as_json(self.now) for position in self.ranks],
+            "hangs": [_record(r) for r in self.hangs],
+            "late": [_record(r) for r in self.late],
+            "warnings": self.warnings,
+        }
+
+
+def _record(record: HangRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in HangRecord.__dataclass_fields__}
+
+
+def find_hangs(run: Path) -> Hangs:
+    """Join RUN's heartbeats and hang records.  HangsInputError when RUN is
+    not a directory or holds no heartbeat that can be read; a heartbeat or a
+    line that cannot be read is skipped with a sentence in ``warnings``."""
+    if not run.is_dir():
+        raise HangsInputError(
+            f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
+        )
+    files = hang_record.heartbeat_files(run)
+    if not files:
+        raise HangsInputError(
+            f"{run} has no heartbeats ({hang_record.heartbeat_dir(run)}/rank*.json): the watchdog observer did "
+            "not run there; add '- name: watchdog' to the run's observers"
+        )
+    warnings: list[str] = []
+    heartbeats = []
+    for path in files:
+        try:
+            heartbeats.append(hang_record.read_heartbeat(path))
+        except (hang_record.NotAHeartbeat, OSError) as exc:
+            warnings.append(f"{path} was skipped: {exc}")
+    if not heartbeats:
+        raise HangsInputError(
+            f"none of the {len(files)} heartbeat(s) under {hang_record.heartbeat_dir(run)} can be read"
+        )
+    result = Hangs(run, heartbeats, _read_records(hang_record.hangs_log_path(run), warnings), warnings=warnings)
+    hung = result.hangs
+    if hung:
+        result.stuck = max(hung, key=lambda r: (-1 if r.step is None else r.step, r.begun, r.began))
+        result.ranks = [_position(beat, result.stuck, result.records) for beat in heartbeats]
+    return result
+
+
+def _read_records(path: Path, warnings: list[str]) -> list[HangRecord]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HangsInputError(f"{path} cannot be read: {exc}") from exc
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(HangRecord.from_json(line))
+        except ValueError as exc:
+            warnings.append(f"{path}:{number} was skipped: {exc}")
+    return records
+
+
+def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> RankPosition:
+    mine = [r for r in records if r.rank == beat.rank]
+
+    def record_of(stage: str, step: int | None, kind: str = "hang") -> HangRecord | None:
+        return next((r for r in reversed(mine) if (r.kind, r.stage, r.step) == (kind, stage, step)), None)
+
+    for item in beat.open:
+        if (item.get("stage"), item.get("step")) == (stuck.stage, stuck.step):
+            own = record_of(stuck.stage, stuck.step)
+            return RankPosition(
+                beat.rank,
+                "inside",
+                stuck.stage,
+                stuck.step,
+                item.get("since"),
+                own.where if own else None,
+                own.waiting_in if own else None,
+                beat,
+            )
+    ended = beat.ended.get(stuck.stage)
+    if ended is not None and ended.get("step") is not None and stuck.step is not None and ended["step"] >= stuck.step:
+        late = record_of(stuck.stage, stuck.step, "late")
+        return RankPosition(
+            beat.rank,
+            "finished",
+            stuck.stage,
+            ended["step"],
+            ended.get("time"),
+            None,
+            None,
+            beat,
+            late_s=late.elapsed_s if late else None,
+        )
+    if beat.open:
+        last = beat.open[-1]
+        stage, step, since = last.get("stage"), last.get("step"), last.get("since")
+    elif beat.last_ended is not None:
+        stage, step, since = beat.last_ended.get("stage"), beat.last_ended.get("step"), beat.last_ended.get("time")
+    else:
+        stage = step = since = None
+    own = record_of(stage, step) if beat.open and isinstance(stage, str) else None
+    return RankPosition(
+        beat.rank,
+        "never_began",
+        stage,
+        step,
+        since,
+        own.where if own else None,
+        own.waiting_in if own else None,
+        beat,
+    )
+
+
+# -- text --------------------------------------------------------------------------
+
+
+def _clock(unix: float | None) -> str:
+    if unix is None:
+        return "?"
+    return datetime.fromtimestamp(unix, timezone.utc).strftime("%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _where(position: RankPosition) -> str:
+    where = position.where
+    if where is None:
+        return "no frame recorded (its watchdog has not reported this stage)"
+    code = f": {where['code']}" if where.get("code") else ""
+    text = f"at {where['file']}:{where['line']} in {where['function']}{code}"
+    return text + (f", waiting in {position.waiting_in}" if position.waiting_in else "")
+
+
+def render(result: Hangs) -> str:
+    """The result as text, for a terminal."""
+    runs = sorted({b.run for b in result.heartbeats if b.run})
+    lines = [
+        f"run: {result.run} ({len(result.heartbeats)} rank heartbeat(s){', run ' + ', '.join(runs) if runs else ''})"
+    ]
+    stuck = result.stuck
+    if stuck is None:
+        lines.append("no deadline passed")
+        for beat in result.heartbeats:
+            last = beat.last_ended or {}
+            lines.append(
+                f"  rank {beat.rank}: {'closed' if beat.closed else 'running'}, last ended "
+                f"{last.get('stage', 'nothing')} at step {last.get('step')}"
+            )
+        return "\n".join(lines)
+    on = sorted({r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)})
+    lines.append(
+        f"HANG: step {stuck.step}, {stuck.stage} passed its deadline ({stuck.deadline_s:g} s, {stuck.deadline}) "
+        f"on rank(s) {', '.join(map(str, on))}"
+    )
+    titles = {"inside": f"inside {stuck.stage}", "never_began": "never began it", "finished": "finished it"}
+    for state in STATES:
+        group = [p for p in result.ranks if p.state == state]
+        lines.append(f"{titles[state]}: {len(group)}")
+        for p in group:
+            age = f"heartbeat {result.now - p.heartbeat.time:.0f} s old{', closed' if p.heartbeat.closed else ''}"
+            if state == "inside":
+                ran = f", {p.heartbeat.time - p.since:.1f} s by its heartbeat" if p.since is not None else ""
+                lines.append(f"  rank {p.rank}: since {_clock(p.since)}{ran}, {_where(p)} ({age})")
+            elif state == "finished":
+                late = f", late: {p.late_s:.1f} s" if p.late_s is not None else ""
+                lines.append(f"  rank {p.rank}: ended step {p.step} at {_clock(p.since)}{late} ({age})")
+            else:
+                inside = "inside" if p.where is not None or p.heartbeat.open else "last ended"
+                lines.append(
+                    f"  rank {p.rank}: {inside} {p.stage} (step {p.step}) since {_clock(p.since)}, {_where(p)} ({age})"
+                )
+    others = [r for r in result.hangs if (r.stage, r.step) != (stuck.stage, stuck.step)]
+    for r in others:
+        lines.append(f"also past its deadline: rank {r.rank}, step {r.step} {r.stage} ({r.elapsed_s:.1f} s)")
+    for r in result.late:
+        lines.append(
+            f"ended late after all: rank {r.rank}, step {r.step} {r.stage}, after {r.elapsed_s:.1f} s "
+            f"(deadline {r.deadline_s:g} s)"
+        )
+    reports = [r.report for r in result.hangs if r.report]
+    if reports:
+        lines.append(f"reports (under {result.run}): {', '.join(reports)}")
+    return "\n".join(lines)
+
+
+# -- the command ----------------------------------------------------------------------
+
+
+def add_command(commands: Any) -> None:
+    """Add ``hangs`` to the ``verl-events`` parser's subcommands."""
+    parser = commands.add_parser(
+        "hangs",
+        help="which rank is stuck where, from the watchdog's heartbeats and hang records "
+        "(exit 0 none, 1 a deadline passed, 2 bad input)",
+    )
+    parser.add_argument("run", help="the run's save_path (holding the watchdog's heartbeats)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(run_command=command)
+
+
+def command(args: Any) -> int:
+    """``verl-events hangs RUN [--json]``; the exit code (see the module docstring)."""
+    import json
+    import sys
+
+    try:
+        result = find_hangs(Path(args.run))
+    except HangsInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in result.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    print(json.dumps(result.as_json(), indent=1) if args.json else render(result))
+    return 1 if result.hangs else 0
