@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,3 +148,16 @@ def tensorboard_scalars(directory: Path) -> dict[str, dict[int, float]]:
     events = EventAccumulator(str(directory))
     events.Reload()
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+class Sleeper(Observer):
+    """Sleeps ``seconds`` in its begin hook at ``step``: a rank stuck inside a stage, for the watchdog."""
+
+    passive = True
+
+    def __init__(self, step: int, seconds: float) -> None:
+        self.step, self.seconds = step, seconds
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if event.step == self.step:
+            time.sleep(self.seconds)

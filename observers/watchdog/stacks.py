@@ -4,9 +4,10 @@ and what torch.distributed can say of the pending collective.
 **The user frame** of a stack is its innermost frame whose module is not in
 a library that only carries the call: the standard library
 (``sys.stdlib_module_names``), ``torch``, ``torch_npu``, ``msprobe``,
-``blinker`` and ``verl_events`` itself (the bus and the observers wrap every
-stage).  Model and trainer code (transformers, verl, the user's script)
-counts as user code, as in ``verl-events triage``.  A C function that blocks
+``ray`` (its worker loop runs verl's workers), ``blinker`` and
+``verl_events`` itself (the bus and the observers wrap every stage).
+Model and trainer code (transformers, verl, the user's script) counts as
+user code, as in ``verl-events triage``.  A C function that blocks
 (``time.sleep``, a gloo wait) has no frame of its own: the user frame's
 line is the call.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 __all__ = ["LIBRARY_PACKAGES", "ThreadStack", "collective_info", "is_library_module", "thread_stacks"]
 
-LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe", "blinker", "verl_events"})
+LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe", "ray", "blinker", "verl_events"})
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 _DISTRIBUTED = "torch.distributed"
 

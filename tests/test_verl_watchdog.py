@@ -1,0 +1,64 @@
+"""The watchdog in verl 0.9.1's real trainer (``main_ppo`` under Ray, on CPU), switched on with
+``VERL_EVENTS_CONFIG`` as docs/verl.md says: healthy steps pass no deadline; a worker stuck in
+step 2's ``actor_update`` is reported with its line, and ``action: abort`` ends the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # verl's real trainer
+pytest.importorskip("verl")
+
+from verl_events.apps.cli import main as verl_events_main
+from verl_events.apps.verl_cpu import job
+from verl_events.observers.watchdog import ABORT_EXIT_CODE, HangRecord
+
+from . import support
+
+REPO = Path(__file__).parent.parent
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow]
+
+
+def run(root: Path, observers: list[dict[str, object]], steps: int, timeout: float) -> int:
+    files = job.prepare(root / "job")
+    config = {"save_path": str(root / "profile"), "observers": observers}
+    (root / "observers.yaml").write_text(json.dumps(config))  # JSON is YAML
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
+    env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(root / "observers.yaml"), "PYTHONPATH": str(REPO)}
+    return job.run_trainer(job.trainer_args(files, steps=steps), env, log=root / "trainer.log", timeout=timeout)
+
+
+def test_healthy_trainer_steps_pass_no_deadline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run(tmp_path, [{"name": "watchdog", "floor_s": 30, "first_s": 300}], steps=5, timeout=900)
+    assert code == 0, (tmp_path / "trainer.log").read_text()[-6000:]
+    assert not (tmp_path / "profile/hangs.jsonl").exists()
+    assert verl_events_main(["hangs", str(tmp_path / "profile")]) == 0
+    assert "no deadline passed" in capsys.readouterr().out
+
+
+def test_a_worker_stuck_in_step_2s_update_is_reported_with_its_line_and_abort_ends_the_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deadline = 20.0
+    observers = [
+        {"name": "watchdog", "timeout_s": deadline, "action": "abort", "stages": ["actor_update"]},
+        {"_target_": "tests.support:Sleeper", "step": 2, "seconds": 600, "stages": ["actor_update"]},
+    ]
+    began = time.monotonic()
+    code = run(tmp_path, observers, steps=3, timeout=600)
+    took = time.monotonic() - began
+    log = (tmp_path / "trainer.log").read_text()
+    assert code != 0 and took < 400, log[-6000:]  # not the sleeper's 600 s
+    (hung,) = [HangRecord.from_json(line) for line in (tmp_path / "profile/hangs.jsonl").read_text().splitlines()]
+    assert (hung.kind, hung.stage, hung.step, hung.rank, hung.action) == ("hang", "actor_update", 2, 0, "abort")
+    assert hung.where is not None and hung.where["file"] == support.__file__ and "time.sleep" in hung.where["code"]
+    assert verl_events_main(["hangs", str(tmp_path / "profile"), "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["stuck"] == {"step": 2, "stage": "actor_update"}
+    print(f"main_ppo exited {code} after {took:.0f} s; its log's last lines:\n{log[-2500:]}")
+    assert str(ABORT_EXIT_CODE) in log or "died" in log.lower()
