@@ -25,7 +25,7 @@ statistic near zero, far below the scale of the op it belongs to, is
 measured against a tenth of that scale, so rounding noise there ranks low;
 each row names the module it ran in, from msprobe's construct.json
 (:mod:`.modules`).  :mod:`.comparison` puts them together and writes the
-verdict.  Exit codes
+verdict; :mod:`.render` prints it.  Exit codes
 for scripts and CI: 0 no divergence, 1 diverged, 2 bad input.
 
 Importing this package imports no observer and no tool: the CLI imports it
@@ -36,6 +36,7 @@ from .comparison import Comparison, compare_dumps, compare_rows, summary, write_
 from .distance import NEAR_ZERO, scaled_distance
 from .modules import module_of
 from .pick import CompareInputError, Pick, dump_entries, resolve_dump
+from .render import print_comparison
 from .table import STATS, Row, op_name, rows_from_msprobe_csv, run_msprobe_compare
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, judge, magnitude, over_tolerance, resolve_tolerances
 
@@ -56,6 +57,7 @@ __all__ = [
     "module_of",
     "op_name",
     "over_tolerance",
+    "print_comparison",
     "resolve_dump",
     "resolve_tolerances",
     "rows_from_msprobe_csv",
