@@ -6,6 +6,7 @@ else, so it works on a copy of a run fetched from a cluster.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import sys
@@ -17,6 +18,7 @@ from verl_events import STAGE_ROLES
 from verl_events.layout import LATEST_LINK
 
 from .formats import msprobe_layout, timing_log
+from .grouping import Key, StepGroup, index_records
 from .overhead import (
     IQR_MIN_N,
     TRUSTED_MIN_N,
@@ -27,11 +29,12 @@ from .overhead import (
     observer_hooks,
     overhead_table,
     profiled_seconds,
-    profilers,
     read_timing_records,
     runs_in,
 )
+from .stragglers import StageStragglers, render_stragglers, stragglers
 from .tables import print_table
+from .trace import chrome_trace
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
@@ -72,73 +75,31 @@ def timing_files(run: Path) -> list[Path]:
     return files
 
 
-def stage_steps(records: list[TimingRecord]) -> list[StageStep]:
-    """Group records by (stage, step); order by step, then verl's stage order."""
-    baseline: dict[str, list[float]] = {}
-    groups: dict[tuple[str, int | None], list[TimingRecord]] = {}
-    for record in records:
-        if not record.profiled:
-            baseline.setdefault(record.stage, []).append(record.elapsed_s)
-        groups.setdefault((record.stage, record.step), []).append(record)
+def stage_steps(groups: dict[Key, StepGroup], baseline: dict[str, list[float]]) -> list[StageStep]:
+    """One row per (stage, step) of :func:`.grouping.index_records`'s groups; ordered by
+    step, then verl's stage order."""
     medians = {stage: statistics.median(times) for stage, times in baseline.items()}
     order = {stage: i for i, stage in enumerate(STAGE_ORDER)}
     rows = []
     for (stage, step), group in groups.items():
-        slowest = max(group, key=lambda r: r.elapsed_s)
-        fastest = min(r.elapsed_s for r in group)
-        profiled = [r for r in group if r.profiled]
-        base = medians.get(stage)
+        slowest, base = group.slowest, medians.get(stage)
         rows.append(
             StageStep(
                 stage=stage,
                 step=step,
-                ranks=len({r.rank for r in group}),
+                ranks=group.ranks,
                 body_s=slowest.elapsed_s,
                 slowest_rank=slowest.rank,
-                spread=slowest.elapsed_s / fastest if fastest > 0 else 1.0,
-                profiled_by=tuple(sorted({name for r in profiled for name in profilers(r)})),
-                hooks_s=max(r.overhead_s for r in group),
-                ratio=profiled_seconds(slowest) / base if profiled and base else None,
-                dump_bytes=sum(r.dump_bytes for r in group),
+                spread=slowest.elapsed_s / group.fastest_s if group.fastest_s > 0 else 1.0,
+                profiled_by=tuple(sorted(group.profiled_by)),
+                hooks_s=group.hooks_s,
+                ratio=profiled_seconds(slowest) / base if group.profiled and base else None,
+                dump_bytes=group.dump_bytes,
                 baseline_n=len(baseline.get(stage, ())),
             )
         )
     rows.sort(key=lambda r: (r.step is None, r.step or 0, order.get(r.stage, len(order)), r.stage))
     return rows
-
-
-def chrome_trace(records: list[TimingRecord]) -> dict[str, Any]:
-    """A Chrome/Perfetto trace: one track per rank, a slice per stage, and
-    inside it the observers' begin hooks, the body and their end hooks."""
-    events: list[dict[str, Any]] = []
-    for rank in sorted({r.rank for r in records}):
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-    for record in records:
-        begins, ends = record.hook_begin_s, record.hook_end_s
-        total = sum(begins.values()) + record.elapsed_s + sum(ends.values())
-        # Without the wall clock (older logs) the slices start at 0.
-        start = ((total if record.end_unix is None else record.end_unix) - total) * 1e6
-        common = {"ph": "X", "pid": record.rank, "tid": 0}
-        args = {"step": record.step, "profiled_by": list(record.profiled_by), "dump_bytes": record.dump_bytes}
-        events.append({**common, "name": record.stage, "ts": start, "dur": total * 1e6, "args": args})
-        cursor = start
-        # Older logs do not list the observers; those with a begin hook time did receive it.
-        observers = list(begins if record.observers is None else record.observers)
-        pieces = [(f"{name} begin", begins.get(name, 0.0)) for name in observers]
-        pieces.append(("body", record.elapsed_s))
-        pieces += [(f"{name} end", ends.get(name, 0.0)) for name in reversed(observers)]
-        for name, seconds in pieces:
-            events.append(
-                {
-                    **common,
-                    "name": name,
-                    "ts": cursor,
-                    "dur": seconds * 1e6,
-                    "cat": "hook" if name != "body" else "body",
-                }
-            )
-            cursor += seconds * 1e6
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def write_plot(overhead: list[StageOverhead], path: Path) -> None:
@@ -172,7 +133,13 @@ def write_plot(overhead: list[StageOverhead], path: Path) -> None:
     plt.close(fig)
 
 
-def as_json(run: Path, records: list[TimingRecord], rows: list[StageStep], overhead: list[StageOverhead]) -> str:
+def as_json(
+    run: Path,
+    records: list[TimingRecord],
+    rows: list[StageStep],
+    overhead: list[StageOverhead],
+    straggling: list[StageStragglers],
+) -> str:
     return json.dumps(
         {
             "run": str(run),
@@ -181,13 +148,19 @@ def as_json(run: Path, records: list[TimingRecord], rows: list[StageStep], overh
             "stage_steps": [asdict(row) for row in rows],
             "overhead": [asdict(row) for row in overhead],
             "observer_hooks": [asdict(row) for row in observer_hooks(records, STAGE_ORDER)],
+            "stragglers": [asdict(row) for row in straggling],
         },
         indent=1,
     )
 
 
 def render(
-    rows: list[StageStep], overhead: list[StageOverhead], hooks: list[ObserverHooks], console: Any, multi_rank: bool
+    rows: list[StageStep],
+    overhead: list[StageOverhead],
+    hooks: list[ObserverHooks],
+    straggling: list[StageStragglers],
+    console: Any,
+    multi_rank: bool,
 ) -> None:
     from rich.table import Table
 
@@ -215,6 +188,7 @@ def render(
     print_table(table, console)
     if any(row.ratio is not None and row.baseline_n < TRUSTED_MIN_N for row in rows):
         console.print(f"* the stage's unprofiled median is of fewer than {TRUSTED_MIN_N} records: {_DISTRUST}")
+    render_stragglers(straggling, console)  # none with one rank
     render_overhead(overhead, console)
     render_observer_hooks(hooks, console)
 
@@ -345,6 +319,25 @@ def report(
     with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
         task = bar.add_task("reading timing logs", total=len(files))
         records = read_timing_records(files, lambda: bar.advance(task), skipped)
+    # A million acyclic records: a garbage collection that walks them (the first ones after
+    # reading, and any full one) costs more than the report's own work, so they are left
+    # out of collections (frozen) until the report is done.
+    gc.freeze()
+    try:
+        return _report_records(run, records, skipped, console, as_json_output, plot, trace)
+    finally:
+        gc.unfreeze()
+
+
+def _report_records(
+    run: Path,
+    records: list[TimingRecord],
+    skipped: list[str],
+    console: Any,
+    as_json_output: bool,
+    plot: Path | None,
+    trace: Path | None,
+) -> str | None:
     incomplete = [
         f"{path} is an incomplete msprobe session: {why}" for path, why in msprobe_layout.incomplete_sessions(run)
     ]
@@ -352,15 +345,18 @@ def report(
         print(f"warning: {note}", file=sys.stderr)
     if not records:
         raise ReportError(f"{run / timing_log.TIMING_DIR} holds no stage records; nothing to report")
-    rows = stage_steps(records)
+    groups, baseline = index_records(records)
+    rows = stage_steps(groups, baseline)
     overhead = overhead_table(records, STAGE_ORDER)
     if plot is not None:
         write_plot(overhead, _output(plot, "--plot"))
     if trace is not None:
         _output(trace, "--trace").write_text(json.dumps(chrome_trace(records)))
+    straggling = stragglers(records, STAGE_ORDER, groups)
     if as_json_output:
-        return as_json(run, records, rows, overhead)
-    render(rows, overhead, observer_hooks(records, STAGE_ORDER), console, multi_rank=len({r.rank for r in records}) > 1)
+        return as_json(run, records, rows, overhead, straggling)
+    hooks = observer_hooks(records, STAGE_ORDER)
+    render(rows, overhead, hooks, straggling, console, multi_rank=len({r.rank for r in records}) > 1)
     return None
 
 
