@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .formats import hang_record
+from .jsonl import numbered_lines
 
 HangRecord = hang_record.HangRecord
 Heartbeat = hang_record.Heartbeat
@@ -151,15 +152,11 @@ def find_hangs(run: Path) -> Hangs:
 
 def _read_records(path: Path, warnings: list[str]) -> list[HangRecord]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
+        lines = numbered_lines(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise HangsInputError(f"{path} cannot be read: {exc}") from exc
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in lines:
         try:
             records.append(HangRecord.from_json(line))
         except ValueError as exc:

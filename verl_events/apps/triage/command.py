@@ -48,6 +48,7 @@ from typing import Any
 from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_stage, stage_dir
 
 from ..formats import anomaly_record, msprobe_layout
+from ..jsonl import numbered_lines
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite
@@ -110,15 +111,11 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
     file is no anomaly; a file that cannot be read raises TriageInputError."""
     path = anomaly_log_path(run)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
+        lines = numbered_lines(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise TriageInputError(f"{path} cannot be read: {exc}") from exc
     found = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in lines:
         try:
             record = AnomalyRecord.from_json(line)
         except NotAnAnomalyRecord as exc:

@@ -32,6 +32,7 @@ from typing import Any
 from verl_events.layout import replayed_stage
 
 from ..formats import anomaly_record, msprobe_layout
+from ..jsonl import numbered_lines
 from .dumps import find_dumps
 
 AnomalyRecord = anomaly_record.AnomalyRecord
@@ -97,15 +98,11 @@ def replay_of(run: Path, anomaly: AnomalyRecord, warnings: list[str], notes: lis
     there gets a sentence in ``notes``."""
     path = replay_log_path(run)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return None
+        lines = numbered_lines(path)
     except (OSError, UnicodeDecodeError) as exc:
         warnings.append(f"{path} cannot be read ({exc}); triage goes on without the replay's verdict")
         return None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in lines:
         try:
             record = ReplayRecord.from_json(line)
         except (ValueError, KeyError, TypeError) as exc:  # json's errors are ValueErrors
