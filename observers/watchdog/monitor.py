@@ -208,27 +208,15 @@ class Monitor:
         assert report is not None
         if self._run is None:
             self._run = run_id()
-        record = HangRecord(
-            kind="hang",
-            run=self._run,
-            time=time.time(),
-            step=event.step,
-            stage=event.stage,
-            role=event.role,
-            rank=event.rank,
-            pid=self.pid,
-            host=self.host,
+        record = self._record(
+            "hang",
+            entry,
+            elapsed,
             thread=None if mine is None else mine.name,
-            began=entry.since,
-            begun=entry.begun,
-            elapsed_s=round(elapsed, 3),
-            deadline_s=entry.seconds,
-            deadline=entry.how,
             where=where,
             waiting_in=waiting_in,
             collective=collective,
             report=report.relative_to(self.save_path).as_posix(),
-            action=self.watchdog.action,
         )
         try:
             report.write_text(self._report_text(record, stacks, entry), encoding="utf-8")
@@ -271,27 +259,34 @@ class Monitor:
                 handler.flush()
             os._exit(ABORT_EXIT_CODE)
 
+    def _record(self, kind: str, entry: OpenStage, elapsed_s: float, **found: Any) -> HangRecord:
+        """The ``hangs.jsonl`` line of an open stage: what every kind of line
+        says of it, and ``found`` (what a ``hang`` line adds: thread, where, ...)."""
+        event = entry.event
+        return HangRecord(
+            kind=kind,
+            run=self._run,
+            time=time.time(),
+            step=event.step,
+            stage=event.stage,
+            role=event.role,
+            rank=event.rank,
+            pid=self.pid,
+            host=self.host,
+            began=entry.since,
+            begun=entry.begun,
+            elapsed_s=round(elapsed_s, 3),
+            deadline_s=entry.seconds,
+            deadline=entry.how,
+            action=self.watchdog.action,
+            **found,
+        )
+
     def late(self, entry: OpenStage, elapsed_s: float) -> None:
         """A stage whose deadline had passed ended after all: its ``late`` line."""
         event = entry.event
         with self._fire_lock:
-            record = HangRecord(
-                kind="late",
-                run=self._run,
-                time=time.time(),
-                step=event.step,
-                stage=event.stage,
-                role=event.role,
-                rank=event.rank,
-                pid=self.pid,
-                host=self.host,
-                began=entry.since,
-                begun=entry.begun,
-                elapsed_s=round(elapsed_s, 3),
-                deadline_s=entry.seconds,
-                deadline=entry.how,
-                action=self.watchdog.action,
-            )
+            record = self._record("late", entry, elapsed_s)
             self._append(record)
         logger.warning(
             "rank %s: stage %r (step %s) ended late after all, after %.1f s (its deadline: %.1f s)",
