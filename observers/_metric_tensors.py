@@ -206,7 +206,7 @@ def _read_tensors(
     gap_stage = stage == "actor_compute_log_prob" and not as_ref
     if not found and not gap_stage:
         return
-    response = _ResponseView(out, inputs)
+    response = ResponseView(out, inputs)
     for name, tensor in found.items():
         try:
             _reduce(name, tensor, *response.of(tensor), readings)
@@ -214,7 +214,7 @@ def _read_tensors(
             report(stage, name, exc)
     if not gap_stage:
         return
-    rollout = _first_tensor("rollout_log_probs", inputs, out)
+    rollout = first_tensor("rollout_log_probs", inputs, out)
     if rollout is None or not rollout.is_floating_point() or rollout.is_nested:
         return
     rollout = rollout.detach()
@@ -227,7 +227,7 @@ def _read_tensors(
         report(stage, "gap", exc)
 
 
-def _first_tensor(key: str, *batches: _Source | None) -> torch.Tensor | None:
+def first_tensor(key: str, *batches: _Source | None) -> torch.Tensor | None:
     for batch in batches:
         if batch is not None:
             tensor = batch.tensor(key)
@@ -236,12 +236,12 @@ def _first_tensor(key: str, *batches: _Source | None) -> torch.Tensor | None:
     return None
 
 
-class _ResponseView:
+class ResponseView:
     """The response tokens of one stage's tensors, whichever layout carried them."""
 
     def __init__(self, out: _Source, inputs: _Source | None) -> None:
         self.batches = (inputs, out)
-        mask = _first_tensor("response_mask", inputs, out)
+        mask = first_tensor("response_mask", inputs, out)
         self.response_mask = mask if mask is not None and not mask.is_nested and mask.dim() == 2 else None
         self._lengths: Any = False  # not looked up yet
 
@@ -253,7 +253,7 @@ class _ResponseView:
         mask = self.response_mask
         if mask is not None and tuple(mask.shape) == tuple(padded.shape):
             return mask.to(device=padded.device, dtype=torch.bool)
-        attention = _first_tensor("attention_mask", *self.batches)
+        attention = first_tensor("attention_mask", *self.batches)
         if (
             attention is not None
             and not attention.is_nested
@@ -302,12 +302,12 @@ class _ResponseView:
 
 def _response_lengths(*batches: _Source | None) -> torch.Tensor | None:
     """Each sequence's response length, as no_padding_2_padding finds it."""
-    responses = _first_tensor("responses", *batches)
+    responses = first_tensor("responses", *batches)
     if responses is not None and responses.is_nested:
         offsets: torch.Tensor = responses.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor's
         return offsets.diff()
-    prompts = _first_tensor("prompts", *batches)
-    attention = _first_tensor("attention_mask", *batches)
+    prompts = first_tensor("prompts", *batches)
+    attention = first_tensor("attention_mask", *batches)
     if prompts is None or attention is None or prompts.is_nested or attention.is_nested or attention.dim() != 2:
         return None
     return attention[:, prompts.shape[1] :].sum(dim=1)
@@ -365,7 +365,7 @@ def _reduce_exact(
     readings.add(f"{name}/mean", kept.sum(dtype=torch.float32) / valid.sum().clamp(min=1))
 
 
-def _gap(actor: torch.Tensor, rollout: torch.Tensor, response: _ResponseView, readings: _Readings) -> None:
+def _gap(actor: torch.Tensor, rollout: torch.Tensor, response: ResponseView, readings: _Readings) -> None:
     """``gap/log_prob_abs_max`` and ``gap/log_prob_abs_mean`` (see the module docstring)."""
     import torch
 

@@ -145,7 +145,7 @@ def extract_metrics(stage: str, result: Any, inputs: Any = None) -> dict[str, fl
         return readings.values
     out_batch: _Batch | None = None
     try:
-        out_batch = _as_batch(result)
+        out_batch = as_batch(result)
         if out_batch is None:
             _read_bare(stage, result, readings)
         else:
@@ -155,7 +155,7 @@ def extract_metrics(stage: str, result: Any, inputs: Any = None) -> dict[str, fl
     # At other stages a plain mapping's tensors were read with its metrics.
     if out_batch is not None and stage in STAGE_TENSORS and "torch" in sys.modules:
         try:
-            _read_tensors(stage, out_batch, _as_batch(inputs) if inputs is not None else None, readings, _report)
+            _read_tensors(stage, out_batch, as_batch(inputs) if inputs is not None else None, readings, _report)
         except Exception as exc:
             _report(stage, "tensors", exc)
     if readings.pending or readings.probes:
@@ -195,7 +195,7 @@ class _Batch:
         return _unwrap(self.flags.get(key, None))
 
 
-def _as_batch(value: Any) -> _Batch | None:
+def as_batch(value: Any) -> _Batch | None:
     """``value`` as a batch, or None for a bare value (a number, a tensor, anything else)."""
     kind = _KINDS.get(type(value))
     if kind is None:

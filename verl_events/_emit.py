@@ -52,9 +52,12 @@ def _new_event(
     model: Any,
     meta: dict[str, Any],
     model_paths: tuple[str, ...],
+    rank: int | None = None,
 ) -> StageEvent:
     stack = open_stages()
-    rank, world_size = find_rank()
+    found_rank, world_size = find_rank()
+    if rank is None:
+        rank = found_rank
     return StageEvent(
         stage=name,
         role=role,
@@ -159,7 +162,10 @@ class stage:
     ``with stage("actor_update", role="actor", step=3, model=m) as event: ...``
 
     ``role`` defaults to the role verl runs the stage in; ``step`` to the
-    step announced with :func:`set_step`.  A ``step`` follows set_step's
+    step announced with :func:`set_step`; ``rank`` to the process's own
+    (torch.distributed, env ``RANK``, 0): a process that works for another
+    rank, like a rollout server prefilling one trainer rank's sequences,
+    names that rank.  A ``step`` follows set_step's
     rule (a non-negative int, numpy and 0-d tensor ints included, or None):
     anything else raises ValueError with set_step's sentence when the stage
     is entered and something listens.  Extra keywords become
@@ -186,6 +192,7 @@ class stage:
         "_role",
         "_step",
         "_model",
+        "_rank",
         "_meta",
         "_inputs",
         "_event",
@@ -202,12 +209,16 @@ class stage:
         step: int | None = None,
         model: Any = None,
         inputs: Any = None,
+        rank: int | None = None,
         **meta: Any,
     ) -> None:
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ValueError(f"stage {name!r}: rank {rank!r} is not allowed; use an integer >= 0, or None")
         self._name = name
         self._role = role
         self._step = step
         self._model = model
+        self._rank = rank
         self._meta = meta
         self._inputs = inputs
         self._event: StageEvent | None = None
@@ -221,7 +232,7 @@ class stage:
         name = check_stage_name(self._name)
         role = self._role if self._role is not None else STAGE_ROLES.get(name)
         step = check_step(self._step, "stage", name) if self._step is not None else current_step()
-        event = _new_event(name, role, step, self._model, self._meta, ())
+        event = _new_event(name, role, step, self._model, self._meta, (), self._rank)
         self._started, self._wants_result = _open(event)
         self._event = event
         return event

@@ -13,12 +13,15 @@ from ._errors import ConfigError
 #: Stages verl's workers run, in the order they run within a step (tables
 #: list stages this way), mapped to the role that runs them.  verl 0.9's
 #: engine workers add ``train_batch`` (the critic's and trainer's update) and
-#: ``forward_backward``; they have no fixed role.
+#: ``forward_backward``; they have no fixed role.  ``rollout_prefill`` is a
+#: rollout server running the trainer's sequences for the mismatch observer's
+#: layer profile (docs/mismatch.md), right after ``actor_compute_log_prob``.
 STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
     {
         "rollout_generate": "rollout",
         "ref_compute_log_prob": "ref",
         "actor_compute_log_prob": "actor",
+        "rollout_prefill": "rollout",
         "compute_values": "critic",
         "critic_update": "critic",
         "compute_rm_score": "reward_model",

@@ -55,14 +55,16 @@ def observer_class(spec: ObserverSpec) -> type[Observer]:
         where = f"{spec.where}.name: entry point {spec.name!r} ({ep.value})"
     else:
         assert spec.target is not None
-        loaded = _import_target(spec.target, f"{spec.where}._target_")
+        loaded = import_target(spec.target, f"{spec.where}._target_")
         where = f"{spec.where}._target_: {spec.target!r}"
     if not (isinstance(loaded, type) and issubclass(loaded, Observer)):
         raise ConfigError(f"{where} is {loaded!r}, not a subclass of verl_events.Observer")
     return loaded
 
 
-def _import_target(target: str, where: str) -> Any:
+def import_target(target: str, where: str) -> Any:
+    """The object at ``target`` (``package.module:name`` or ``package.module.name``);
+    ConfigError, naming ``where``, when it does not import."""
     module_name, sep, attr = target.partition(":")
     if not sep:
         module_name, _, attr = target.rpartition(".")

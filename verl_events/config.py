@@ -14,8 +14,9 @@ from ._arming import ArmedSelection, armed_stages, check_triggers
 from ._checks import check_count
 from ._config import Config, ObserverSpec, is_bare_name, load_config, read_config
 from ._install import build_observers, check_exclusive_resources, nothing_to_observe
-from ._registry import available_observers, build_observer, observer_origin
+from ._registry import available_observers, build_observer, import_target, observer_origin
 from ._replay import REPLAYABLE
+from ._selection import parse_numbers
 from ._verl_config import from_verl_config, is_verl_config
 
 __all__ = [
@@ -31,10 +32,12 @@ __all__ = [
     "check_exclusive_resources",
     "check_triggers",
     "from_verl_config",
+    "import_target",
     "is_bare_name",
     "is_verl_config",
     "load_config",
     "nothing_to_observe",
     "observer_origin",
+    "parse_numbers",
     "read_config",
 ]

@@ -14,6 +14,8 @@ msprobe as its ``dump_path``, and msprobe builds the rest itself (msprobe
                                /stack.json       (the observer sets it to the stage's call
                                /construct.json   within the global step, normally 0) and R
                                /session.incomplete  the rank the observer passes
+                               /dump_tensor_data/   the tensors, with task "tensor": one file per
+                                                    entry's "data_name"
     {dump_path}/step{k}/proc{pid}/...            msprobe's name when it has no rank (dumps
                                                  not written by our observer)
 
@@ -41,6 +43,7 @@ __all__ = [
     "INCOMPLETE_MARKER",
     "MODULE_ENTRY",
     "STACK_FILE",
+    "TENSOR_DIR",
     "NotADump",
     "SessionPlace",
     "construct_file",
@@ -61,11 +64,14 @@ __all__ = [
     "session_places",
     "stack_file",
     "step_dir",
+    "tensor_file",
 ]
 
 DUMP_FILE = "dump.json"
 STACK_FILE = "stack.json"
 CONSTRUCT_FILE = "construct.json"
+#: Beside dump.json in a session of task "tensor": the tensors themselves.
+TENSOR_DIR = "dump_tensor_data"
 
 #: Left in an msprobe session's rank directory while the session is open, and
 #: after it when the stage raised: a dump.json beside it is not a whole stage.
@@ -129,6 +135,11 @@ def proc_dirs(step: Path) -> list[Path]:
 def dump_file(session: Path) -> Path:
     """The ``dump.json`` of the session in directory ``session``."""
     return session / DUMP_FILE
+
+
+def tensor_file(dump: Path, data_name: str) -> Path:
+    """The file of one tensor of a tensor-task session, by its entry's ``data_name``."""
+    return Path(dump).parent / TENSOR_DIR / data_name
 
 
 def stack_file(dump: Path) -> Path:

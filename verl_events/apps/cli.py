@@ -261,12 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     # The file names in the help come from their formats' owners, which import no tool.
     from .formats import anomaly_record, msprobe_layout, timing_log
     from .hangs import add_command as add_hangs_command
+    from .mismatch.command import add_command as add_mismatch_command
 
     DUMP_FILE, ANOMALY_LOG, TIMING_DIR = msprobe_layout.DUMP_FILE, anomaly_record.ANOMALY_LOG, timing_log.TIMING_DIR
 
     parser = argparse.ArgumentParser(
         prog="verl-events",
-        description="Check configs, run the CPU demo, and read runs back: report, compare, triage, hangs.",
+        description="Check configs, run the CPU demo, and read runs back: report, compare, triage, hangs, mismatch.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -362,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     tri.add_argument("--json", action="store_true", help="print the result as JSON")
     tri.set_defaults(run_command=_triage)
     add_hangs_command(commands)
+    add_mismatch_command(commands)
     return parser
 
 

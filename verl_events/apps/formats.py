@@ -4,7 +4,9 @@
 * :data:`timing_log`: the timing log and its record (:mod:`verl_events.observers.timing`);
 * :data:`anomaly_record`: the sentinel's record (:mod:`verl_events.observers.sentinel.record`);
 * :data:`hang_record`: the watchdog's hang records, reports and heartbeats
-  (:mod:`verl_events.observers.watchdog.record`).
+  (:mod:`verl_events.observers.watchdog.record`);
+* :data:`mismatch_record`: the mismatch observer's log
+  (:mod:`verl_events.observers.mismatch.record`).
 
 The tools import them from here, in one place, because mypy checks the
 repository's observers/ folder as the package ``observers`` ([tool.mypy] in
@@ -18,13 +20,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from observers import timing as timing_log
+    from observers.mismatch import record as mismatch_record
     from observers.msprobe import layout as msprobe_layout
     from observers.sentinel import record as anomaly_record
     from observers.watchdog import record as hang_record
 else:
     from verl_events.observers import timing as timing_log
+    from verl_events.observers.mismatch import record as mismatch_record
     from verl_events.observers.msprobe import layout as msprobe_layout
     from verl_events.observers.sentinel import record as anomaly_record
     from verl_events.observers.watchdog import record as hang_record
 
-__all__ = ["anomaly_record", "hang_record", "msprobe_layout", "timing_log"]
+__all__ = ["anomaly_record", "hang_record", "mismatch_record", "msprobe_layout", "timing_log"]

@@ -27,11 +27,17 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.config import HFModelConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-__all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "server_name"]
+from verl_events import stage
+
+__all__ = ["PREFILL_STAGE", "HFReplica", "HFRolloutServer", "HFServerAdapter", "request_prefill", "server_name"]
+
+#: The stage the server runs a trainer's sequences in, for the layer profile (docs/mismatch.md).
+PREFILL_STAGE = "rollout_prefill"
 
 
 def server_name(replica_rank: int) -> str:
@@ -61,13 +67,15 @@ class HFRolloutServer:
         # Version of the weights being served: the trainer's global step at the last sync
         # (what vLLM reports as extra_fields["global_steps"], vllm_async_server.py:689).
         self.global_steps: int | None = None
-        # float32 regardless of rollout.dtype: bf16 matmuls are slow on CPU and the weights
-        # synced from the FSDP actor are float32.
+        # rollout.dtype, as vLLM's dtype: the CPU job sets float32 (bf16 matmuls are slow on
+        # CPU); a bfloat16 rollout against a float32 trainer is the mismatch docs/mismatch.md shows.
         # Any: transformers' annotations do not cover the generate() call below.
         self.model: Any = cast(
             Any,
             AutoModelForCausalLM.from_pretrained(
-                self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
+                self.model_config.local_path,
+                dtype=PrecisionType.to_dtype(self.config.dtype),  # type: ignore[no-untyped-call]
+                attn_implementation="sdpa",
             ),
         )
         self.model.eval()
@@ -144,6 +152,14 @@ class HFRolloutServer:
             stop_reason="completed",
             extra_fields={"global_steps": self.global_steps},
         )
+
+    async def prefill(self, sequences: list[list[int]], step: int, rank: int) -> None:
+        """Run ``sequences`` through the served model, one forward each, in order, inside
+        the ``rollout_prefill`` stage for trainer ``rank`` at ``step``: what an msprobe
+        observer selecting that stage dumps, to compare with the trainer's own forward."""
+        with torch.no_grad(), stage(PREFILL_STAGE, role="rollout", step=step, model=self.model, rank=rank):
+            for ids in sequences:
+                self.model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None) -> None:
         """Load the actor's full (unsharded) weights, keyed by HF parameter names."""
@@ -249,3 +265,11 @@ class HFServerAdapter(BaseRollout):
         state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
         if self._has_server:
             await self._server_handle().update_weights.remote(state_dict, global_steps)
+
+
+def request_prefill(sequences: list[list[int]], step: int, rank: int) -> None:
+    """The mismatch observer's ``prefill_engine`` for this rollout: trainer ``rank``'s
+    sequences go to its replica's server (one replica per trainer rank, as with
+    ``tensor_model_parallel_size=1``), which runs them (:meth:`HFRolloutServer.prefill`)."""
+    server: Any = ray.get_actor(server_name(rank))
+    ray.get(server.prefill.remote(sequences, step, rank))

@@ -259,6 +259,9 @@ def trainer_args(files: JobFiles, *, steps: int = 3, save_path: Path | None = No
         f"{rollout}.name=hf",
         f"{rollout}.n=1",
         f"{rollout}.seed={_SEED}",
+        # verl's default is bfloat16; the hf rollout honours it (docs/mismatch.md), and float32
+        # keeps generation fast on CPU and equal to the float32 weights the actor syncs.
+        f"{rollout}.dtype=float32",
         f"{rollout}.tensor_model_parallel_size=1",
         f"{rollout}.log_prob_micro_batch_size_per_gpu=1",
         f"{rollout}.agent.num_workers=1",

@@ -1,0 +1,163 @@
+"""The mismatch observer: how far the trainer's log-probs are from the rollout engine's.
+
+Config::
+
+    - name: mismatch
+      top_k: 8                 # the worst tokens kept per step and rank
+      prefill_steps: [2]       # optional: run these steps' sequences through the rollout engine
+      prefill_engine: verl_events.apps.verl_cpu.hf_rollout:request_prefill  # the default: the CPU rollout server
+
+At the end of every ``actor_compute_log_prob`` it selects, it compares the
+trainer's recomputed log-probs with the ``rollout_log_probs`` the batch
+carries (:mod:`.tokens`) and appends one line per rank to
+``mismatch.jsonl`` (:mod:`.record`).  A batch without ``rollout_log_probs``
+gets a line saying so, which ``verl-events mismatch`` turns into the
+setting that fills them.
+
+``prefill_steps``: at those steps it also hands the step's sequences (prompt
+and response tokens, as sampled, padding dropped) to ``prefill_engine``, a
+function ``(sequences, step, rank) -> None`` that runs them through the
+rollout engine's model, one forward per sequence in the batch's order,
+inside a ``rollout_prefill`` stage for ``rank``.  An msprobe observer that
+selects ``rollout_prefill`` (in the engine's process) and
+``actor_compute_log_prob`` (in the trainer's) at those steps then dumps both
+sides, and ``verl-events mismatch RUN --layers STEP`` compares them layer by
+layer.  The engine's weights are still the step's: they change only at the
+next step's weight sync.
+
+Passive: a stage it watches still counts as unprofiled.  Thread safety: no
+shared state but the file, appended to with one ``write`` per line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, prepare_output_dir
+from verl_events.config import check_count, import_target, parse_numbers
+from verl_events.layout import run_id
+
+from ..watchdog.record import append_line
+from .record import MismatchRecord, mismatch_log_path
+from .tokens import StepTokens, measure, step_tokens
+
+__all__ = ["DEFAULT_PREFILL_ENGINE", "STAGE", "MismatchObserver"]
+
+logger = logging.getLogger("verl_events.mismatch")
+
+#: The stage where verl's trainer recomputes the log-probs of what the rollout sampled.
+STAGE = "actor_compute_log_prob"
+#: The engine the CPU job runs: verl_events' HF rollout server.
+DEFAULT_PREFILL_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_prefill"
+_MAX_TOP_K = 1000
+
+Prefill = Callable[[list[list[int]], int, int], None]
+
+
+class MismatchObserver(Observer):
+    """Token-level training-inference mismatch at every selected
+    ``actor_compute_log_prob``; optionally an engine prefill for the layer
+    profile (see the module docstring)."""
+
+    passive = True
+    wants_result = True
+    output_noun = "mismatch record file(s)"
+
+    def __init__(
+        self,
+        top_k: int = 8,
+        prefill_steps: Sequence[int | str] | None = None,
+        prefill_engine: str = DEFAULT_PREFILL_ENGINE,
+    ) -> None:
+        self.top_k = check_count(top_k, "option top_k", allowed=f"an integer from 0 to {_MAX_TOP_K}", minimum=0)
+        if self.top_k > _MAX_TOP_K:
+            raise ConfigError(f"option top_k: {top_k!r} is not allowed; use an integer from 0 to {_MAX_TOP_K}")
+        self.prefill_steps = parse_numbers(prefill_steps, "option prefill_steps") if prefill_steps is not None else None
+        if not isinstance(prefill_engine, str) or not prefill_engine:
+            raise ConfigError(
+                f"option prefill_engine: {prefill_engine!r} is not allowed; "
+                f"use an import path like {DEFAULT_PREFILL_ENGINE!r}"
+            )
+        self.prefill_engine = prefill_engine
+        self._prefill: Prefill | None = None
+        self._root = Path()
+        self._strict = False
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        log = mismatch_log_path(save_path)
+        return [log] if log.exists() else []
+
+    def setup(self, context: InstallContext) -> None:
+        self._root = Path(context.save_path)
+        self._strict = context.strict
+        prepare_output_dir(self._root)
+
+    def describe(self) -> str:
+        said = f"|Δ log p| of the rollout's tokens at {STAGE}, the {self.top_k} worst kept"
+        if self.prefill_steps:
+            steps = ", ".join(map(str, sorted(self.prefill_steps)))
+            said += f"; engine prefill at step(s) {steps} through {self.prefill_engine}"
+        return said
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        if event.stage != STAGE or event.error is not None or event.result is None:
+            return
+        found = step_tokens(event.result, event.inputs)
+        if isinstance(found, StepTokens):
+            record = self._record(event, stats=measure(found, self.top_k))
+        else:
+            record = self._record(event, missing=found)
+        append_line(mismatch_log_path(self._root), record.to_json())
+        if self.prefill_steps and event.step in self.prefill_steps:
+            self._ask_engine(event)
+
+    def _record(self, event: StageEnd, **found: Any) -> MismatchRecord:
+        return MismatchRecord(
+            run=run_id(), step=event.step, stage=event.stage, rank=event.rank, time=time.time(), **found
+        )
+
+    def _ask_engine(self, event: StageEnd) -> None:
+        assert event.step is not None
+        if self._prefill is None:
+            # Imported at first use, not at setup: the engine's module may be the one whose
+            # import of verl installed the observers (verl_cpu's shim imports hf_rollout).
+            self._prefill = import_target(self.prefill_engine, "option prefill_engine")
+        sequences = sampled_sequences(event.inputs)
+        if not sequences:
+            logger.warning("mismatch: step %s: the batch has no prompts and responses to prefill", event.step)
+            return
+        started = time.perf_counter()
+        self._prefill(sequences, event.step, event.rank)
+        logger.info(
+            "mismatch: step %s rank %d: %d sequence(s) prefilled by the engine in %.2f s",
+            event.step,
+            event.rank,
+            len(sequences),
+            time.perf_counter() - started,
+        )
+
+
+def sampled_sequences(inputs: Any) -> list[list[int]]:
+    """Each row's prompt and response tokens, padding dropped: ``prompts`` and
+    ``responses`` side by side, kept where ``attention_mask`` is 1."""
+    from ..metrics import as_batch
+
+    batch = as_batch(inputs) if inputs is not None else None
+    if batch is None:
+        return []
+    prompts, responses, attention = (batch.tensor(key) for key in ("prompts", "responses", "attention_mask"))
+    if prompts is None or responses is None or attention is None:
+        return []
+    if any(t.is_nested for t in (prompts, responses, attention)):
+        return []
+    import torch
+
+    tokens = torch.cat([prompts, responses], dim=1)
+    if tuple(tokens.shape) != tuple(attention.shape):
+        return []
+    keep = attention.bool()
+    return [row[mask].tolist() for row, mask in zip(tokens.cpu(), keep.cpu(), strict=True)]

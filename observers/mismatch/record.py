@@ -1,0 +1,70 @@
+"""The mismatch observer's log, ``{save_path}/mismatch.jsonl``: one line per step and rank.
+
+This module owns the format; the observer writes it and ``verl-events
+mismatch`` reads it back, both through the names here.  A line is a
+:class:`MismatchRecord`: the stage's step, rank and run, and either
+``stats`` (what :func:`~.tokens.measure` found) or ``missing`` (a sentence:
+why that call could not be compared, such as a batch without
+``rollout_log_probs``)::
+
+    {"run": "ray-0a1b", "step": 2, "stage": "actor_compute_log_prob", "rank": 0, "time": 1796025667.1,
+     "stats": {"tokens": 28, "nonfinite": 0, "log_prob": {"mean": 0.012, "p50": ..., "max": 0.31}, ...},
+     "missing": null}
+
+Lines are appended with one ``write`` on an ``O_APPEND`` descriptor, so the
+ranks' lines never interleave.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MISMATCH_LOG", "MismatchRecord", "NotAMismatchRecord", "mismatch_log_path"]
+
+MISMATCH_LOG = "mismatch.jsonl"
+
+
+def mismatch_log_path(save_path: Path) -> Path:
+    return Path(save_path) / MISMATCH_LOG
+
+
+class NotAMismatchRecord(ValueError):
+    """A line that is not a mismatch record; the message says what it lacks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MismatchRecord:
+    """One step's comparison on one rank (see the module docstring)."""
+
+    run: str
+    step: int | None
+    stage: str
+    rank: int
+    time: float
+    stats: dict[str, Any] | None = None
+    missing: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), allow_nan=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> MismatchRecord:
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise NotAMismatchRecord(f"not JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise NotAMismatchRecord("not a JSON object")
+        names = {f.name for f in fields(cls)}
+        required = {"run", "step", "stage", "rank", "time"}
+        if missing := sorted(required - data.keys()):
+            raise NotAMismatchRecord(f"no {', '.join(missing)}")
+        if not isinstance(data["rank"], int) or not (data["step"] is None or isinstance(data["step"], int)):
+            raise NotAMismatchRecord("its step and rank are not whole numbers")
+        stats = data.get("stats")
+        if stats is not None and not (isinstance(stats, dict) and isinstance(stats.get("tokens"), int)):
+            raise NotAMismatchRecord("its stats are not a mapping with a token count")
+        return cls(**{key: value for key, value in data.items() if key in names})

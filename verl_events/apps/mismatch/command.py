@@ -1,0 +1,274 @@
+"""``verl-events mismatch RUN``: from "old_log_prob and rollout_log_prob disagree" to the tokens and the layer.
+
+Without ``--layers``: each step's ``|Δ log p|`` (the mismatch observer's
+``mismatch.jsonl``, :mod:`.summary`), the trend over steps, ``|Δ log p|`` by
+response position and by entropy, and the worst tokens (decoded with
+``--tokenizer``).  With ``--layers STEP``: that step's layer profile
+(:mod:`.layers`).  ``--plot FILE.png`` draws the quantiles over steps and
+``|Δ log p|`` by position, or with ``--layers`` each layer's relative error
+(matplotlib).  ``--json`` prints the result as JSON instead.
+
+Exit codes: 0 shown, 2 bad input (no records, no ``rollout_log_probs``, a
+step without both dumps, a tokenizer that does not load, a plot that cannot
+be written).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from .layers import DEFAULT_TOLERANCE, LayerProfile, layer_profile
+from .summary import MismatchInputError, Summary, summarize
+
+__all__ = ["add_command", "command"]
+
+
+def add_command(commands: Any) -> None:
+    """Add ``mismatch`` to the ``verl-events`` parser's subcommands."""
+    parser = commands.add_parser(
+        "mismatch",
+        help="how far the trainer's log-probs are from the rollout engine's, by step, token and layer "
+        "(exit 0 shown, 2 bad input)",
+    )
+    parser.add_argument("run", help="the run's save_path (holding mismatch.jsonl)")
+    parser.add_argument("--top", type=int, default=10, help="worst tokens to list (default 10)")
+    parser.add_argument("--tokenizer", help="a tokenizer folder or name (transformers), to decode the worst tokens")
+    parser.add_argument(
+        "--layers", type=int, metavar="STEP", help="the layer profile of STEP: engine prefill vs trainer"
+    )
+    parser.add_argument("--rank", type=int, default=0, help="the rank whose dumps --layers compares (default 0)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"--layers: the relative error a layer may reach (default {DEFAULT_TOLERANCE:g})",
+    )
+    parser.add_argument(
+        "--modules",
+        action="store_true",
+        help="--layers: list every module, not only the layers and the modules inside the ones marked",
+    )
+    parser.add_argument("--plot", metavar="FILE", help="draw the result into FILE (.png, .svg or .pdf)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(run_command=command)
+
+
+def command(args: Any) -> int:
+    """``verl-events mismatch RUN [...]``; the exit code (see the module docstring)."""
+    from . import plot
+
+    try:
+        _check_arguments(args)
+        if args.layers is not None:
+            profile = layer_profile(Path(args.run), args.layers, args.rank, args.tolerance)
+            if args.plot:
+                plot.plot_layers(profile, Path(args.plot))
+            shown, text = profile.as_json(), render_layers(profile, every=args.modules)
+        else:
+            summary = summarize(Path(args.run), top=args.top)
+            if args.tokenizer:
+                decode(summary, args.tokenizer)
+            if args.plot:
+                plot.plot_summary(summary, Path(args.plot))
+            for line in summary.warnings:
+                print(f"warning: {line}", file=sys.stderr)
+            shown, text = summary.as_json(), render(summary)
+    except MismatchInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(shown, indent=1) if args.json else text)
+    return 0
+
+
+def _check_arguments(args: Any) -> None:
+    if args.top < 0:
+        raise MismatchInputError(f"--top {args.top}: use a number of tokens >= 0")
+    if args.rank < 0:
+        raise MismatchInputError(f"--rank {args.rank}: use a rank >= 0")
+    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+        raise MismatchInputError(f"--tolerance {args.tolerance}: use a relative error > 0, such as 1e-3")
+    if args.layers is not None and args.layers < 0:
+        raise MismatchInputError(f"--layers {args.layers}: use a step number >= 0")
+    if args.modules and args.layers is None:
+        raise MismatchInputError("--modules lists the modules of --layers STEP's profile; add --layers STEP")
+    if args.layers is not None and args.tokenizer:
+        raise MismatchInputError("--tokenizer decodes the worst tokens, which --layers does not list; drop one")
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise MismatchInputError(f"--plot {args.plot}: name a .png, .svg or .pdf file")
+
+
+def decode(summary: Summary, tokenizer_path: str) -> None:
+    """Add each worst token's text (``text``), decoded by the tokenizer at ``tokenizer_path``."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as exc:
+        raise MismatchInputError(
+            f"--tokenizer {tokenizer_path}: no tokenizer loads from there ({type(exc).__name__}: {exc}); give the "
+            "model's folder, as in actor_rollout_ref.model.path"
+        ) from None
+    for token in summary.worst:
+        if token.get("token") is not None:
+            token["text"] = tokenizer.decode([token["token"]])
+
+
+# -- text ------------------------------------------------------------------
+
+
+def _g(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def render(summary: Summary) -> str:
+    lines = [f"mismatch: {summary.run}"]
+    ranks = sorted({row["rank"] for row in summary.steps})
+    tokens = sum(row["tokens"] for row in summary.steps)
+    lines.append(
+        f"{len(summary.trend)} step(s), {len(ranks)} rank(s), {tokens} response tokens: the trainer's "
+        "old_log_probs against the rollout's rollout_log_probs"
+    )
+    lines.append("")
+    lines.append(_table(summary))
+    lines.extend(["", _trend_line(summary)])
+    for title, rows, key in (
+        ("|Δ log p| by response position", summary.by_position, "position"),
+        ("|Δ log p| by the trainer's entropy (nats)", summary.by_entropy, "entropy"),
+    ):
+        if rows:
+            lines.extend(["", title + ":", _bins(rows, key)])
+    if summary.worst:
+        lines.extend(["", "worst tokens:", _worst(summary)])
+    for missing in summary.missing:
+        lines.append(f"not compared: step {missing['step']} rank {missing['rank']}: {missing['why']}")
+    return "\n".join(lines)
+
+
+def _columns(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
+    )
+
+
+def _table(summary: Summary) -> str:
+    header = ["step", "rank", "tokens", "mean", "p50", "p90", "p99", "max", "|Δp| max", "verl diff mean", "pearson"]
+    rows = []
+    for row in summary.steps:
+        gap, prob, verl = row.get("log_prob", {}), row.get("prob", {}), row["verl"]
+        rows.append(
+            [
+                str(row["step"]),
+                str(row["rank"]),
+                str(row["tokens"]) + (f" ({row['nonfinite']} non-finite)" if row.get("nonfinite") else ""),
+                *(_g(gap.get(key)) for key in ("mean", "p50", "p90", "p99", "max")),
+                _g(prob.get("max")),
+                _g(verl.get("probs_diff_mean")),
+                "-" if verl.get("pearson_corr") is None else f"{verl['pearson_corr']:.6f}",
+            ]
+        )
+    return "|Δ log p| per step and rank; verl's training/rollout_probs_diff_mean and pearson_corr:\n" + _columns(
+        header, rows
+    )
+
+
+def _trend_line(summary: Summary) -> str:
+    trend = summary.trend
+    if not trend:
+        return "trend: no step had a response token to compare"
+    first, last = trend[0], trend[-1]
+    worst = max(trend, key=lambda t: t["max"])
+    ratio = f" (x{last['mean'] / first['mean']:.3g})" if first["mean"] > 0 else ""
+    return (
+        f"trend: mean |Δ log p| {_g(first['mean'])} at step {first['step']} -> {_g(last['mean'])} at step "
+        f"{last['step']}{ratio}; the largest, {_g(worst['max'])}, at step {worst['step']}"
+    )
+
+
+def _bins(rows: list[dict[str, Any]], key: str) -> str:
+    if key == "position":
+        places = [
+            f"{row['start']}-{row['end'] - 1}" if row["end"] - row["start"] > 1 else str(row["start"]) for row in rows
+        ]
+    else:
+        places = [
+            f"{row['low']:g}-{row['high']:g}" if row["high"] is not None else f">= {row['low']:g}" for row in rows
+        ]
+    # Empty bins stay in --json; here they would only push the filled ones apart.
+    body = [
+        [place, str(row["tokens"]), _g(row["mean"]), _g(row["max"])]
+        for place, row in zip(places, rows, strict=True)
+        if row["tokens"]
+    ]
+    return _columns([key, "tokens", "mean", "max"], body)
+
+
+def _worst(summary: Summary) -> str:
+    header = ["step", "rank", "sample", "position", "token", "old", "rollout", "Δ", "entropy"]
+    rows = []
+    for token in summary.worst:
+        shown = "-" if token.get("token") is None else str(token["token"])
+        if "text" in token:
+            shown += f" {token['text']!r}"
+        rows.append(
+            [
+                str(token["step"]),
+                str(token["rank"]),
+                str(token["sample"]),
+                str(token["position"]),
+                shown,
+                f"{token['old']:.4f}",
+                f"{token['rollout']:.4f}",
+                f"{token['delta']:+.3g}",
+                _g(token.get("entropy")),
+            ]
+        )
+    return _columns(header, rows)
+
+
+def render_layers(profile: LayerProfile, *, every: bool = False) -> str:
+    """The profile as text: the layers, with the modules inside the marked ones (``every``: all)."""
+    lines = [
+        f"layer profile, step {profile.step}, rank {profile.rank}: the rollout engine's prefill against the trainer's "
+        "forward, relative error ||engine - trainer|| / ||trainer|| of each module's output",
+        f"  trainer: {profile.trainer}",
+        f"  engine:  {profile.engine}",
+        "",
+    ]
+    first, grows = profile.first_past, profile.grows_most
+    header = ["module", "calls", "rel. error", "growth", ""]
+    rows = []
+    marked = [m.module + "." for m in (first, grows) if m is not None]
+    for module in profile.modules:
+        if not (every or module.layer or module.module.startswith(tuple(marked))):
+            continue
+        marks = []
+        if module is first:
+            marks.append(f"<- first past {profile.tolerance:g}")
+        if module is grows:
+            marks.append("<- grows most")
+        name = module.module if module.layer else "  " + module.module
+        growth = f"x{module.growth:.3g}" if module.growth is not None else ""
+        rows.append([name, str(module.calls), f"{module.error:.3g}", growth, ", ".join(marks)])
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        lines.append(
+            "  ".join(
+                [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:4], widths[1:4], strict=True)), row[4]]
+            ).rstrip()
+        )
+    lines.append("")
+    if first is None:
+        lines.append(f"every layer is within {profile.tolerance:g}: engine and trainer compute the same outputs")
+    else:
+        lines.append(f"the error enters at {first.module} ({first.error:.3g}, past {profile.tolerance:g})")
+        if grows is not None:
+            lines.append(f"it grows most at {grows.module} (x{grows.growth:.3g} over the layer before)")
+    for side, modules in (("trainer", profile.only_trainer), ("engine", profile.only_engine)):
+        if modules:
+            lines.append(f"only the {side} ran: {', '.join(modules)}")
+    return "\n".join(lines)
