@@ -1,0 +1,430 @@
+"""The mismatch observer and ``verl-events mismatch`` on real torch, real verl tensors and real msprobe dumps.
+
+verl's trainer end to end is tests/test_verl_mismatch.py; here each piece on its own:
+the token statistics against verl's ``calculate_debug_metrics`` and against plain torch on
+the same tensors (padded and verl 0.9's no-padding layout), the observer through a real
+installation, the command's output and its bad input, and the layer profile from two real
+msprobe tensor dumps of a small model, one side in bfloat16.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from verl import DataProto
+from verl.utils import tensordict_utils as tu
+from verl.utils.debug.metrics import calculate_debug_metrics
+
+import verl_events
+from verl_events import ConfigError, stage
+from verl_events.apps.cli import main as verl_events_main
+from verl_events.apps.mismatch.layers import layer_profile
+from verl_events.apps.mismatch.summary import MismatchInputError
+from verl_events.observers.mismatch import MismatchObserver, MismatchRecord, sampled_sequences
+from verl_events.observers.mismatch.tokens import ENTROPY_EDGES, measure, step_tokens
+
+from .observers.test_metrics import engine_inputs, nested_like, padded_batch
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
+
+
+def random_gap(seed: int = 0, shape: tuple[int, int] = (3, 4)) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    rollout = -torch.rand(shape, generator=generator) * 6
+    return rollout + torch.randn(shape, generator=generator) * 0.05, rollout
+
+
+# -- the numbers ---------------------------------------------------------------
+
+
+def test_verls_own_rollout_probs_diff_numbers_are_given_on_the_same_tensors() -> None:
+    old, rollout = random_gap(shape=(4, 6))
+    batch = padded_batch()  # 3 rows: a fourth shares the mask of the second
+    mask = torch.cat([batch.batch["response_mask"], batch.batch["response_mask"][1:2]])
+    responses = torch.cat([batch.batch["responses"], batch.batch["responses"][1:2]])
+    mask, responses = torch.nn.functional.pad(mask, (0, 2)), torch.nn.functional.pad(responses, (0, 2))
+    tensors = {"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask, "responses": responses}
+    verls = calculate_debug_metrics(DataProto.from_dict(tensors))
+
+    ours = measure(step_tokens(tensors, tensors), top_k=3)["verl"]  # type: ignore[arg-type]
+
+    assert ours["valid"] == verls["training/rollout_probs_diff_valid"] == 1
+    for name in ("probs_diff_max", "probs_diff_mean", "probs_diff_std"):
+        assert ours[name] == pytest.approx(verls[f"training/rollout_{name}"], rel=1e-6), name
+    assert ours["pearson_corr"] == pytest.approx(verls["training/rollout_actor_probs_pearson_corr"], rel=1e-6)
+
+
+def test_quantiles_bins_sequence_sums_and_worst_tokens_are_those_of_the_response_tokens() -> None:
+    old, rollout = random_gap(seed=1, shape=(3, 4))
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    entropy = torch.tensor([[0.005, 0.3, 9.0, 9.0], [1.5, 3.0, 5.0, 0.05], [0.7, 9.0, 9.0, 9.0]])
+    tokens = torch.arange(12).reshape(3, 4)
+    old[0, 3] = -90.0  # padding: never counted
+    batch = {"old_log_probs": old, "entropys": entropy}
+    inputs = {"rollout_log_probs": rollout, "response_mask": mask.long(), "responses": tokens}
+
+    stats = measure(step_tokens(batch, inputs), top_k=3)  # type: ignore[arg-type]
+
+    gap = (old.double() - rollout.double()).abs()
+    kept = gap[mask]
+    assert stats["tokens"] == 7 and stats["nonfinite"] == 0
+    assert stats["log_prob"]["max"] == pytest.approx(kept.max().item())
+    assert stats["log_prob"]["mean"] == pytest.approx(kept.mean().item())
+    assert stats["log_prob"]["p90"] == pytest.approx(torch.quantile(kept, 0.9).item())
+    prob_gap = (old.double().exp() - rollout.double().exp()).abs()[mask]
+    assert stats["prob"]["max"] == pytest.approx(prob_gap.max().item())
+    # Positions: 4 columns, one bin each.
+    assert [b["tokens"] for b in stats["by_position"]] == [3, 2, 1, 1]
+    assert stats["by_position"][0]["max"] == pytest.approx(gap[:, 0].max().item())
+    # Entropy: each response token in its bin, the last one open-ended.
+    counts = {(b["low"], b["high"]): b["tokens"] for b in stats["by_entropy"]}
+    assert sum(counts.values()) == 7 and len(counts) == len(ENTROPY_EDGES) - 1
+    assert counts[(0.0, 0.01)] == 1 and counts[(0.01, 0.1)] == 1 and counts[(4.0, None)] == 1
+    sums = torch.where(mask, old.double() - rollout.double(), 0.0).sum(dim=1)
+    assert stats["sequence"]["max"] == pytest.approx(sums.max().item())
+    assert stats["sequence"]["worst"] == int(sums.abs().argmax())
+    top = stats["top"]
+    assert [abs(t["old"] - t["rollout"]) for t in top] == sorted((abs(t["old"] - t["rollout"]) for t in top), reverse=True)
+    first = top[0]
+    assert abs(first["old"] - first["rollout"]) == pytest.approx(kept.max().item(), rel=1e-6)
+    assert first["token"] == int(tokens[first["sample"], first["position"]])
+    assert first["entropy"] == pytest.approx(float(entropy[first["sample"], first["position"]]))
+
+
+def test_verl_engine_workers_nested_log_probs_give_the_padded_layouts_numbers() -> None:
+    rollout = torch.tensor([[-1.0, -1.5, 0.0, 0.0], [-2.0, -2.5, -0.5, -1.0], [-4.0, 0.0, 0.0, 0.0]])
+    data = engine_inputs(padded_batch(rollout_log_probs=rollout), calculate_entropy=True)
+    total = data["input_ids"].values().shape[0]
+    log_probs = nested_like(data, -torch.arange(total, dtype=torch.float32) / 7)
+    result = tu.get_tensordict(
+        tensor_dict={"log_probs": log_probs, "entropy": nested_like(data, torch.full((total,), 0.5))},
+        non_tensor_dict={"metrics": {}},
+    )
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    aligned = no_padding_2_padding(log_probs, data)  # verl's own alignment
+    padded = {"old_log_probs": aligned, "rollout_log_probs": rollout, "response_mask": data["response_mask"]}
+
+    nested_stats = measure(step_tokens(result, data), top_k=2)  # type: ignore[arg-type]
+    padded_stats = measure(step_tokens(padded, padded), top_k=2)  # type: ignore[arg-type]
+
+    assert nested_stats["tokens"] == 7
+    assert nested_stats["log_prob"] == pytest.approx(padded_stats["log_prob"])
+    assert nested_stats["verl"] == pytest.approx(padded_stats["verl"])
+    assert [(t["sample"], t["position"], t["token"]) for t in nested_stats["top"]] == [
+        (t["sample"], t["position"], int(data["responses"][t["sample"], t["position"]])) for t in padded_stats["top"]
+    ]
+
+
+def test_non_finite_tokens_are_counted_and_left_out_of_the_statistics() -> None:
+    old, rollout = random_gap(seed=2)
+    old[1, 2] = math.nan
+    rollout[2, 0] = -math.inf
+    stats = measure(step_tokens({"old_log_probs": old}, {"rollout_log_probs": rollout}), top_k=12)  # type: ignore[arg-type]
+
+    assert stats["tokens"] == 10 and stats["nonfinite"] == 2
+    assert math.isfinite(stats["log_prob"]["max"]) and len(stats["top"]) == 10
+    assert math.isnan(stats["verl"]["probs_diff_mean"])  # verl's own numbers include them, as verl does
+
+
+def test_what_is_missing_is_said() -> None:
+    old, rollout = random_gap()
+    assert step_tokens({"old_log_probs": old}, {}) == "the batch carries no rollout_log_probs"
+    assert "no old_log_probs" in str(step_tokens({"entropys": old}, {"rollout_log_probs": rollout}))
+    assert "not a batch" in str(step_tokens(3.0, None))
+    assert "do not cover the same" in str(step_tokens({"old_log_probs": old[:, :2]}, {"rollout_log_probs": rollout}))
+
+
+def test_the_sequences_for_the_engine_drop_the_padding() -> None:
+    batch = padded_batch().batch
+    assert sampled_sequences(dict(batch.items())) == [[11, 12, 21, 22], [13, 14, 15, 23, 24, 25, 26], [16, 17, 18, 19, 27]]
+    assert sampled_sequences({"prompts": batch["prompts"]}) == []
+
+
+# -- the observer --------------------------------------------------------------
+
+
+def log_prob_stage(step: int, old: torch.Tensor, inputs: dict[str, torch.Tensor]) -> None:
+    call = stage("actor_compute_log_prob", step=step, inputs=inputs)
+    with call:
+        call.set_result({"old_log_probs": old})
+
+
+def records(save_path: Path) -> list[MismatchRecord]:
+    return [MismatchRecord.from_json(line) for line in (save_path / "mismatch.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def watched(tmp_path: Path) -> Path:
+    """Three steps watched by the mismatch observer, the gap doubling each step."""
+    save_path = tmp_path / "run"
+    with verl_events.install({"save_path": str(save_path), "observers": [{"name": "mismatch", "top_k": 2}]}):
+        for step in (1, 2, 3):
+            old, rollout = random_gap(seed=step)
+            old = rollout + (old - rollout) * 2**step
+            log_prob_stage(step, old, {"rollout_log_probs": rollout, "responses": torch.arange(12).reshape(3, 4)})
+        with stage("actor_update", step=3):  # not watched: no line
+            pass
+    return save_path
+
+
+def test_one_line_per_step_and_rank_with_the_top_k_tokens(watched: Path) -> None:
+    found = records(watched)
+    assert [(r.step, r.rank, r.stage) for r in found] == [(s, 0, "actor_compute_log_prob") for s in (1, 2, 3)]
+    assert all(r.stats is not None and r.stats["tokens"] == 12 and len(r.stats["top"]) == 2 for r in found)
+
+
+def test_the_command_shows_steps_trend_bins_and_worst_tokens_the_same_twice(
+    watched: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs = []
+    for _ in range(2):
+        assert verl_events_main(["mismatch", str(watched), "--top", "3"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    text = outputs[0]
+    assert "3 step(s), 1 rank(s), 36 response tokens" in text
+    assert "by response position" in text and "worst tokens" in text
+    assert "trend: mean |Δ log p|" in text and "at step 3" in text
+
+    assert verl_events_main(["mismatch", str(watched), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [row["step"] for row in result["trend"]] == [1, 2, 3]
+    means = [row["mean"] for row in result["trend"]]
+    assert means[0] < means[1] < means[2]
+    worst = result["worst"]
+    assert len(worst) == 6 and worst[0]["step"] == 3 and abs(worst[0]["delta"]) == result["trend"][2]["max"]
+
+
+def test_plot_writes_the_picture(watched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    picture = tmp_path / "mismatch.png"
+    assert verl_events_main(["mismatch", str(watched), "--plot", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert verl_events_main(["mismatch", str(watched), "--plot", str(tmp_path / "x.txt")]) == 2
+    assert "--plot" in capsys.readouterr().err
+
+
+def test_a_run_without_rollout_log_probs_names_the_setting_that_fills_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_path = tmp_path / "run"
+    with verl_events.install({"save_path": str(save_path), "observers": [{"name": "mismatch"}]}):
+        log_prob_stage(1, torch.zeros(2, 3), {"responses": torch.zeros(2, 3, dtype=torch.long)})
+    (record,) = records(save_path)
+    assert record.stats is None and record.missing == "the batch carries no rollout_log_probs"
+
+    assert verl_events_main(["mismatch", str(save_path)]) == 2
+    error = capsys.readouterr().err
+    assert "actor_rollout_ref.rollout.calculate_log_probs=True" in error and "step(s) 1" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--top", "-1"], "--top -1"),
+        (["--tolerance", "0"], "--tolerance 0"),
+        (["--modules"], "add --layers STEP"),
+        (["--layers", "1", "--tokenizer", "x"], "--tokenizer"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_sentence(
+    watched: Path, argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert verl_events_main(["mismatch", str(watched), *argv]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_a_run_the_observer_never_watched_and_a_missing_folder_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert verl_events_main(["mismatch", str(tmp_path)]) == 2
+    assert "add '- name: mismatch'" in capsys.readouterr().err
+    assert verl_events_main(["mismatch", str(tmp_path / "nowhere")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_tokenizer_path_that_does_not_load_exits_2(
+    watched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert verl_events_main(["mismatch", str(watched), "--tokenizer", str(tmp_path / "no-model")]) == 2
+    error = capsys.readouterr().err
+    assert f"--tokenizer {tmp_path / 'no-model'}: no tokenizer loads from there" in error
+
+
+def test_a_broken_line_is_skipped_with_a_warning(watched: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with (watched / "mismatch.jsonl").open("a") as log:
+        log.write('{"step": 4}\n')
+    assert verl_events_main(["mismatch", str(watched)]) == 0
+    assert "mismatch.jsonl:4: not a mismatch record (no rank, run, stage, time); skipped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"top_k": -1}, "option top_k: -1 is not allowed"),
+        ({"top_k": 5000}, "option top_k: 5000 is not allowed"),
+        ({"prefill_steps": ["x"]}, "option prefill_steps"),
+        ({"prefill_engine": ""}, "option prefill_engine: '' is not allowed"),
+    ],
+)
+def test_bad_options_are_refused_at_install(tmp_path: Path, options: dict[str, object], said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "mismatch", **options}]})
+
+
+def test_an_engine_that_fails_is_logged_and_training_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = {"name": "mismatch", "prefill_steps": [1], "prefill_engine": "no_such_module:prefill"}
+    old, rollout = random_gap()
+    inputs = {"rollout_log_probs": rollout, "prompts": torch.ones(3, 2, dtype=torch.long)}
+    inputs |= {"responses": torch.ones(3, 4, dtype=torch.long), "attention_mask": torch.ones(3, 6, dtype=torch.long)}
+    with caplog.at_level(logging.ERROR), verl_events.install({"save_path": str(tmp_path), "observers": [config]}):
+        log_prob_stage(1, old, inputs)
+        log_prob_stage(2, old, inputs)
+    assert [r.step for r in records(tmp_path)] == [1, 2]  # the line comes before the engine is asked
+    assert "no_such_module" in caplog.text
+
+
+def test_the_engine_gets_each_rows_tokens_at_the_prefill_steps_only(tmp_path: Path) -> None:
+    asked.clear()
+    config = {"name": "mismatch", "prefill_steps": ["2-3"], "prefill_engine": f"{__name__}:remember_prefill"}
+    old, rollout = random_gap()
+    batch = padded_batch().batch
+    inputs = {"rollout_log_probs": rollout, **{key: batch[key] for key in ("prompts", "responses", "attention_mask")}}
+    with verl_events.install({"save_path": str(tmp_path), "observers": [config]}):
+        for step in (1, 2, 3, 4):
+            log_prob_stage(step, old, inputs)
+    assert [(step, rank) for _, step, rank in asked] == [(2, 0), (3, 0)]
+    assert asked[0][0] == sampled_sequences(inputs)
+    assert isinstance(MismatchObserver(prefill_steps=[2]).describe(), str)
+
+
+asked: list[tuple[list[list[int]], int, int]] = []
+
+
+def remember_prefill(sequences: list[list[int]], step: int, rank: int) -> None:
+    asked.append((sequences, step, rank))
+
+
+# -- the layer profile, on real msprobe tensor dumps ------------------------------
+
+
+class Embed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(32, 16))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids]
+
+
+class Norm(torch.nn.Module):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class Body(torch.nn.Module):
+    """An embedding, two residual blocks (linear, activation), a norm: layers as in a decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = Embed()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()) for _ in range(2)
+        )
+        self.norm = Norm()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(ids)
+        for layer in self.layers:
+            hidden = hidden + layer(hidden)
+        return self.norm(hidden)
+
+
+class Tiny(torch.nn.Module):
+    """The body under ``model``, as in a causal LM: msprobe's L0 leaves the root's own
+    children out of the dump (Qwen2's ``model`` and ``lm_head`` are missing there too), so
+    the head here stands for the LM head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Body()
+        self.head = torch.nn.Linear(16, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.model(ids))
+
+
+def dump_both_sides(save_path: Path, engine: Tiny, trainer: Tiny, engine_calls: int = 2, config: str = "tensor_L0") -> None:
+    sequences = [torch.tensor([[1, 5, 7, 9]]), torch.tensor([[2, 3, 4]])]
+    msprobe = {"name": "msprobe", "config_path": config, "stages": ["actor_compute_log_prob", "rollout_prefill"]}
+    with verl_events.install({"save_path": str(save_path), "observers": [msprobe]}), torch.no_grad():
+        with stage("actor_compute_log_prob", step=1, model=trainer):
+            for ids in sequences:
+                trainer(ids)
+        with stage("rollout_prefill", step=1, model=engine, rank=0):
+            for ids in sequences[:engine_calls]:
+                engine(ids)
+
+
+@pytest.fixture
+def trainer_model() -> Tiny:
+    torch.manual_seed(0)
+    return Tiny()
+
+
+def test_the_same_model_on_both_sides_is_within_tolerance_at_every_layer(tmp_path: Path, trainer_model: Tiny) -> None:
+    dump_both_sides(tmp_path, copy.deepcopy(trainer_model), trainer_model)
+    profile = layer_profile(tmp_path, 1)
+    assert [m.module for m in profile.layers] == ["model.embed", "model.layers.0", "model.layers.1", "model.norm"]
+    assert all(m.error == 0.0 and m.calls == 2 for m in profile.modules)
+    assert profile.first_past is None and profile.grows_most is None
+
+
+def test_an_engine_in_bfloat16_is_past_tolerance_from_the_embedding_on(
+    tmp_path: Path, trainer_model: Tiny, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dump_both_sides(tmp_path, copy.deepcopy(trainer_model).to(torch.bfloat16), trainer_model)
+    profile = layer_profile(tmp_path, 1)
+    assert profile.first_past is not None and profile.first_past.module == "model.embed"
+    assert all(m.error > profile.tolerance for m in profile.layers)
+
+    for _ in range(2):
+        assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1"]) == 0
+        text = capsys.readouterr().out
+        assert "the error enters at model.embed" in text
+    assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["first_past_tolerance"] == "model.embed"
+    picture = tmp_path / "layers.png"
+    assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1", "--plot", str(picture)]) == 0
+    assert picture.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sides_that_ran_different_forwards_are_refused_with_the_setting(tmp_path: Path, trainer_model: Tiny) -> None:
+    dump_both_sides(tmp_path, copy.deepcopy(trainer_model), trainer_model, engine_calls=1)
+    with pytest.raises(MismatchInputError, match="log_prob_micro_batch_size_per_gpu=1"):
+        layer_profile(tmp_path, 1)
+
+
+def test_statistics_dumps_are_refused_with_the_config_to_use(tmp_path: Path, trainer_model: Tiny) -> None:
+    dump_both_sides(tmp_path, copy.deepcopy(trainer_model), trainer_model, config="statistics_L0")
+    with pytest.raises(MismatchInputError, match="holds statistics, not tensors.*tensor_L0"):
+        layer_profile(tmp_path, 1)
+
+
+def test_a_step_without_dumps_says_what_to_select(
+    tmp_path: Path, trainer_model: Tiny, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dump_both_sides(tmp_path, copy.deepcopy(trainer_model), trainer_model)
+    assert verl_events_main(["mismatch", str(tmp_path), "--layers", "2"]) == 2
+    error = capsys.readouterr().err
+    assert "no actor_compute_log_prob dump for step 2, rank 0" in error and "config_path: tensor_L0" in error
+    for session in (tmp_path / "step_1/rollout_prefill").rglob("dump.json"):
+        session.unlink()
+    assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1"]) == 2
+    assert "prefill_steps: [1]" in capsys.readouterr().err
