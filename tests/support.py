@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,46 @@ from verl_events.testing import RecordingObserver
 
 if TYPE_CHECKING:
     from verl_events.observers.sentinel import SpikeMargin
+
+
+REPO = Path(__file__).resolve().parent.parent
+VERL_DOC = (REPO / "docs/verl.md").read_text()
+#: What a doc's main_ppo command writes for the reader's own arguments.
+USUAL_ARGUMENTS = "...your usual arguments..."
+
+
+# -- a doc's blocks and its main_ppo commands (docs/verl.md by default) --------------
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    env: dict[str, str]
+    argv: list[str]
+
+
+def doc_blocks(language: str, doc: str = VERL_DOC) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", doc, flags=re.S)
+
+
+def doc_commands(marker: str, *, without: str = "\0", doc: str = VERL_DOC) -> list[DocCommand]:
+    """The commands of the one main_ppo block of ``doc`` (docs/verl.md) that mentions ``marker``
+    (and not ``without``)."""
+    blocks = [b for b in doc_blocks("bash", doc) if "verl.trainer.main_ppo" in b and marker in b and without not in b]
+    assert len(blocks) == 1, f"the doc should have one main_ppo block with {marker!r}, not {without!r}"
+    commands = []
+    for line in blocks[0].replace("\\\n", " ").splitlines():
+        words = shlex.split(line.replace(USUAL_ARGUMENTS, ""))
+        env = {}
+        while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+            name, value = words.pop(0).split("=", 1)
+            env[name] = value
+        if words:
+            commands.append(DocCommand(env, words))
+    return commands
+
+
+def on(root: Path, text: str) -> str:
+    return text.replace("/shared/", f"{root}/")
 
 
 def make_event(**overrides: object) -> StageEvent:

@@ -38,6 +38,11 @@ RUN_ELSEWHERE = {
     ("docs/msprobe.md", ""): "tests/test_msprobe_tools.py (the msprobe tools section, block by block)",
     ("docs/quickstart.md", "pip install torch==2.13.0"): "tests/test_packaging.py (the wheel in a fresh venv)",
     ("docs/trackers.md", "verl-events demo --config examples/tracker.yaml"): "tests/observers/test_tracker.py",
+    (
+        "docs/mismatch.md",
+        "VERL_EVENTS_CONFIG=/shared/mismatch.yaml",
+    ): "tests/test_verl_mismatch.py (verl's trainer on the CPU job, twice in a row)",
+    ("docs/mismatch.md", "verl-events mismatch /shared/"): "tests/test_verl_mismatch.py (twice on each run)",
 }
 #: The test command itself (README.md): it runs this test, so it is not run from here.
 TEST_COMMAND = "bash scripts/test.sh"

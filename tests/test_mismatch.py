@@ -29,7 +29,7 @@ from verl_events.apps.mismatch.summary import MismatchInputError
 from verl_events.observers.mismatch import MismatchObserver, MismatchRecord, sampled_sequences
 from verl_events.observers.mismatch.tokens import ENTROPY_EDGES, measure, step_tokens
 
-from .observers.test_metrics import engine_inputs, nested_like, padded_batch
+from .observers.verl_batches import engine_inputs, nested_like, padded_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
@@ -90,7 +90,9 @@ def test_quantiles_bins_sequence_sums_and_worst_tokens_are_those_of_the_response
     assert stats["sequence"]["max"] == pytest.approx(sums.max().item())
     assert stats["sequence"]["worst"] == int(sums.abs().argmax())
     top = stats["top"]
-    assert [abs(t["old"] - t["rollout"]) for t in top] == sorted((abs(t["old"] - t["rollout"]) for t in top), reverse=True)
+    assert [abs(t["old"] - t["rollout"]) for t in top] == sorted(
+        (abs(t["old"] - t["rollout"]) for t in top), reverse=True
+    )
     first = top[0]
     assert abs(first["old"] - first["rollout"]) == pytest.approx(kept.max().item(), rel=1e-6)
     assert first["token"] == int(tokens[first["sample"], first["position"]])
@@ -143,7 +145,11 @@ def test_what_is_missing_is_said() -> None:
 
 def test_the_sequences_for_the_engine_drop_the_padding() -> None:
     batch = padded_batch().batch
-    assert sampled_sequences(dict(batch.items())) == [[11, 12, 21, 22], [13, 14, 15, 23, 24, 25, 26], [16, 17, 18, 19, 27]]
+    assert sampled_sequences(dict(batch.items())) == [
+        [11, 12, 21, 22],
+        [13, 14, 15, 23, 24, 25, 26],
+        [16, 17, 18, 19, 27],
+    ]
     assert sampled_sequences({"prompts": batch["prompts"]}) == []
 
 
@@ -360,7 +366,9 @@ class Tiny(torch.nn.Module):
         return self.head(self.model(ids))
 
 
-def dump_both_sides(save_path: Path, engine: Tiny, trainer: Tiny, engine_calls: int = 2, config: str = "tensor_L0") -> None:
+def dump_both_sides(
+    save_path: Path, engine: Tiny, trainer: Tiny, engine_calls: int = 2, config: str = "tensor_L0"
+) -> None:
     sequences = [torch.tensor([[1, 5, 7, 9]]), torch.tensor([[2, 3, 4]])]
     msprobe = {"name": "msprobe", "config_path": config, "stages": ["actor_compute_log_prob", "rollout_prefill"]}
     with verl_events.install({"save_path": str(save_path), "observers": [msprobe]}), torch.no_grad():

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,45 +24,11 @@ pytest.importorskip("verl")
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
 
-from .support import read_margins, tensorboard_scalars
+from .support import REPO, DocCommand, doc_blocks, doc_commands, on, read_margins, tensorboard_scalars
 
-REPO = Path(__file__).parent.parent
-DOC = (REPO / "docs/verl.md").read_text()
 SENTINEL_DOC = (REPO / "docs/sentinel.md").read_text()
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
-USUAL_ARGUMENTS = "...your usual arguments..."
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow]
-
-
-@dataclass(frozen=True)
-class DocCommand:
-    env: dict[str, str]
-    argv: list[str]
-
-
-def doc_blocks(language: str, doc: str = DOC) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", doc, flags=re.S)
-
-
-def doc_commands(marker: str, *, without: str = "\0", doc: str = DOC) -> list[DocCommand]:
-    """The commands of the one main_ppo block of ``doc`` (docs/verl.md) that mentions ``marker``
-    (and not ``without``)."""
-    blocks = [b for b in doc_blocks("bash", doc) if "verl.trainer.main_ppo" in b and marker in b and without not in b]
-    assert len(blocks) == 1, f"the doc should have one main_ppo block with {marker!r}, not {without!r}"
-    commands = []
-    for line in blocks[0].replace("\\\n", " ").splitlines():
-        words = shlex.split(line.replace(USUAL_ARGUMENTS, ""))
-        env = {}
-        while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
-            name, value = words.pop(0).split("=", 1)
-            env[name] = value
-        if words:
-            commands.append(DocCommand(env, words))
-    return commands
-
-
-def on(root: Path, text: str) -> str:
-    return text.replace("/shared/", f"{root}/")
 
 
 def run_doc_command(

@@ -46,7 +46,7 @@ def _positive(values: list[float | None]) -> list[float]:
 
 def plot_summary(summary: Summary, path: Path) -> None:
     plt = _pyplot()
-    figure, (over_steps, by_position) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, (over_steps, by_position) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     compared = [row for row in summary.steps if "log_prob" in row]
     ranks = sorted({row["rank"] for row in compared})
     for rank in ranks:
@@ -65,7 +65,7 @@ def plot_summary(summary: Summary, path: Path) -> None:
     by_position.xaxis.get_major_locator().set_params(integer=True)
     by_position.set(yscale="log", xlabel="response position", ylabel="|Δ log p|", title="by response position")
     by_position.legend(fontsize="small")
-    figure.suptitle(f"trainer old_log_probs vs rollout_log_probs: {summary.run.name}")
+    figure.suptitle(f"trainer old_log_probs vs rollout_log_probs: {summary.run.resolve().name}")
     _save(figure, path)
     plt.close(figure)
 
@@ -73,7 +73,7 @@ def plot_summary(summary: Summary, path: Path) -> None:
 def plot_layers(profile: LayerProfile, path: Path) -> None:
     plt = _pyplot()
     layers = profile.layers
-    figure, axis = plt.subplots(figsize=(max(6, 0.6 * len(layers) + 2), 4))
+    figure, axis = plt.subplots(figsize=(max(6, 0.6 * len(layers) + 2), 4), layout="constrained")
     names = [layer.module for layer in layers]
     axis.bar(range(len(layers)), _positive([layer.error for layer in layers]), color="tab:blue")
     axis.axhline(profile.tolerance, color="tab:red", linestyle="--", label=f"tolerance {profile.tolerance:g}")
