@@ -1,9 +1,11 @@
 """The tensors a verl stage returns, reduced to the scalars :mod:`.metrics` reports.
 
-Private to :func:`verl_events.observers.metrics.extract_metrics`, which says
+Used by :func:`verl_events.observers.metrics.extract_metrics`, which says
 which tensors each stage is read for (:data:`STAGE_TENSORS`) and which
 names they get; this module says what each scalar counts, which tokens are
-the response tokens, and what the reductions cost.  Every tensor is only
+the response tokens, and what the reductions cost.  The mismatch observer
+finds the response tokens through the same :class:`ResponseView` and
+:func:`first_tensor`, so both read verl's layouts alike.  Every tensor is only
 reduced: one device-to-host copy per device for all the reductions of a
 call (:class:`_Readings`), a second one only when a tensor holds a NaN or
 an infinity.

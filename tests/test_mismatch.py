@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug.metrics import calculate_debug_metrics
@@ -30,7 +31,9 @@ from verl_events.observers.mismatch import MismatchObserver, MismatchRecord, sam
 from verl_events.observers.mismatch.tokens import ENTROPY_EDGES, measure, step_tokens
 
 from .observers.verl_batches import engine_inputs, nested_like, padded_batch
+from .support import REPO, doc_blocks
 
+DOC = (REPO / "docs/mismatch.md").read_text()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
 
@@ -436,3 +439,61 @@ def test_a_step_without_dumps_says_what_to_select(
         session.unlink()
     assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1"]) == 2
     assert "prefill_steps: [1]" in capsys.readouterr().err
+
+
+# -- armed by the sentinel: the replayed step through the engine, without a re-run ------
+
+
+class LogProbWorker:
+    """A trainer worker: one forward per sequence, and log-probs ``gap`` away from the rollout's."""
+
+    def __init__(self, model: Tiny) -> None:
+        self.actor_module = model
+        self.gap = 0.0
+
+    @verl_events.emits_stage("actor_compute_log_prob")
+    def compute_log_prob(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            for sequence in sampled_sequences(batch):
+                self.actor_module(torch.tensor([sequence]))
+        return {"old_log_probs": batch["rollout_log_probs"] + self.gap}
+
+
+ENGINE: list[Tiny] = []
+
+
+def engine_prefill(sequences: list[list[int]], step: int, rank: int) -> None:
+    """A rollout engine for the test: ENGINE's model, as the CPU rollout server runs it."""
+    with torch.no_grad(), stage("rollout_prefill", role="rollout", step=step, model=ENGINE[0], rank=rank):
+        for sequence in sequences:
+            ENGINE[0](torch.tensor([sequence]))
+
+
+def test_a_gap_anomaly_replays_the_step_and_the_engine_prefills_it_for_the_layer_profile(
+    tmp_path: Path, trainer_model: Tiny
+) -> None:
+    """docs/mismatch.md's armed config: the sentinel's gap rule fires at step 2, the stage is
+    replayed for the armed msprobe, and the mismatch observer hands the replayed step to the
+    engine, whose own msprobe entry dumps it: the layer profile of the bad step, no re-run."""
+    block = next(b for b in doc_blocks("yaml", DOC) if "prefill_replays: true" in b)
+    config = yaml.safe_load(block)
+    mismatch = next(entry for entry in config["observers"] if entry["name"] == "mismatch")
+    mismatch["prefill_engine"] = f"{__name__}:engine_prefill"
+    ENGINE[:] = [copy.deepcopy(trainer_model).to(torch.bfloat16)]
+    worker = LogProbWorker(trainer_model)
+    batch = padded_batch().batch
+    inputs = {key: batch[key] for key in ("prompts", "responses", "attention_mask", "response_mask")}
+    inputs["rollout_log_probs"] = torch.full(batch["responses"].shape, -2.0)
+    with verl_events.install({**config, "save_path": str(tmp_path)}):
+        for step, gap in ((1, 0.001), (2, 2.0), (3, 0.001)):
+            verl_events.set_step(step)
+            worker.gap = gap
+            worker.compute_log_prob(inputs)
+
+    dumps = sorted(str(p.relative_to(tmp_path).parent.parent.parent) for p in tmp_path.rglob("dump.json"))
+    # The replay of step 2, the engine's prefill of it, and step 3, captured after the anomaly.
+    assert dumps == ["step_2/actor_compute_log_prob.replay", "step_2/rollout_prefill", "step_3/actor_compute_log_prob"]
+    assert [r.step for r in records(tmp_path)] == [1, 2, 3]  # the replay writes no line
+    profile = layer_profile(tmp_path, 2)
+    assert "actor_compute_log_prob.replay" in str(profile.trainer)
+    assert profile.first_past is not None and profile.first_past.module == "model.embed"

@@ -5,6 +5,7 @@ Config::
     - name: mismatch
       top_k: 8                 # the worst tokens kept per step and rank
       prefill_steps: [2]       # optional: run these steps' sequences through the rollout engine
+      prefill_replays: false   # true: also each replayed step (the one the sentinel raised an anomaly at)
       prefill_engine: verl_events.apps.verl_cpu.hf_rollout:request_prefill  # the default: the CPU rollout server
 
 At the end of every ``actor_compute_log_prob`` it selects, it compares the
@@ -24,6 +25,16 @@ selects ``rollout_prefill`` (in the engine's process) and
 sides, and ``verl-events mismatch RUN --layers STEP`` compares them layer by
 layer.  The engine's weights are still the step's: they change only at the
 next step's weight sync.
+
+``prefill_replays``: when the sentinel raises an anomaly at
+``actor_compute_log_prob`` (its ``gap/log_prob_abs_max`` rule, say) and an
+armed capture observer makes that stage run again (a replay, see
+docs/sentinel.md), the observer hands that step's sequences to the engine
+too.  An msprobe observer armed by the anomaly dumps the trainer's replay,
+and a second one that selects ``rollout_prefill`` (no trigger: the engine's
+process never sees the anomaly) dumps the engine's side: the step that went
+wrong, profiled without a re-run.  A replay writes no line: it is the same
+step again.
 
 Passive: a stage it watches still counts as unprofiled.  Thread safety: no
 shared state but the file, appended to with one ``write`` per line.
@@ -65,6 +76,7 @@ class MismatchObserver(Observer):
 
     passive = True
     wants_result = True
+    sees_replays = True  # to hand a replayed step to the engine (prefill_replays)
     output_noun = "mismatch record file(s)"
 
     def __init__(
@@ -72,6 +84,7 @@ class MismatchObserver(Observer):
         top_k: int = 8,
         prefill_steps: Sequence[int | str] | None = None,
         prefill_engine: str = DEFAULT_PREFILL_ENGINE,
+        prefill_replays: bool = False,
     ) -> None:
         self.top_k = check_count(top_k, "option top_k", allowed=f"an integer from 0 to {_MAX_TOP_K}", minimum=0)
         if self.top_k > _MAX_TOP_K:
@@ -83,6 +96,9 @@ class MismatchObserver(Observer):
                 f"use an import path like {DEFAULT_PREFILL_ENGINE!r}"
             )
         self.prefill_engine = prefill_engine
+        if not isinstance(prefill_replays, bool):
+            raise ConfigError(f"option prefill_replays: {prefill_replays!r} is not allowed; use true or false")
+        self.prefill_replays = prefill_replays
         self._prefill: Prefill | None = None
         self._root = Path()
         self._strict = False
@@ -100,11 +116,19 @@ class MismatchObserver(Observer):
         said = f"|Δ log p| of the rollout's tokens at {STAGE}, the {self.top_k} worst kept"
         if self.prefill_steps:
             steps = ", ".join(map(str, sorted(self.prefill_steps)))
-            said += f"; engine prefill at step(s) {steps} through {self.prefill_engine}"
+            said += f"; engine prefill at step(s) {steps}"
+        if self.prefill_replays:
+            said += "; engine prefill of each replayed step"
+        if self.prefill_steps or self.prefill_replays:
+            said += f" through {self.prefill_engine}"
         return said
 
     def on_stage_end(self, event: StageEnd) -> None:
         if event.stage != STAGE or event.error is not None or event.result is None:
+            return
+        if event.replay:
+            if self.prefill_replays:
+                self._ask_engine(event)
             return
         found = step_tokens(event.result, event.inputs)
         if isinstance(found, StepTokens):
