@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_events import HangEvent, StageEvent, hang
 from verl_events.layout import run_id
@@ -27,10 +27,7 @@ from verl_events.layout import run_id
 from .record import HangRecord, Heartbeat, append_line, hangs_log_path, new_report_path, write_heartbeat
 from .stacks import ThreadStack, collective_info, thread_stacks
 
-if TYPE_CHECKING:
-    from .observer import WatchdogObserver
-
-__all__ = ["ABORT_EXIT_CODE", "Monitor", "OpenStage", "RankState"]
+__all__ = ["ABORT_EXIT_CODE", "Monitor", "MonitorSettings", "OpenStage", "RankState", "WatchTable"]
 
 #: The exit code of a process the watchdog ends (``action: abort``), as GNU timeout's.
 ABORT_EXIT_CODE = 124
@@ -69,6 +66,25 @@ class RankState:
     changed: bool = True
 
 
+@dataclass(slots=True)
+class WatchTable:
+    """What the hooks and the monitor share: the open stages (by the stage's ``seq``) and
+    each rank's state, both under ``lock``."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    open: dict[int, OpenStage] = field(default_factory=dict)
+    ranks: dict[int, RankState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorSettings:
+    """The watchdog's options the monitor reads."""
+
+    heartbeat_s: float
+    action: str  # "report" or "abort"
+    multiple: float  # the adaptive deadline's, for the report's wording
+
+
 def _iso(unix: float) -> str:
     return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -84,8 +100,9 @@ def describe_where(where: dict[str, Any] | None) -> str | None:
 class Monitor:
     """The watchdog's thread (see the module docstring)."""
 
-    def __init__(self, watchdog: WatchdogObserver, save_path: Path, host: str) -> None:
-        self.watchdog = watchdog
+    def __init__(self, table: WatchTable, settings: MonitorSettings, save_path: Path, host: str) -> None:
+        self.table = table
+        self.settings = settings
         self.save_path = save_path
         self.host = host
         self.pid = os.getpid()
@@ -107,7 +124,7 @@ class Monitor:
     # -- the loop --------------------------------------------------------------
 
     def _loop(self) -> None:
-        interval = self.watchdog.heartbeat_s
+        interval = self.settings.heartbeat_s
         wait = interval
         while not self._stop.wait(wait):
             try:
@@ -117,12 +134,12 @@ class Monitor:
                 wait = interval
 
     def _tick(self, interval: float) -> float:
-        watchdog = self.watchdog
+        table = self.table
         now = time.monotonic()
         earliest = now + interval
         due = []
-        with watchdog._lock:
-            for entry in watchdog._open.values():
+        with table.lock:
+            for entry in table.open.values():
                 if entry.fired:
                     continue
                 if entry.deadline <= now:
@@ -144,9 +161,9 @@ class Monitor:
     # -- heartbeats --------------------------------------------------------------
 
     def _beat(self, *, closed: bool = False, force: bool = False) -> None:
-        watchdog = self.watchdog
-        with watchdog._lock:
-            states = [s for s in watchdog._ranks.values() if s.changed or closed or force]
+        table = self.table
+        with table.lock:
+            states = [s for s in table.ranks.values() if s.changed or closed or force]
             beats = [self._heartbeat(state, closed) for state in states]
             for state in states:
                 state.changed = False
@@ -163,7 +180,7 @@ class Monitor:
         if self._run is None:
             self._run = run_id()  # the installation claimed the save_path before the first stage began
         names = {thread.ident: thread.name for thread in threading.enumerate()}
-        opened = sorted((e for e in self.watchdog._open.values() if e.event.rank == state.rank), key=lambda e: e.begun)
+        opened = sorted((e for e in self.table.open.values() if e.event.rank == state.rank), key=lambda e: e.begun)
         last = state.last_begun
         return Heartbeat(
             run=self._run,
@@ -251,7 +268,7 @@ class Monitor:
             hang.send(event.stage, event=hang_event)
         except Exception:
             logger.exception("a receiver of the hang signal failed (stage %r, rank %s)", event.stage, event.rank)
-        if self.watchdog.action == "abort":
+        if self.settings.action == "abort":
             logger.warning(
                 "rank %s: action abort: ending process %s with exit code %s", event.rank, self.pid, ABORT_EXIT_CODE
             )
@@ -278,7 +295,7 @@ class Monitor:
             elapsed_s=round(elapsed_s, 3),
             deadline_s=entry.seconds,
             deadline=entry.how,
-            action=self.watchdog.action,
+            action=self.settings.action,
             **found,
         )
 
@@ -307,7 +324,7 @@ class Monitor:
         how = {
             "fixed": "timeout_s",
             "first": "first_s: the stage's first time in this process",
-            "adaptive": f"{self.watchdog.multiple:g} x its longest so far, at least floor_s",
+            "adaptive": f"{self.settings.multiple:g} x its longest so far, at least floor_s",
         }[entry.how]
         shown = describe_where(record.where)
         lines = [

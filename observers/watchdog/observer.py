@@ -41,7 +41,7 @@ from typing import Literal
 
 from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
 
-from .monitor import ABORT_EXIT_CODE, Monitor, OpenStage, RankState
+from .monitor import ABORT_EXIT_CODE, Monitor, MonitorSettings, OpenStage, RankState, WatchTable
 from .record import hangs_log_path, heartbeat_dir, heartbeat_files, report_dir, report_files
 
 __all__ = ["ABORT_EXIT_CODE", "WatchdogObserver"]
@@ -89,9 +89,11 @@ class WatchdogObserver(Observer):
         self._first = first
         self._deadlines: dict[str, tuple[float, str]] = {}  # stage -> (seconds, how it was set)
         self._longest: dict[str, float] = {}
-        self._lock = threading.Lock()
-        self._open: dict[int, OpenStage] = {}
-        self._ranks: dict[int, RankState] = {}
+        self._table = WatchTable()
+        # The hooks' own names for the table's parts: no extra attribute lookup on the hot path.
+        self._lock = self._table.lock
+        self._open: dict[int, OpenStage] = self._table.open
+        self._ranks: dict[int, RankState] = self._table.ranks
         self._monitor: Monitor | None = None
 
     def outputs(self, save_path: Path) -> list[Path]:
@@ -113,7 +115,8 @@ class WatchdogObserver(Observer):
     def setup(self, context: InstallContext) -> None:
         for folder in (heartbeat_dir(context.save_path), report_dir(context.save_path)):
             prepare_output_dir(folder)
-        self._monitor = Monitor(self, context.save_path, socket.gethostname())
+        settings = MonitorSettings(heartbeat_s=self.heartbeat_s, action=self.action, multiple=self.multiple)
+        self._monitor = Monitor(self._table, settings, context.save_path, socket.gethostname())
         self._monitor.start()
 
     # -- the hooks: keep them to a few attribute reads (benchmarks/watchdog.py) --
