@@ -158,6 +158,18 @@ def test_rank_comes_from_the_environment_without_torch_distributed(monkeypatch: 
     assert (events[0].rank, events[0].world_size) == (3, 8)
 
 
+def test_a_stage_may_name_the_rank_it_works_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollout server prefilling trainer rank 1's sequences speaks for rank 1 (docs/mismatch.md)."""
+    monkeypatch.setenv("RANK", "0")
+    with capture_events() as events:
+        with stage("rollout_prefill", step=2, rank=1):
+            pass
+    assert (events[0].stage, events[0].role, events[0].rank) == ("rollout_prefill", "rollout", 1)
+    for bad in (-1, True, "1"):
+        with pytest.raises(ValueError, match=f"rank {bad!r} is not allowed; use an integer >= 0"):
+            stage("rollout_prefill", rank=bad)  # type: ignore[arg-type]
+
+
 def test_a_bad_rank_variable_warns_once_and_uses_zero(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

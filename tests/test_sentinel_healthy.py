@@ -6,7 +6,7 @@
   random bigram chain, a fresh batch each step), AdamW and gradient clipping, its update emitted
   as verl's ``actor_update`` with ``@emits_stage``; and the same model with its loss scaled x10 at
   one step, which the rule catches there and nowhere else;
-* verl 0.9.1's real trainer, 12 steps: ``test_verls_trainer_runs_healthy_steps_without_an_anomaly``
+* verl 0.9.1's real trainer, 12 steps: ``test_verls_trainer_runs_healthy_steps_without_an_anomaly_or_a_passed_deadline``
   in tests/test_verl_trainer.py, with that module's job and doc helpers.
 
 Each prints the margins its sentinel measured (docs/sentinel.md's table of them):

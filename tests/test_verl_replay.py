@@ -70,6 +70,7 @@ CONFIG = {
             "max_captures": 2,  # the replay, then the step after the anomaly
         },
         FAULT,
+        {"name": "mismatch"},  # with the rollout's log-probs switched off (WITHOUT_ROLLOUT_LOG_PROBS)
     ]
 }
 TWO_RANKS = [
@@ -77,6 +78,8 @@ TWO_RANKS = [
     "+ray_kwargs.ray_init.num_gpus=2",
     "ray_kwargs.ray_init.num_cpus=16",
 ]
+# verl 0.9.1 keeps them by default: off, the mismatch observer has nothing to compare.
+WITHOUT_ROLLOUT_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs=False"
 # A healthy run takes about a minute; a rank left alone in a collective waits forever.
 TIMEOUT_S = 600
 
@@ -97,7 +100,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     (root / "replay.yaml").write_text(json.dumps({"save_path": str(save_path), **CONFIG}, indent=1))
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(root / "replay.yaml")}
-    overrides = job.merge_overrides(job.trainer_args(files, steps=3), TWO_RANKS)
+    overrides = job.merge_overrides(job.trainer_args(files, steps=3), [*TWO_RANKS, WITHOUT_ROLLOUT_LOG_PROBS])
     log = root / "trainer.log"
     started = time.monotonic()
     code = job.run_trainer(overrides, env, log=log, timeout=TIMEOUT_S)
@@ -174,6 +177,17 @@ def test_triage_names_q_proj_in_qwen2s_modeling_file_from_the_replay_dump(
     source = op["source"]
     assert source["file"].endswith("transformers/models/qwen2/modeling_qwen2.py"), op
     assert "q_proj" in source["code"], op
+
+
+def test_without_the_rollouts_log_probs_mismatch_names_the_setting_for_both_ranks(
+    run: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [json.loads(line) for line in (run.save_path / "mismatch.jsonl").read_text().splitlines()]
+    assert sorted((line["step"], line["rank"]) for line in lines) == [(s, r) for s in (1, 2, 3) for r in (0, 1)]
+    assert {line["missing"] for line in lines} == {"the batch carries no rollout_log_probs"}
+    assert verl_events_main(["mismatch", str(run.save_path)]) == 2
+    error = capsys.readouterr().err
+    assert "at step(s) 1, 2, 3" in error and "actor_rollout_ref.rollout.calculate_log_probs=True" in error
 
 
 def test_a_hung_trainer_is_killed_whole_at_the_timeout(tmp_path: Path) -> None:

@@ -150,17 +150,23 @@ def test_the_setup_hook_switch_alone_dumps_the_same(runs: Runs) -> None:
 # -- the anomaly sentinel on verl's trainer ------------------------------------------
 
 
-def test_verls_trainer_runs_healthy_steps_without_an_anomaly(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_verls_trainer_runs_healthy_steps_without_an_anomaly_or_a_passed_deadline(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     """docs/sentinel.md's verl config and switch on 12 healthy steps (a fifth trainer run): no anomaly,
     no dump, and the example rule's gradient norm judged at the update and at each of its
     mini-batches (``train_batch``, two a step).  Prints the margins (docs/sentinel.md's table);
-    tests/support.py's observer writes them in the workers, where the sentinel is never closed."""
+    tests/support.py's observer writes them in the workers, where the sentinel is never closed.
+    The watchdog watches the same run (its adaptive deadlines, floor 30 s): no deadline passes;
+    and the mismatch observer, on the job's default precisions."""
     files = job.prepare(tmp_path_factory.mktemp("healthy-job"))
     root = tmp_path_factory.mktemp("healthy")
     config = next(b for b in doc_blocks("yaml", SENTINEL_DOC) if "# /shared/sentinel.yaml" in b)
     shutil.copy(REPO / "observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
     margins_file = {"_target_": "tests.support:SentinelMarginsFile", "folder": "/shared/margins"}
-    (root / "sentinel.yaml").write_text(on(root, config + "  - " + json.dumps(margins_file) + "\n"))
+    watchdog = {"name": "watchdog", "floor_s": 30, "first_s": 300}
+    extra = "".join(f"  - {json.dumps(entry)}\n" for entry in (margins_file, watchdog, {"name": "mismatch"}))
+    (root / "sentinel.yaml").write_text(on(root, config + extra))
     switch, _ = doc_commands("sentinel.yaml", doc=SENTINEL_DOC)
     run_doc_command(switch, root, files, "healthy", steps=12, env={"PYTHONPATH": str(REPO)})
 
@@ -172,6 +178,16 @@ def test_verls_trainer_runs_healthy_steps_without_an_anomaly(tmp_path_factory: p
         print(f"verl: {margin.describe()}")
     # Judged from step 5 to 12: once a step at the update, at each of its two mini-batches.
     assert [(m.stage, m.judged) for m in found] == [("actor_update", 8), ("train_batch", 16)]
+    assert not (save_path / "hangs.jsonl").exists()
+    assert verl_events_main(["hangs", str(save_path)]) == 0
+    assert "no deadline passed" in capsys.readouterr().out
+    # The mismatch observer watched too: verl 0.9.1 keeps the rollout's log-probs by default
+    # (rollout.calculate_log_probs: True), and this job's trainer runs FSDP's default bfloat16
+    # parameters against a float32 rollout (docs/mismatch.md).
+    assert verl_events_main(["mismatch", str(save_path), "--json"]) == 0
+    trend = json.loads(capsys.readouterr().out)["trend"]
+    assert [row["step"] for row in trend] == list(range(1, 13))
+    print("verl, bf16 trainer against a float32 rollout: mean |Δ log p| per step", [f"{r['mean']:.3g}" for r in trend])
 
 
 def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step_only(

@@ -1,6 +1,7 @@
 """The watchdog in verl 0.9.1's real trainer (``main_ppo`` under Ray, on CPU), switched on with
-``VERL_EVENTS_CONFIG`` as docs/verl.md says: healthy steps pass no deadline; a worker stuck in
-step 2's ``actor_update`` is reported with its line, and ``action: abort`` ends the job."""
+``VERL_EVENTS_CONFIG`` as docs/verl.md says: a worker stuck in step 2's ``actor_update`` is
+reported with its line, and ``action: abort`` ends the job.  That healthy steps pass no deadline
+is shown on tests/test_verl_trainer.py's 12 healthy steps, which the watchdog watches too."""
 
 from __future__ import annotations
 
@@ -31,14 +32,6 @@ def run(root: Path, observers: list[dict[str, object]], steps: int, timeout: flo
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(root / "observers.yaml"), "PYTHONPATH": str(REPO)}
     return job.run_trainer(job.trainer_args(files, steps=steps), env, log=root / "trainer.log", timeout=timeout)
-
-
-def test_healthy_trainer_steps_pass_no_deadline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run(tmp_path, [{"name": "watchdog", "floor_s": 30, "first_s": 300}], steps=5, timeout=900)
-    assert code == 0, (tmp_path / "trainer.log").read_text()[-6000:]
-    assert not (tmp_path / "profile/hangs.jsonl").exists()
-    assert verl_events_main(["hangs", str(tmp_path / "profile")]) == 0
-    assert "no deadline passed" in capsys.readouterr().out
 
 
 def test_a_worker_stuck_in_step_2s_update_is_reported_with_its_line_and_abort_ends_the_job(
