@@ -28,7 +28,7 @@ from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.mismatch.layers import layer_profile
 from verl_events.apps.mismatch.summary import MismatchInputError
 from verl_events.observers.mismatch import MismatchObserver, MismatchRecord, sampled_sequences
-from verl_events.observers.mismatch.tokens import ENTROPY_EDGES, measure, step_tokens
+from verl_events.observers.mismatch.tokens import ENTROPY_EDGES, StepTokens, measure, step_tokens
 
 from .observers.verl_batches import engine_inputs, nested_like, padded_batch
 from .support import REPO, doc_blocks
@@ -125,6 +125,17 @@ def test_verl_engine_workers_nested_log_probs_give_the_padded_layouts_numbers() 
     assert [(t["sample"], t["position"], t["token"]) for t in nested_stats["top"]] == [
         (t["sample"], t["position"], int(data["responses"][t["sample"], t["position"]])) for t in padded_stats["top"]
     ]
+
+
+def test_the_reference_computed_by_the_lora_actor_is_not_compared() -> None:
+    """verl 0.9 runs the LoRA reference through actor_compute_log_prob with calculate_entropy=False:
+    those log-probs are the reference's, not the actor's."""
+    rollout = torch.full((3, 4), -1.0)
+    data = engine_inputs(padded_batch(rollout_log_probs=rollout), calculate_entropy=False)
+    total = data["input_ids"].values().shape[0]
+    result = tu.get_tensordict(tensor_dict={"log_probs": nested_like(data, torch.zeros(total))}, non_tensor_dict={})
+    assert step_tokens(result, data) is None
+    assert isinstance(step_tokens(result, engine_inputs(padded_batch(rollout_log_probs=rollout))), StepTokens)
 
 
 def test_non_finite_tokens_are_counted_and_left_out_of_the_statistics() -> None:

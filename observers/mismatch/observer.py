@@ -13,7 +13,8 @@ trainer's recomputed log-probs with the ``rollout_log_probs`` the batch
 carries (:mod:`.tokens`) and appends one line per rank to
 ``mismatch.jsonl`` (:mod:`.record`).  A batch without ``rollout_log_probs``
 gets a line saying so, which ``verl-events mismatch`` turns into the
-setting that fills them.
+setting that fills them.  A call that computed the reference's log-probs
+(verl 0.9's LoRA reference, ``calculate_entropy=False``) is passed over.
 
 ``prefill_steps``: at those steps it also hands the step's sequences (prompt
 and response tokens, as sampled, padding dropped) to ``prefill_engine``, a
@@ -101,7 +102,6 @@ class MismatchObserver(Observer):
         self.prefill_replays = prefill_replays
         self._prefill: Prefill | None = None
         self._root = Path()
-        self._strict = False
 
     def outputs(self, save_path: Path) -> list[Path]:
         log = mismatch_log_path(save_path)
@@ -109,7 +109,6 @@ class MismatchObserver(Observer):
 
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)
-        self._strict = context.strict
         prepare_output_dir(self._root)
 
     def describe(self) -> str:
@@ -131,6 +130,8 @@ class MismatchObserver(Observer):
                 self._ask_engine(event)
             return
         found = step_tokens(event.result, event.inputs)
+        if found is None:  # the reference's log-probs, computed by the actor (LoRA)
+            return
         if isinstance(found, StepTokens):
             record = self._record(event, stats=measure(found, self.top_k))
         else:

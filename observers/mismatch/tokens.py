@@ -75,9 +75,13 @@ class StepTokens:
     tokens: torch.Tensor | None  # the sampled token ids (``responses``)
 
 
-def step_tokens(result: Any, inputs: Any) -> StepTokens | str:
-    """The tensors :func:`measure` compares, or a sentence saying what is missing."""
+def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
+    """The tensors :func:`measure` compares, a sentence saying what is missing, or None
+    for a call that computed the reference's log-probs: verl 0.9 with the reference inside
+    the LoRA actor runs it through this stage with ``calculate_entropy=False``."""
     out, given = as_batch(result), as_batch(inputs) if inputs is not None else None
+    if given is not None and given.flag("calculate_entropy") is False:
+        return None
     if out is None:
         return f"the stage returned a {type(result).__name__}, not a batch of tensors"
     rollout = first_tensor("rollout_log_probs", given, out)
