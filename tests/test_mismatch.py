@@ -249,8 +249,11 @@ def test_a_run_without_rollout_log_probs_names_the_setting_that_fills_them(
     [
         (["--top", "-1"], "--top -1"),
         (["--tolerance", "0"], "--tolerance 0"),
-        (["--modules"], "add --layers STEP"),
-        (["--layers", "1", "--tokenizer", "x"], "--tokenizer"),
+        (["--modules"], "--modules applies to --layers STEP's profile; add --layers STEP"),
+        (["--rank", "1"], "--rank applies to --layers STEP's profile"),
+        (["--tolerance", "0.01"], "--tolerance applies to --layers STEP's profile"),
+        (["--layers", "1", "--tokenizer", "x"], "--tokenizer is for the worst tokens"),
+        (["--layers", "1", "--top", "3"], "--top is for the worst tokens"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_sentence(
@@ -291,6 +294,8 @@ def test_a_broken_line_is_skipped_with_a_warning(watched: Path, capsys: pytest.C
         ({"top_k": 5000}, "option top_k: 5000 is not allowed"),
         ({"prefill_steps": ["x"]}, "option prefill_steps"),
         ({"prefill_engine": ""}, "option prefill_engine: '' is not allowed"),
+        ({"prefill_engine": "my engine.py"}, "use an import path like"),
+        ({"prefill_replays": "yes"}, "option prefill_replays: 'yes' is not allowed; use true or false"),
     ],
 )
 def test_bad_options_are_refused_at_install(tmp_path: Path, options: dict[str, object], said: str) -> None:
@@ -425,6 +430,23 @@ def test_an_engine_in_bfloat16_is_past_tolerance_from_the_embedding_on(
     picture = tmp_path / "layers.png"
     assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1", "--plot", str(picture)]) == 0
     assert picture.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_nan_on_one_side_is_past_tolerance_where_it_enters(
+    tmp_path: Path, trainer_model: Tiny, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = copy.deepcopy(trainer_model)
+    with torch.no_grad():
+        trainer_model.model.layers[1][0].weight[0, 0] = math.nan
+    dump_both_sides(tmp_path, engine, trainer_model)
+    profile = layer_profile(tmp_path, 1)
+    assert profile.first_past is not None and profile.first_past.module == "model.layers.1"
+    assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1"]) == 0
+    assert "the error enters at model.layers.1: not finite (nan)" in capsys.readouterr().out
+    # --json has no NaN: JSON has none, and jq refuses Python's.
+    assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1", "--json"]) == 0
+    text = capsys.readouterr().out
+    assert "NaN" not in text and json.loads(text)["first_past_tolerance"] == "model.layers.1"
 
 
 def test_sides_that_ran_different_forwards_are_refused_with_the_setting(tmp_path: Path, trainer_model: Tiny) -> None:

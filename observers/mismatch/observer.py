@@ -91,7 +91,7 @@ class MismatchObserver(Observer):
         if self.top_k > _MAX_TOP_K:
             raise ConfigError(f"option top_k: {top_k!r} is not allowed; use an integer from 0 to {_MAX_TOP_K}")
         self.prefill_steps = parse_numbers(prefill_steps, "option prefill_steps") if prefill_steps is not None else None
-        if not isinstance(prefill_engine, str) or not prefill_engine:
+        if not _is_import_path(prefill_engine):
             raise ConfigError(
                 f"option prefill_engine: {prefill_engine!r} is not allowed; "
                 f"use an import path like {DEFAULT_PREFILL_ENGINE!r}"
@@ -153,7 +153,11 @@ class MismatchObserver(Observer):
             self._prefill = import_target(self.prefill_engine, "option prefill_engine")
         sequences = sampled_sequences(event.inputs)
         if not sequences:
-            logger.warning("mismatch: step %s: the batch has no prompts and responses to prefill", event.step)
+            logger.warning(
+                "mismatch: step %s: nothing to prefill: the batch has no padded prompts, responses and "
+                "attention_mask (as verl's trainer hands them) to rebuild the sequences from",
+                event.step,
+            )
             return
         started = time.perf_counter()
         self._prefill(sequences, event.step, event.rank)
@@ -164,6 +168,17 @@ class MismatchObserver(Observer):
             len(sequences),
             time.perf_counter() - started,
         )
+
+
+def _is_import_path(value: object) -> bool:
+    """``package.module:name`` or ``package.module.name``, checked without importing it
+    (the engine's module may still be importing when the observers are installed)."""
+    if not isinstance(value, str):
+        return False
+    module, colon, name = value.partition(":")
+    if not colon:
+        module, _, name = value.rpartition(".")
+    return bool(module and name) and all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
 
 
 def sampled_sequences(inputs: Any) -> list[list[int]]:

@@ -43,8 +43,10 @@ from .options import INJECTED_WEIGHT, DemoOptions
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
-#: The stages the demo runs each step, in verl's order.
-DEMO_STAGES = tuple(s for s in STAGE_ORDER if s not in ("compute_rm_score", "train_batch", "forward_backward"))
+#: The stages the demo runs each step, in verl's order (no reward model, no engine workers,
+#: no rollout server to prefill).
+_NOT_RUN = ("compute_rm_score", "train_batch", "forward_backward", "rollout_prefill")
+DEMO_STAGES = tuple(s for s in STAGE_ORDER if s not in _NOT_RUN)
 
 
 def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], None] | None = None) -> None:

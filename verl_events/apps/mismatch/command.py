@@ -35,16 +35,17 @@ def add_command(commands: Any) -> None:
         "(exit 0 shown, 2 bad input)",
     )
     parser.add_argument("run", help="the run's save_path (holding mismatch.jsonl)")
-    parser.add_argument("--top", type=int, default=10, help="worst tokens to list (default 10)")
+    parser.add_argument(
+        "--top", type=int, help="worst tokens to list (default 10; at most the observer's top_k per step and rank)"
+    )
     parser.add_argument("--tokenizer", help="a tokenizer folder or name (transformers), to decode the worst tokens")
     parser.add_argument(
         "--layers", type=int, metavar="STEP", help="the layer profile of STEP: engine prefill vs trainer"
     )
-    parser.add_argument("--rank", type=int, default=0, help="the rank whose dumps --layers compares (default 0)")
+    parser.add_argument("--rank", type=int, help="--layers: the rank whose dumps it compares (default 0)")
     parser.add_argument(
         "--tolerance",
         type=float,
-        default=DEFAULT_TOLERANCE,
         help=f"--layers: the relative error a layer may reach (default {DEFAULT_TOLERANCE:g})",
     )
     parser.add_argument(
@@ -64,12 +65,14 @@ def command(args: Any) -> int:
     try:
         _check_arguments(args)
         if args.layers is not None:
-            profile = layer_profile(Path(args.run), args.layers, args.rank, args.tolerance)
+            rank = 0 if args.rank is None else args.rank
+            tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+            profile = layer_profile(Path(args.run), args.layers, rank, tolerance)
             if args.plot:
                 plot.plot_layers(profile, Path(args.plot))
             shown, text = profile.as_json(), render_layers(profile, every=args.modules)
         else:
-            summary = summarize(Path(args.run), top=args.top)
+            summary = summarize(Path(args.run), top=10 if args.top is None else args.top)
             if args.tokenizer:
                 decode(summary, args.tokenizer)
             if args.plot:
@@ -80,23 +83,41 @@ def command(args: Any) -> int:
     except MismatchInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(shown, indent=1) if args.json else text)
+    print(json.dumps(json_safe(shown), indent=1) if args.json else text)
     return 0
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN and infinity as null: JSON has no such numbers, and ``jq``
+    and most parsers refuse Python's ``NaN``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def _check_arguments(args: Any) -> None:
-    if args.top < 0:
+    if args.top is not None and args.top < 0:
         raise MismatchInputError(f"--top {args.top}: use a number of tokens >= 0")
-    if args.rank < 0:
+    if args.rank is not None and args.rank < 0:
         raise MismatchInputError(f"--rank {args.rank}: use a rank >= 0")
-    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance > 0):
         raise MismatchInputError(f"--tolerance {args.tolerance}: use a relative error > 0, such as 1e-3")
     if args.layers is not None and args.layers < 0:
         raise MismatchInputError(f"--layers {args.layers}: use a step number >= 0")
-    if args.modules and args.layers is None:
-        raise MismatchInputError("--modules lists the modules of --layers STEP's profile; add --layers STEP")
-    if args.layers is not None and args.tokenizer:
-        raise MismatchInputError("--tokenizer decodes the worst tokens, which --layers does not list; drop one")
+    if args.layers is None:
+        given = [flag for flag, value in (("--rank", args.rank), ("--tolerance", args.tolerance)) if value is not None]
+        if args.modules:
+            given.append("--modules")
+        if given:
+            raise MismatchInputError(f"{given[0]} applies to --layers STEP's profile; add --layers STEP")
+    else:
+        given = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--top", args.top)) if value is not None]
+        if given:
+            raise MismatchInputError(f"{given[0]} is for the worst tokens, which --layers does not list; drop one")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise MismatchInputError(f"--plot {args.plot}: name a .png, .svg or .pdf file")
 
@@ -179,7 +200,8 @@ def _table(summary: Summary) -> str:
 def _trend_line(summary: Summary) -> str:
     trend = summary.trend
     if not trend:
-        return "trend: no step had a response token to compare"
+        nonfinite = sum(row.get("nonfinite", 0) for row in summary.steps)
+        return f"trend: no step had a finite response token to compare ({nonfinite} non-finite)"
     first, last = trend[0], trend[-1]
     worst = max(trend, key=lambda t: t["max"])
     ratio = f" (x{last['mean'] / first['mean']:.3g})" if first["mean"] > 0 else ""
@@ -264,6 +286,8 @@ def render_layers(profile: LayerProfile, *, every: bool = False) -> str:
     lines.append("")
     if first is None:
         lines.append(f"every layer is within {profile.tolerance:g}: engine and trainer compute the same outputs")
+    elif not math.isfinite(first.error):
+        lines.append(f"the error enters at {first.module}: not finite ({first.error}): a NaN or infinity on one side")
     else:
         lines.append(f"the error enters at {first.module} ({first.error:.3g}, past {profile.tolerance:g})")
         if grows is not None:

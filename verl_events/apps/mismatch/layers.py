@@ -10,10 +10,12 @@ outputs themselves, not their statistics.
 
 A module is matched by its path in the model (``model.layers.0.self_attn``)
 and its call number, not by its class: FSDP2 renames the classes it wraps
-(``FSDPQwen2DecoderLayer``).  Call ``k`` on both sides must be the same
+(``FSDPQwen2DecoderLayer``); the path parts FSDP1, activation checkpointing
+and torch.compile insert (``_fsdp_wrapped_module``, ...) are dropped (checked
+with FSDP2 only).  Call ``k`` on both sides must be the same
 sequence: the engine prefills one sequence per forward in the batch's
 order, so the trainer must run one per forward too
-(``log_prob_micro_batch_size_per_gpu=1``, no dynamic batch size); a call
+(``log_prob_micro_batch_size_per_gpu=1``, ``actor.use_dynamic_bsz=False``); a call
 whose shapes differ is refused with that advice.
 
 For each module, over all its calls, with the trainer's output ``t`` and the
@@ -50,6 +52,8 @@ ENGINE_STAGE = "rollout_prefill"
 DEFAULT_TOLERANCE = 1e-3
 
 _FORWARD = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.forward\.(?P<call>\d+)$")
+# Path parts a wrapper adds (FSDP1, activation checkpointing, torch.compile): the module is the same.
+_WRAPPERS = re.compile(r"(^|\.)(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)(?=\.|$)")
 
 
 @dataclass(slots=True)
@@ -81,7 +85,8 @@ class LayerProfile:
 
     @property
     def first_past(self) -> LayerError | None:
-        return next((m for m in self.layers if m.error > self.tolerance), None)
+        """The first layer past the tolerance; a NaN or infinite error is past it too."""
+        return next((m for m in self.layers if not m.error <= self.tolerance), None)
 
     @property
     def grows_most(self) -> LayerError | None:
@@ -124,7 +129,8 @@ def layer_profile(run: Path, step: int, rank: int = 0, tolerance: float = DEFAUL
             raise MismatchInputError(
                 f"{module} ran {len(t_calls)} time(s) in the trainer and {len(e_calls)} in the engine at step "
                 f"{step}: the engine prefills one sequence per forward, so the trainer must too; set "
-                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 (and no dynamic batch size)"
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 and "
+                "actor_rollout_ref.actor.use_dynamic_bsz=False"
             )
         error, shape = _relative_error(module, t_calls, e_calls, trainer, engine)
         profile.modules.append(LayerError(module, len(t_calls), error, shape))
@@ -172,7 +178,8 @@ def _outputs(dump: Path) -> dict[str, list[Path]]:
             first = first[0]
         data_name = first.get("data_name") if isinstance(first, dict) else None
         if isinstance(data_name, str):
-            found.setdefault(match["path"], {})[int(match["call"])] = layout.tensor_file(dump, data_name)
+            path = _WRAPPERS.sub("", match["path"]).lstrip(".")
+            found.setdefault(path, {})[int(match["call"])] = layout.tensor_file(dump, data_name)
     if not saw_module:
         raise MismatchInputError(f"{dump} has no module entries: dump at level L0 or mix (config_path: tensor_L0)")
     if not found:
@@ -197,7 +204,8 @@ def _relative_error(
             raise MismatchInputError(
                 f"{module}, call {call}: the trainer's output is {list(t.shape)} and the engine's {list(e.shape)} "
                 f"({t_dump.parent} against {e_dump.parent}); both sides must run the same sequence in each forward: "
-                "set actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"
+                "set actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 and "
+                "actor_rollout_ref.actor.use_dynamic_bsz=False"
             )
         shape = shape or tuple(t.shape)
         t, e = t.double(), e.double()
@@ -233,6 +241,6 @@ def _mark_layers(modules: list[LayerError]) -> None:
         # last dimension (rotary embeddings, a side branch, are passed over).
         if previous is not None and previous.shape[-1:] != module.shape[-1:]:
             continue
-        if previous is not None and previous.error > 0:
+        if previous is not None and 0 < previous.error < math.inf and math.isfinite(module.error):
             module.growth = module.error / previous.error
         previous = module

@@ -269,7 +269,13 @@ class HFServerAdapter(BaseRollout):
 
 def request_prefill(sequences: list[list[int]], step: int, rank: int) -> None:
     """The mismatch observer's ``prefill_engine`` for this rollout: trainer ``rank``'s
-    sequences go to its replica's server (one replica per trainer rank, as with
-    ``tensor_model_parallel_size=1``), which runs them (:meth:`HFRolloutServer.prefill`)."""
-    server: Any = ray.get_actor(server_name(rank))
+    sequences go to a server, which runs them (:meth:`HFRolloutServer.prefill`).
+
+    The replica numbered like the rank when there is one (one replica per trainer rank, as
+    with ``tensor_model_parallel_size=1``), else replica 0: every replica serves the same
+    weights, synced at the start of the step."""
+    try:
+        server: Any = ray.get_actor(server_name(rank))
+    except ValueError:  # Ray's answer for a name no actor has
+        server = ray.get_actor(server_name(0))
     ray.get(server.prefill.remote(sequences, step, rank))
