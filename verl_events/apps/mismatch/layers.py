@@ -26,9 +26,10 @@ engine's ``e`` (float64)::
 listed in the trainer's order (the order modules finish, children before
 their parent).  **Layers** are the modules no other listed module contains
 (``model.embed_tokens``, ``model.layers.N``, ``model.norm``): the first layer
-past ``tolerance`` is where the error enters; the layer whose error is the
-largest multiple of the layer before it in the residual stream (the last
-layer with outputs as wide) is where it grows most.
+past ``tolerance`` (a NaN or infinite error is past it) is where the error
+enters; the layer whose error is the largest multiple of the layer before it
+in the residual stream (the last layer with outputs as wide) is where it
+grows most.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __all__ = ["DEFAULT_TOLERANCE", "ENGINE_STAGE", "TRAINER_STAGE", "LayerError", "
 
 TRAINER_STAGE = "actor_compute_log_prob"
 ENGINE_STAGE = "rollout_prefill"
-#: 1e-3: far above float32 rounding through a few layers (about 1e-6), below one bfloat16 rounding (3.9e-3).
+#: 1e-3: far above float32 rounding through a few layers (about 1e-6), below bfloat16's relative precision (2^-8).
 DEFAULT_TOLERANCE = 1e-3
 
 _FORWARD = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.forward\.(?P<call>\d+)$")
