@@ -16,7 +16,11 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+pytest.importorskip("msprobe")  # the layer profile's dumps are real msprobe dumps
+
 import yaml
 from verl import DataProto
 from verl.utils import tensordict_utils as tu

@@ -146,8 +146,6 @@ def test_a_bfloat16_rollout_shows_larger_gaps_and_its_worst_tokens_decoded(
 
         tokens, _, _, _ = doc_mismatch_commands(run.root)
         text = twice(tokens, capsys)
-        with capsys.disabled():
-            print(text)
         assert "3 step(s), 1 rank(s)" in text and "worst tokens:" in text
         worst = json.loads(twice([*tokens, "--json"], capsys))["worst"]
         assert len(worst) == 10 and all("text" in token for token in worst)
@@ -160,8 +158,6 @@ def test_the_layer_profile_names_where_the_bfloat16_error_enters_and_how_it_grow
     for run in bf16:
         _, layers, _, _ = doc_mismatch_commands(run.root)
         text = twice(layers, capsys)
-        with capsys.disabled():
-            print(text)
         assert "the error enters at model.embed_tokens" in text
         profile = json.loads(twice([*layers, "--json"], capsys))
         rows = {row["module"]: row for row in profile["modules"] if row["layer"]}
