@@ -53,8 +53,9 @@ from verl_events import ConfigError, InstallContext, Observer, StageEnd, prepare
 from verl_events.config import check_count, import_target, parse_numbers
 from verl_events.layout import run_id
 
-from ..watchdog.record import append_line
-from .record import MismatchRecord, mismatch_log_path
+from .._lines import append_line
+from ..metrics import as_batch
+from .record import TRAINER_STAGE, MismatchRecord, mismatch_log_path
 from .tokens import StepTokens, measure, step_tokens
 
 __all__ = ["DEFAULT_PREFILL_ENGINE", "STAGE", "MismatchObserver"]
@@ -62,7 +63,7 @@ __all__ = ["DEFAULT_PREFILL_ENGINE", "STAGE", "MismatchObserver"]
 logger = logging.getLogger("verl_events.mismatch")
 
 #: The stage where verl's trainer recomputes the log-probs of what the rollout sampled.
-STAGE = "actor_compute_log_prob"
+STAGE = TRAINER_STAGE
 #: The engine the CPU job runs: verl_events' HF rollout server.
 DEFAULT_PREFILL_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_prefill"
 _MAX_TOP_K = 1000
@@ -184,8 +185,6 @@ def _is_import_path(value: object) -> bool:
 def sampled_sequences(inputs: Any) -> list[list[int]]:
     """Each row's prompt and response tokens, padding dropped: ``prompts`` and
     ``responses`` side by side, kept where ``attention_mask`` is 1."""
-    from ..metrics import as_batch
-
     batch = as_batch(inputs) if inputs is not None else None
     if batch is None:
         return []

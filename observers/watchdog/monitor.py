@@ -24,7 +24,8 @@ from typing import Any
 from verl_events import HangEvent, StageEvent, hang
 from verl_events.layout import run_id
 
-from .record import HangRecord, Heartbeat, append_line, hangs_log_path, new_report_path, write_heartbeat
+from .._lines import append_line
+from .record import HangRecord, Heartbeat, hangs_log_path, new_report_path, write_heartbeat
 from .stacks import ThreadStack, collective_info, thread_stacks
 
 __all__ = ["ABORT_EXIT_CODE", "Monitor", "MonitorSettings", "OpenStage", "RankState", "WatchTable"]

@@ -52,7 +52,6 @@ __all__ = [
     "Heartbeat",
     "NotAHangRecord",
     "NotAHeartbeat",
-    "append_line",
     "hangs_log_path",
     "heartbeat_dir",
     "heartbeat_files",
@@ -117,16 +116,6 @@ def new_report_path(save_path: Path, step: int | None, stage: str, rank: int) ->
         n += 1
         path = folder / f"{base}.{n}.txt"
     return path
-
-
-def append_line(path: Path, line: str) -> None:
-    """Append one line with one ``write`` on an ``O_APPEND`` descriptor, so
-    the lines of several ranks never interleave."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 class NotAHangRecord(ValueError):
