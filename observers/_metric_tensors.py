@@ -2,10 +2,9 @@
 
 Used by :func:`verl_events.observers.metrics.extract_metrics`, which says
 which tensors each stage is read for (:data:`STAGE_TENSORS`) and which
-names they get; this module says what each scalar counts, which tokens are
-the response tokens, and what the reductions cost.  The mismatch observer
-finds the response tokens through the same :class:`ResponseView` and
-:func:`first_tensor`, so both read verl's layouts alike.  Every tensor is only
+names they get; this module says what each scalar counts and what the
+reductions cost; which tokens are the response tokens is :mod:`._response`'s,
+shared with the mismatch observer.  Every tensor is only
 reduced: one device-to-host copy per device for all the reductions of a
 call (:class:`_Readings`), a second one only when a tensor holds a NaN or
 an infinity.
@@ -74,7 +73,9 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from ._response import ResponseView, Source, computes_reference, first_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -100,14 +101,6 @@ TENSOR_STATISTICS = ("nonfinite_count", "abs_max", "mean")
 
 GAP_MAX = "gap/log_prob_abs_max"
 GAP_MEAN = "gap/log_prob_abs_mean"
-
-
-class _Source(Protocol):
-    """A stage's result or inputs as :mod:`.metrics` sees them (its ``_Batch``)."""
-
-    def tensor(self, key: str) -> torch.Tensor | None: ...
-
-    def flag(self, key: str) -> Any: ...
 
 
 # -- readings ----------------------------------------------------------------
@@ -190,14 +183,14 @@ class _Probe:
 
 
 def _read_tensors(
-    stage: str, out: _Source, inputs: _Source | None, readings: _Readings, report: Callable[[str, str, Exception], None]
+    stage: str, out: Source, inputs: Source | None, readings: _Readings, report: Callable[[str, str, Exception], None]
 ) -> None:
     """Reduce the tensors :data:`STAGE_TENSORS` names for ``stage`` (and the gap at
     ``actor_compute_log_prob``); a tensor or the gap that cannot be read goes to
     ``report(stage, part, exc)`` and the others are still read.  With
     ``calculate_entropy=False`` in the inputs (verl 0.9's LoRA reference, see
     :mod:`.metrics`) the actor's log-probs are ``ref_log_prob``, with no gap."""
-    as_ref = stage == "actor_compute_log_prob" and inputs is not None and inputs.flag("calculate_entropy") is False
+    as_ref = stage == "actor_compute_log_prob" and computes_reference(inputs)
     found: dict[str, torch.Tensor] = {}
     for key, name in STAGE_TENSORS[stage]:
         if as_ref and name == "old_log_probs":
@@ -229,90 +222,9 @@ def _read_tensors(
         report(stage, "gap", exc)
 
 
-def first_tensor(key: str, *batches: _Source | None) -> torch.Tensor | None:
-    for batch in batches:
-        if batch is not None:
-            tensor = batch.tensor(key)
-            if tensor is not None:
-                return tensor
-    return None
-
-
-class ResponseView:
-    """The response tokens of one stage's tensors, whichever layout carried them."""
-
-    def __init__(self, out: _Source, inputs: _Source | None) -> None:
-        self.batches = (inputs, out)
-        mask = first_tensor("response_mask", inputs, out)
-        self.response_mask = mask if mask is not None and not mask.is_nested and mask.dim() == 2 else None
-        self._lengths: Any = False  # not looked up yet
-
-    def mask_for(self, padded: torch.Tensor) -> torch.Tensor | None:
-        """The response tokens of a padded ``[batch, response]`` tensor: ``response_mask``
-        of its shape, else the last columns of ``attention_mask``, else None (all)."""
-        import torch
-
-        mask = self.response_mask
-        if mask is not None and tuple(mask.shape) == tuple(padded.shape):
-            return mask.to(device=padded.device, dtype=torch.bool)
-        attention = first_tensor("attention_mask", *self.batches)
-        if (
-            attention is not None
-            and not attention.is_nested
-            and padded.dim() == 2
-            and attention.dim() == 2
-            and attention.shape[0] == padded.shape[0]
-            and attention.shape[1] >= padded.shape[1]
-        ):
-            return attention[:, attention.shape[1] - padded.shape[1] :].to(device=padded.device, dtype=torch.bool)
-        return None
-
-    def of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The tokens of ``tensor`` to reduce and their mask (None: all)."""
-        if not tensor.is_nested:
-            return tensor, self.mask_for(tensor)
-        picked = self.response_of_nested(tensor)
-        return picked if picked is not None else (tensor.values(), None)
-
-    def response_of_nested(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A nested (no-padding) tensor's response part, padded ``[batch, response]``,
-        and which of its positions are response tokens; None when the lengths are unknown."""
-        import torch
-
-        if self._lengths is False:
-            self._lengths = _response_lengths(*self.batches)
-        lengths: torch.Tensor | None = self._lengths
-        offsets: torch.Tensor = tensor.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor's
-        if lengths is None or lengths.shape[0] != offsets.shape[0] - 1 or lengths.shape[0] == 0:
-            return None
-        values = tensor.values()
-        lengths = lengths.to(device=values.device, dtype=torch.long)
-        mask = self.response_mask
-        width = int(mask.shape[1]) if mask is not None and mask.shape[0] == lengths.shape[0] else int(lengths.max())
-        columns = torch.arange(width, device=values.device)
-        valid = columns[None, :] < lengths[:, None]
-        # As no_padding_2_padding: the output for response token j of a sequence
-        # ending at offset e sits at e - length - 1 + j (a model predicts the next token).
-        index = (
-            offsets[1:].to(device=values.device, dtype=torch.long)[:, None] - lengths[:, None] - 1 + columns[None, :]
-        )
-        index = torch.where(valid, index, 0).clamp(0, values.shape[0] - 1)
-        if mask is not None and tuple(mask.shape) == tuple(valid.shape):
-            valid = valid & mask.to(device=values.device, dtype=torch.bool)
-        return values[index], valid
-
-
-def _response_lengths(*batches: _Source | None) -> torch.Tensor | None:
-    """Each sequence's response length, as no_padding_2_padding finds it."""
-    responses = first_tensor("responses", *batches)
-    if responses is not None and responses.is_nested:
-        offsets: torch.Tensor = responses.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor's
-        return offsets.diff()
-    prompts = first_tensor("prompts", *batches)
-    attention = first_tensor("attention_mask", *batches)
-    if prompts is None or attention is None or prompts.is_nested or attention.is_nested or attention.dim() != 2:
-        return None
-    return attention[:, prompts.shape[1] :].sum(dim=1)
+def keys_for(stage: str, name: str) -> tuple[str, ...]:
+    """The keys :data:`STAGE_TENSORS` reads ``stage``'s tensor ``name`` under, first found first."""
+    return tuple(key for key, named in STAGE_TENSORS[stage] if named == name)
 
 
 def _reduce(name: str, whole: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: _Readings) -> None:
@@ -373,14 +285,10 @@ def _gap(actor: torch.Tensor, rollout: torch.Tensor, response: ResponseView, rea
 
     if rollout.dim() != 2 or rollout.numel() == 0:
         return
-    positions: torch.Tensor | None = None
-    if actor.is_nested:
-        picked = response.response_of_nested(actor)
-        if picked is None or picked[0].shape[1] < rollout.shape[1]:
-            return
-        actor, positions = picked[0][:, : rollout.shape[1]], picked[1][:, : rollout.shape[1]]
-    if tuple(actor.shape) != tuple(rollout.shape):
+    aligned = response.aligned(actor, rollout)
+    if aligned is None:
         return
+    actor, positions = aligned
     rollout = rollout.to(actor.device)
     keep = torch.isfinite(actor) & torch.isfinite(rollout)
     mask = response.mask_for(rollout)

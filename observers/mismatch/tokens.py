@@ -42,8 +42,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._metric_tensors import ResponseView, first_tensor
+from .._metric_tensors import keys_for
+from .._response import ResponseView, computes_reference, first_tensor
 from ..metrics import as_batch
+from .record import TRAINER_STAGE
 
 if TYPE_CHECKING:
     import torch
@@ -58,9 +60,9 @@ POSITION_BINS = 8
 ENTROPY_EDGES = (0.0, 0.01, 0.1, 0.5, 1.0, 2.0, 4.0, math.inf)
 
 # Names the actor's recomputed log-probs and entropy travel under (verl 0.9's engine
-# workers, its legacy workers, the CPU demo), first found wins.
-_OLD_KEYS = ("old_log_probs", "old_log_prob", "log_probs")
-_ENTROPY_KEYS = ("entropys", "entropy")
+# workers, its legacy workers, the CPU demo), first found wins: the sentinel's.
+_OLD_KEYS = keys_for(TRAINER_STAGE, "old_log_probs")
+_ENTROPY_KEYS = keys_for(TRAINER_STAGE, "entropys")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,7 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     for a call that computed the reference's log-probs: verl 0.9 with the reference inside
     the LoRA actor runs it through this stage with ``calculate_entropy=False``."""
     out, given = as_batch(result), as_batch(inputs) if inputs is not None else None
-    if given is not None and given.flag("calculate_entropy") is False:
+    if computes_reference(given):
         return None
     if out is None:
         return f"the stage returned a {type(result).__name__}, not a batch of tensors"
@@ -89,21 +91,22 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
         return "the batch carries no rollout_log_probs"
     old = next((t for key in _OLD_KEYS if (t := out.tensor(key)) is not None), None)
     if old is None:
-        return "the stage returned no old_log_probs (nor old_log_prob, log_probs)"
+        return f"the stage returned no {_OLD_KEYS[0]} (nor {', '.join(_OLD_KEYS[1:])})"
     if rollout.is_nested or rollout.dim() != 2:
         return f"rollout_log_probs is not a padded [batch, response] tensor (shape {tuple(rollout.shape)})"
     view = ResponseView(out, given)
-    old, positions = _padded(view, old, rollout)
-    if old is None:
+    aligned = view.aligned(old.detach(), rollout)
+    if aligned is None:
         return "old_log_probs and rollout_log_probs do not cover the same response tokens"
+    old, positions = aligned
     device = old.device
     rollout = rollout.detach().to(device)
     response_mask = view.mask_for(rollout)
-    mask = positions if response_mask is None else positions & response_mask.to(device)
     # calculate_debug_metrics: response_mask, else attention_mask's last columns, else every token.
     verl_mask = response_mask.to(device) if response_mask is not None else _everywhere(rollout)
+    mask = verl_mask if positions is None else positions & verl_mask
     entropy_source = next((t for key in _ENTROPY_KEYS if (t := out.tensor(key)) is not None), None)
-    entropy = None if entropy_source is None else _padded(view, entropy_source, rollout)[0]
+    entropy = None if entropy_source is None else _first(view.aligned(entropy_source.detach(), rollout))
     tokens = first_tensor("responses", given, out)
     if tokens is not None and (tokens.is_nested or tuple(tokens.shape) != tuple(rollout.shape)):
         tokens = None
@@ -116,19 +119,8 @@ def _everywhere(tensor: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(tensor, dtype=torch.bool)
 
 
-def _padded(view: ResponseView, tensor: torch.Tensor, like: torch.Tensor) -> tuple[Any, Any]:
-    """``tensor`` as ``like``'s ``[batch, response]`` and which of its places hold a value."""
-    import torch
-
-    tensor = tensor.detach()
-    if tensor.is_nested:
-        picked = view.response_of_nested(tensor)
-        if picked is None or picked[0].shape[0] != like.shape[0] or picked[0].shape[1] < like.shape[1]:
-            return None, None
-        return picked[0][:, : like.shape[1]], picked[1][:, : like.shape[1]]
-    if tuple(tensor.shape) != tuple(like.shape):
-        return None, None
-    return tensor, torch.ones_like(tensor, dtype=torch.bool)
+def _first(pair: tuple[torch.Tensor, Any] | None) -> torch.Tensor | None:
+    return None if pair is None else pair[0]
 
 
 def measure(step: StepTokens, top_k: int) -> dict[str, Any]:
