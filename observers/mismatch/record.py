@@ -22,9 +22,15 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MISMATCH_LOG", "MismatchRecord", "NotAMismatchRecord", "mismatch_log_path"]
+__all__ = ["ENGINE_STAGE", "MISMATCH_LOG", "TRAINER_STAGE", "MismatchRecord", "NotAMismatchRecord", "mismatch_log_path"]
 
 MISMATCH_LOG = "mismatch.jsonl"
+#: The stage the observer watches, where verl's trainer recomputes the rollout's log-probs;
+#: its dump is the trainer's side of the layer profile.
+TRAINER_STAGE = "actor_compute_log_prob"
+#: The stage a rollout engine runs a step's sequences in for the layer profile; its dump is
+#: the engine's side.
+ENGINE_STAGE = "rollout_prefill"
 
 
 def mismatch_log_path(save_path: Path) -> Path:

@@ -169,10 +169,16 @@ def render(summary: Summary) -> str:
     return "\n".join(lines)
 
 
-def _columns(header: list[str], rows: list[list[str]]) -> str:
+def _columns(header: list[str], rows: list[list[str]], left: tuple[int, ...] = ()) -> str:
+    """The rows under the header, each column as wide as its widest cell: the columns
+    numbered in ``left`` flush left, the others flush right; no line ends in spaces."""
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
     return "\n".join(
-        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
+        "  ".join(
+            cell.ljust(width) if place in left else cell.rjust(width)
+            for place, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
     )
 
 
@@ -276,14 +282,7 @@ def render_layers(profile: LayerProfile, *, every: bool = False) -> str:
         name = module.module if module.layer else "  " + module.module
         growth = f"x{module.growth:.3g}" if module.growth is not None else ""
         rows.append([name, str(module.calls), f"{module.error:.3g}", growth, ", ".join(marks)])
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        lines.append(
-            "  ".join(
-                [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:4], widths[1:4], strict=True)), row[4]]
-            ).rstrip()
-        )
-    lines.append("")
+    lines.extend([_columns(header, rows, left=(0, 4)), ""])  # the names and the marks flush left
     if first is None:
         lines.append(f"every layer is within {profile.tolerance:g}: engine and trainer compute the same outputs")
     elif not math.isfinite(first.error):

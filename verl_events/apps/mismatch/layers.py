@@ -42,13 +42,14 @@ from typing import Any
 
 from verl_events.layout import replay_dir_name, stage_dir
 
+from ..formats import mismatch_record
 from ..formats import msprobe_layout as layout
 from .summary import MismatchInputError
 
 __all__ = ["DEFAULT_TOLERANCE", "ENGINE_STAGE", "TRAINER_STAGE", "LayerError", "LayerProfile", "layer_profile"]
 
-TRAINER_STAGE = "actor_compute_log_prob"
-ENGINE_STAGE = "rollout_prefill"
+TRAINER_STAGE = mismatch_record.TRAINER_STAGE
+ENGINE_STAGE = mismatch_record.ENGINE_STAGE
 #: 1e-3: far above float32 rounding through a few layers (about 1e-6), below bfloat16's relative precision (2^-8).
 DEFAULT_TOLERANCE = 1e-3
 

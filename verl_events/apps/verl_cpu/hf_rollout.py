@@ -34,10 +34,12 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from verl_events import stage
 
+from ..formats import mismatch_record
+
 __all__ = ["PREFILL_STAGE", "HFReplica", "HFRolloutServer", "HFServerAdapter", "request_prefill", "server_name"]
 
 #: The stage the server runs a trainer's sequences in, for the layer profile (docs/mismatch.md).
-PREFILL_STAGE = "rollout_prefill"
+PREFILL_STAGE = mismatch_record.ENGINE_STAGE
 
 
 def server_name(replica_rank: int) -> str:
