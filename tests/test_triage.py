@@ -33,33 +33,11 @@ from verl_events.apps.triage import is_library_frame, user_frame
 from verl_events.layout import RUN_ID_ENV, owner_of
 from verl_events.observers.sentinel.record import AnomalyRecord
 
-from .observers.support import write_msprobe_config
+from .observers.support import NET_FILE, Net, forward_line, write_msprobe_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
 STAGE = "actor_update"
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        # msprobe leaves out a model's first and last submodule once verl is imported
-        # (its module_processor's "verl scenario"), as it is in a whole test run; these
-        # two take those places, so the layers under test are dumped either way.
-        self.first = torch.nn.Identity()
-        self.fc1 = torch.nn.Linear(4, 4)
-        self.fc2 = torch.nn.Linear(4, 1)
-        self.last = torch.nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
-        return out
-
-
-def forward_line() -> int:
-    """The line of Net.forward that calls fc1: the user frame of fc1's ops."""
-    lines, first = inspect.getsourcelines(Net.forward)
-    return first + next(i for i, line in enumerate(lines) if "self.fc1(" in line)
 
 
 @contextmanager
@@ -157,7 +135,7 @@ def test_a_nan_weight_is_traced_to_the_first_non_finite_op_with_module_parameter
     assert op["op"] == ("Functional.linear.0.forward" if level == "mix" else "Module.fc1.Linear.forward.0")
     assert (op["module"], op["module_entry"], op["parameter"]) == ("fc1", "Module.fc1.Linear.forward.0", "fc1.weight")
     assert (
-        op["source"]["file"] == __file__
+        op["source"]["file"] == NET_FILE
         and op["source"]["line"] == forward_line()
         and op["source"]["function"] == "forward"
     )
@@ -199,7 +177,7 @@ def test_triage_prints_the_anomaly_the_op_and_its_source_line(
     assert "module  fc1 (Module.fc1.Linear.forward.0)" in out
     assert "param   fc1.weight" in out
     assert (
-        f"source  {__file__}:{forward_line()} in forward: out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))" in out
+        f"source  {NET_FILE}:{forward_line()} in forward: out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))" in out
     )
 
 
@@ -269,7 +247,7 @@ def test_a_spike_names_the_scaled_layer_against_the_last_healthy_dump(
     assert (op["module"], op["parameter"]) == ("fc1", "fc1.weight")
     assert op["op"] == "Functional.linear.0.forward" and op["parts"] == ["input_args.1 = fc1.weight"]
     assert op["factor"] > 100 and op["parameter_factor"] > 100
-    assert op["source"]["file"] == __file__ and op["source"]["line"] == forward_line()
+    assert op["source"]["file"] == NET_FILE and op["source"]["line"] == forward_line()
 
 
 class Policy(torch.nn.Module):
@@ -277,7 +255,7 @@ class Policy(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.first = torch.nn.Identity()  # see Net
+        self.first = torch.nn.Identity()  # see observers/support.py's Net
         self.norm = torch.nn.LayerNorm(8)
         self.up = torch.nn.Linear(8, 16)
         self.down = torch.nn.Linear(16, 4)

@@ -10,7 +10,6 @@ demo on two gloo ranks.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -33,34 +32,13 @@ from verl_events import emits_stage
 from verl_events.apps.cli import main
 from verl_events.layout import RUN_ID_ENV
 
-from .observers.support import write_msprobe_config
+from .observers.support import NET_FILE, Net, forward_line, write_msprobe_config
 from .support import verl_events_exe
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs/sentinel.md").read_text()
 STAGE = "actor_compute_log_prob"
 REPLAY = f"{STAGE}.replay"
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        # msprobe leaves out a model's first and last submodule once verl is imported
-        # (its module_processor's "verl scenario"); these two take those places.
-        self.first = torch.nn.Identity()
-        self.fc1 = torch.nn.Linear(4, 4)
-        self.fc2 = torch.nn.Linear(4, 1)
-        self.last = torch.nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
-        return out
-
-
-def forward_line() -> int:
-    """The line of Net.forward that calls fc1: the user frame of fc1's ops."""
-    lines, first = inspect.getsourcelines(Net.forward)
-    return first + next(i for i, line in enumerate(lines) if "self.fc1(" in line)
 
 
 class Worker:
@@ -185,7 +163,7 @@ def test_a_reproducible_anomaly_is_triaged_in_the_replay_dump_of_its_own_step(
     op = result["op"]
     assert (op["op"], op["module"], op["parameter"]) == ("Functional.linear.0.forward", "fc1", "fc1.weight")
     assert op["parts"] == ["input_args.1 = fc1.weight", "output.0"]
-    assert (op["source"]["file"], op["source"]["line"]) == (__file__, forward_line())
+    assert (op["source"]["file"], op["source"]["line"]) == (NET_FILE, forward_line())
     replay = result["replay"]
     assert (replay["verdict"], replay["step"], replay["stage"], replay["rank"]) == ("reproducible", 2, STAGE, 0)
     assert replay["meaning"] == "the inputs or the weights carry it"
