@@ -376,9 +376,9 @@ class Body(torch.nn.Module):
 
 
 class Tiny(torch.nn.Module):
-    """The body under ``model``, as in a causal LM: msprobe's L0 leaves the root's own
-    children out of the dump (Qwen2's ``model`` and ``lm_head`` are missing there too), so
-    the head here stands for the LM head."""
+    """The body under ``model`` and a head, as in a causal LM: with verl imported, msprobe's
+    L0 leaves the first and the last of ``named_modules()`` out of the dump (Qwen2's ``model``
+    and ``lm_head``), so these two take those places and the layers under test are dumped."""
 
     def __init__(self) -> None:
         super().__init__()
