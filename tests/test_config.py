@@ -76,7 +76,7 @@ def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
     path.write_text("- 1\n- 2\n")
     with pytest.raises(
         ConfigError,
-        match="must hold a mapping with keys save_path, strict, max_failures, replay, observers; found a list",
+        match="must hold a mapping with keys preset, save_path, strict, max_failures, replay, observers; found a list",
     ):
         load_config(path)
 
@@ -84,7 +84,7 @@ def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
 def test_unknown_top_level_keys_are_errors() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"config: unknown key 'observer'; allowed: save_path, strict, max_failures, replay, observers",
+        match=r"config: unknown key 'observer'; allowed: preset, save_path, strict, max_failures, replay, observers",
     ):
         load_config({"observer": []})
 

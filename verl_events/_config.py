@@ -2,6 +2,7 @@
 
 Schema::
 
+    preset: always_on            # optional: a named set of observers, before the list below
     save_path: outputs/profile/{run}   # root of every observer's output ({run}: this run's id)
     strict: false                # raise instead of logging observer problems
     max_failures: 5              # switch an observer off after this many failures (null: never)
@@ -18,6 +19,10 @@ Schema::
 
 verl's own form (``global_profiler`` plus the role blocks' ``profiler.enable``)
 is accepted too and mapped onto the same observers.
+
+A preset (``_presets``) adds its observers and a default ``save_path``; an
+entry named like one of its observers changes that observer.  A preset's
+name stands for a config file too: ``load_config("always_on")``.
 
 Sources: a YAML file path, a mapping, or an OmegaConf config; overrides are
 ``key=value`` dotlist strings (``observers.0.steps=[1,2]``), values parsed
@@ -51,6 +56,7 @@ from ._arming import TRIGGER_KEYS, Trigger, parse_trigger
 from ._checks import check_count
 from ._errors import ConfigError
 from ._paths import LATEST_LINK, RUN_PLACEHOLDER
+from ._presets import Placed, describe_presets, expand, is_preset_name, preset_named
 from ._run import run_id
 from ._selection import Selection
 from ._verl_config import from_verl_config, is_verl_config
@@ -58,7 +64,7 @@ from ._verl_config import from_verl_config, is_verl_config
 DEFAULT_SAVE_PATH = "outputs/profile"
 DEFAULT_MAX_FAILURES = 5
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
-TOP_LEVEL_KEYS = ("save_path", "strict", "max_failures", "replay", "observers")
+TOP_LEVEL_KEYS = ("preset", "save_path", "strict", "max_failures", "replay", "observers")
 SELECTION_KEYS = ("steps", "stages", "roles", "ranks")
 FRAMEWORK_KEYS = ("name", "_target_", *SELECTION_KEYS, "priority", "enabled", "optional", *TRIGGER_KEYS)
 
@@ -77,6 +83,7 @@ class ObserverSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     trigger: Trigger | None = None  # trigger: anomaly, see _arming
     optional: bool = False  # its tool may be missing: a warning, not an error
+    preset: str | None = None  # the preset this observer comes from, if any
 
     @property
     def label(self) -> str:
@@ -95,11 +102,12 @@ class Config:
     max_failures: int | None = DEFAULT_MAX_FAILURES
     latest: Path | None = None
     replay: bool | None = None  # None: replay when an observer is armed (verl_events._replay)
+    preset: str | None = None  # the preset the config named, if any
 
 
 def load_config(source: Any = None, overrides: Iterable[str] = ()) -> Config:
-    """Build a :class:`Config` from a YAML path, a mapping or an OmegaConf
-    object (None means an empty config), then apply dotlist overrides."""
+    """Build a :class:`Config` from a YAML path, a preset's name, a mapping or
+    an OmegaConf object (None means an empty config), then apply dotlist overrides."""
     raw = read_config(source)
     overrides = list(overrides)
     if overrides:
@@ -108,9 +116,22 @@ def load_config(source: Any = None, overrides: Iterable[str] = ()) -> Config:
 
 
 def read_config(source: Any) -> dict[str, Any]:
-    """The raw mapping of a YAML path, a mapping or an OmegaConf object, not yet checked."""
+    """The raw mapping of a YAML path, a mapping or an OmegaConf object, not yet checked.
+
+    A string that is a bare name (no folder, no extension) names a preset:
+    ``"always_on"`` is ``{"preset": "always_on"}``.  A bare name that is no
+    preset is read as a file when one exists, else ConfigError.
+    """
     if source is None:
         return {}
+    if isinstance(source, str) and is_bare_name(source):
+        if is_preset_name(source):
+            return {"preset": source}
+        if not Path(source).is_file():
+            raise ConfigError(
+                f"config {source!r} is neither a file nor a preset; give a file's path (./{source} for a file "
+                f"without extension) or a preset: {describe_presets()}"
+            )
     if isinstance(source, (str, os.PathLike)):
         return _inputs_beside(_read_yaml(Path(source)), Path(source).parent)
     if _is_omegaconf(source):
@@ -178,17 +199,22 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     """Validate a plain mapping (see the module docstring for the schema).
 
     A mapping with verl's ``global_profiler`` block is first translated to
-    ours (see ``_verl_config``).
+    ours (see ``_verl_config``); a ``preset`` is then expanded (``_presets``).
     """
+    preset = None if raw.get("preset") is None else preset_named(raw["preset"])
     if is_verl_config(raw):
-        raw = from_verl_config(raw)
+        translated = from_verl_config(raw)
+        profiler = raw["global_profiler"]
+        if preset is not None and not profiler.get("save_path"):
+            del translated["save_path"]  # verl's default gives way to the preset's
+        raw = translated
     unknown = sorted(set(map(str, raw)) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ConfigError(f"config: unknown key {', '.join(map(repr, unknown))}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
     strict = raw.get("strict", False)
     if not isinstance(strict, bool):
         raise ConfigError(f"strict: {strict!r} is not allowed; use true or false")
-    save_path = raw.get("save_path", DEFAULT_SAVE_PATH)
+    save_path = raw.get("save_path", preset.save_path if preset is not None else DEFAULT_SAVE_PATH)
     if not isinstance(save_path, (str, os.PathLike)) or not str(save_path):
         raise ConfigError(f"save_path: {save_path!r} is not allowed; use a directory path")
     save_path, latest = _fill_save_path(str(save_path))
@@ -199,7 +225,10 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     entries = raw.get("observers") or []
     if not isinstance(entries, list):
         raise ConfigError(f"observers: {entries!r} is not allowed; use a list of observer entries")
-    specs = tuple(_parse_observer(entry, f"observers[{i}]", strict) for i, entry in enumerate(entries))
+    placed: list[Placed] = (
+        expand(preset, entries) if preset is not None else [(f"observers[{i}]", e, None) for i, e in enumerate(entries)]
+    )
+    specs = tuple(_parse_observer(entry, where, strict, preset=name) for where, entry, name in placed)
     if replay and not any(spec.trigger is not None and spec.enabled for spec in specs):
         raise ConfigError(
             "replay: true replays a stage for the capture observers an anomaly arms, but no observer has "
@@ -207,11 +236,17 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
             "or remove replay"
         )
     return Config(
-        save_path=save_path, strict=strict, observers=specs, max_failures=max_failures, latest=latest, replay=replay
+        save_path=save_path,
+        strict=strict,
+        observers=specs,
+        max_failures=max_failures,
+        latest=latest,
+        replay=replay,
+        preset=None if preset is None else preset.name,
     )
 
 
-def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
+def _parse_observer(entry: Any, where: str, strict: bool, preset: str | None = None) -> ObserverSpec:
     if not isinstance(entry, Mapping):
         raise ConfigError(
             f"{where}: {entry!r} is not allowed; each observer is a mapping with "
@@ -246,6 +281,7 @@ def _parse_observer(entry: Any, where: str, strict: bool) -> ObserverSpec:
         options=options,
         trigger=trigger,
         optional=optional,
+        preset=preset,
     )
 
 
