@@ -226,8 +226,8 @@ def overhead_text(tmp_path: Path, width: int) -> str:
 
     from rich.console import Console
 
-    from verl_events.apps.overhead import overhead_table, read_timing_records
     from verl_events.apps.report import render_overhead
+    from verl_events.apps.report.overhead import overhead_table, read_timing_records
 
     write_log(tmp_path, *SPREAD_LOG)
     console = Console(file=io.StringIO(), width=width)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from verl_events.apps.cli import main
 from verl_events.apps.report import report
-from verl_events.apps.stragglers import MIN_EXCESS_S, NAMED, StageStragglers, stragglers
+from verl_events.apps.report.stragglers import MIN_EXCESS_S, NAMED, StageStragglers, stragglers
 from verl_events.observers.timing import TimingRecord
 
 from .support import run_two_gloo_ranks, verl_events_exe

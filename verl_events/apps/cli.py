@@ -154,28 +154,6 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
-    """Stage times, overhead and dump sizes of a run, from its timing logs."""
-    from .overhead import TimingLogError
-    from .report import report
-    from .tables import terminal_console
-
-    out = terminal_console(stderr=False)
-    try:
-        text = report(
-            Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet
-        )
-    except TimingLogError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if text is not None:
-        print(text)
-    for flag, path in (("--plot", args.plot), ("--trace", args.trace)):
-        if path is not None and not args.quiet:
-            print(f"{flag}: wrote {path}", file=sys.stderr)
-    return 0
-
-
 def _compare(args: argparse.Namespace) -> int:
     """Find where two msprobe dumps first diverge."""
     import json
@@ -259,11 +237,12 @@ def _fmt(values: frozenset[object] | None) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     # The file names in the help come from their formats' owners, which import no tool.
-    from .formats import anomaly_record, msprobe_layout, timing_log
+    from .formats import anomaly_record, msprobe_layout
     from .hangs import add_command as add_hangs_command
     from .mismatch.command import add_command as add_mismatch_command
+    from .report import add_command as add_report_command
 
-    DUMP_FILE, ANOMALY_LOG, TIMING_DIR = msprobe_layout.DUMP_FILE, anomaly_record.ANOMALY_LOG, timing_log.TIMING_DIR
+    DUMP_FILE, ANOMALY_LOG = msprobe_layout.DUMP_FILE, anomaly_record.ANOMALY_LOG
 
     parser = argparse.ArgumentParser(
         prog="verl-events",
@@ -313,13 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run_command=_demo)
 
-    rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")
-    rep.add_argument("run", help=f"the run's save_path (holding {TIMING_DIR}/rank*.jsonl)")
-    rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    rep.add_argument("--plot", type=Path, help="write a PNG of stage time (profiled vs baseline) and disk per stage")
-    rep.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace: a track per rank, a slice per stage")
-    rep.add_argument("--quiet", action="store_true", help="no progress bar")
-    rep.set_defaults(run_command=_report)
+    add_report_command(commands)
 
     cmp = commands.add_parser(
         "compare", help="find where two msprobe dumps first diverge (exit 0 match, 1 diverged, 2 bad input)"

@@ -28,7 +28,7 @@ from verl_events import STAGE_ROLES
 
 from ..formats import msprobe_layout as layout
 from ..formats import timing_log
-from ..overhead import TimingLogError, overhead_table, read_timing_records
+from ..report.overhead import TimingLogError, overhead_table, read_timing_records
 from .model import (
     BATCH,
     PROMPT_LEN,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from verl_events import VerlEventsWarning
 
-from .formats import timing_log
+from ..formats import timing_log
 
 # The timing log's names, as its owner defines them.
 TimingRecord = timing_log.TimingRecord

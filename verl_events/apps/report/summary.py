@@ -17,7 +17,8 @@ from typing import Any
 from verl_events import STAGE_ROLES
 from verl_events.layout import LATEST_LINK
 
-from .formats import msprobe_layout, timing_log
+from ..formats import msprobe_layout, timing_log
+from ..tables import print_table
 from .grouping import Key, StepGroup, index_records
 from .overhead import (
     IQR_MIN_N,
@@ -33,7 +34,6 @@ from .overhead import (
     runs_in,
 )
 from .stragglers import StageStragglers, render_stragglers, stragglers
-from .tables import print_table
 from .trace import chrome_trace
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in

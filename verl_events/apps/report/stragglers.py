@@ -32,9 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..tables import print_table
 from .grouping import Key, StepGroup, index_records
 from .overhead import TimingRecord
-from .tables import print_table
 
 __all__ = [
     "MIN_EXCESS_S",

@@ -1,0 +1,44 @@
+"""The ``report`` command: its arguments, what it prints and its exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..formats import timing_log
+from ..tables import terminal_console
+from .overhead import TimingLogError
+from .summary import report
+
+__all__ = ["add_command", "command"]
+
+
+def add_command(commands: Any) -> None:
+    """Add ``report`` to the ``verl-events`` parser's subcommands."""
+    rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")
+    rep.add_argument("run", help=f"the run's save_path (holding {timing_log.TIMING_DIR}/rank*.jsonl)")
+    rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    rep.add_argument("--plot", type=Path, help="write a PNG of stage time (profiled vs baseline) and disk per stage")
+    rep.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace: a track per rank, a slice per stage")
+    rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    rep.set_defaults(run_command=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Stage times, overhead and dump sizes of a run, from its timing logs: 0, or 2 for a run it cannot read."""
+    out = terminal_console(stderr=False)
+    try:
+        text = report(
+            Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet
+        )
+    except TimingLogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if text is not None:
+        print(text)
+    for flag, path in (("--plot", args.plot), ("--trace", args.trace)):
+        if path is not None and not args.quiet:
+            print(f"{flag}: wrote {path}", file=sys.stderr)
+    return 0
