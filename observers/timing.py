@@ -7,7 +7,7 @@ Each rank appends to ``{save_path}/timing/rank{R}.jsonl`` one
 writes it::
 
     {"run":"ray-session_…-01000000","stage":"actor_update","role":"actor","step":1,"rank":0,"world_size":2,
-     "depth":0,"parent":null,"elapsed_s":0.41,"error":null,
+     "depth":0,"parent":null,"elapsed_s":0.41,"error":null,"message":null,
      "observers":["timing","msprobe"],"profiled":true,"profiled_by":["msprobe"],"enclosed_by":[],
      "hook_s":{"timing":0.000012,"msprobe":0.031},"hook_begin_s":{…},"hook_end_s":{…},"overhead_s":0.031,
      "end_unix":1795981267.113,"dump_bytes":48213,"event":"stage","timestamp":"2026-11-29T19:41:07.113Z"}
@@ -89,7 +89,9 @@ class TimingRecord:
       ``world_size``, ``depth`` (0 for a top-level stage) and ``parent`` (the
       enclosing stage): from the stage event.
     - ``elapsed_s``: the stage body alone, hooks excluded.
-    - ``error``: the type name of the exception the body raised, or None.
+    - ``error``: the type name of the exception the body raised, or None;
+      ``message``: its message (``str(exception)``, at most 2000 characters),
+      so a run with only the timing observer still says what went wrong.
     - ``observers``: every observer that received the stage, in begin order
       (None in logs older than this field).
     - ``profiled_by``: those besides the timing observer that are not passive
@@ -122,6 +124,7 @@ class TimingRecord:
     parent: str | None = None
     elapsed_s: float
     error: str | None = None
+    message: str | None = None
     observers: tuple[str, ...] | None = None
     profiled: bool
     profiled_by: tuple[str, ...] = ()
@@ -212,6 +215,18 @@ def _loads(line: str | bytes) -> Any:
         return json.loads(line)
 
 
+#: The longest exception message a record keeps.
+MESSAGE_LIMIT = 2000
+
+
+def _message(error: BaseException) -> str:
+    try:
+        text = str(error)
+    except Exception as exc:  # a broken __str__ must not lose the record
+        text = f"<str() of the exception failed: {type(exc).__name__}>"
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
 def _plain_mapping(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
@@ -293,6 +308,7 @@ class TimingObserver(Observer):
                 parent=event.parent,
                 elapsed_s=event.elapsed_s,
                 error=None if event.error is None else type(event.error).__name__,
+                message=None if event.error is None else _message(event.error),
                 observers=tuple(report.observers),
                 profiled=bool(others or around),
                 profiled_by=others,

@@ -3,7 +3,9 @@
 One thread per watchdog.  It sleeps until the earliest open stage's
 deadline, or ``heartbeat_s``, whichever comes first; then it rewrites the
 heartbeat of every rank whose position changed (so at most once per
-``heartbeat_s``, never from a hook), and fires every stage whose deadline
+``heartbeat_s``, never from a hook) or whose heartbeat is ``liveness_s``
+old (the liveness beat: a rank whose heartbeat stops being rewritten has
+stopped, a SIGKILL included), and fires every stage whose deadline
 has passed: the report, the record, the log line, the ``hang`` signal and,
 with ``action: abort``, :func:`os._exit` with :data:`ABORT_EXIT_CODE`.
 A new stage with a deadline earlier than the one the thread sleeps on is
@@ -13,9 +15,11 @@ seen at its next wake-up, at most ``heartbeat_s`` late.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +29,7 @@ from verl_events import HangEvent, StageEvent, hang
 from verl_events.layout import run_id
 
 from .._lines import append_line
-from .record import HangRecord, Heartbeat, hangs_log_path, new_report_path, write_heartbeat
+from .record import HangRecord, Heartbeat, hangs_log_path, new_report_path, process_start_time, write_heartbeat
 from .stacks import ThreadStack, collective_info, thread_stacks
 
 __all__ = ["ABORT_EXIT_CODE", "Monitor", "MonitorSettings", "OpenStage", "RankState", "WatchTable"]
@@ -65,6 +69,7 @@ class RankState:
     last_ended: tuple[str, int | None, float] | None = None
     ended: dict[str, tuple[int | None, float]] = field(default_factory=dict)
     changed: bool = True
+    written: float = -math.inf  # monotonic: when its heartbeat was last written
 
 
 @dataclass(slots=True)
@@ -82,6 +87,7 @@ class MonitorSettings:
     """The watchdog's options the monitor reads."""
 
     heartbeat_s: float
+    liveness_s: float
     action: str  # "report" or "abort"
     multiple: float  # the adaptive deadline's, for the report's wording
 
@@ -107,6 +113,9 @@ class Monitor:
         self.save_path = save_path
         self.host = host
         self.pid = os.getpid()
+        self.started = process_start_time(self.pid)
+        self.on_first_rank: Callable[[int], None] | None = None  # told the first rank the process runs
+        self._first_rank_told = False
         self._stop = threading.Event()
         self._fire_lock = threading.Lock()  # a stage's late line waits for its hang line
         self._run: str | None = None
@@ -115,12 +124,18 @@ class Monitor:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the thread and write every rank's last heartbeat, marked closed."""
+    def stop(self, exit: dict[str, Any] | None = None) -> None:
+        """Stop the thread and write every rank's last heartbeat, marked closed
+        (``exit``: how the process ends)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
-        self._beat(closed=True)
+        self._beat(closed=True, exit=exit)
+
+    def final_beat(self, exit: dict[str, Any]) -> None:
+        """Every rank's heartbeat, closed, from a signal handler: the main thread it
+        runs on may hold the table's lock, so the lock is waited for only briefly."""
+        self._beat(closed=True, exit=exit, lock_wait_s=0.5)
 
     # -- the loop --------------------------------------------------------------
 
@@ -159,15 +174,38 @@ class Monitor:
         self._beat()
         return max(0.01, earliest - time.monotonic())
 
+    def run(self) -> str | None:
+        """The run's id (read once: the installation claimed the save_path before any stage began)."""
+        if self._run is None:
+            self._run = run_id()
+        return self._run
+
     # -- heartbeats --------------------------------------------------------------
 
-    def _beat(self, *, closed: bool = False, force: bool = False) -> None:
+    def _beat(
+        self,
+        *,
+        closed: bool = False,
+        force: bool = False,
+        exit: dict[str, Any] | None = None,
+        lock_wait_s: float = -1,
+    ) -> None:
         table = self.table
-        with table.lock:
-            states = [s for s in table.ranks.values() if s.changed or closed or force]
-            beats = [self._heartbeat(state, closed) for state in states]
+        now = time.monotonic()
+        liveness = self.settings.liveness_s
+        locked = table.lock.acquire(timeout=lock_wait_s)
+        try:
+            states = [s for s in table.ranks.values() if s.changed or closed or force or now - s.written >= liveness]
+            beats = [self._heartbeat(state, closed, exit) for state in states]
             for state in states:
                 state.changed = False
+                state.written = now
+        finally:
+            if locked:
+                table.lock.release()
+        if beats and not self._first_rank_told and self.on_first_rank is not None:
+            self._first_rank_told = True
+            self.on_first_rank(beats[0].rank)
         for beat in beats:
             try:
                 write_heartbeat(self.save_path, beat)
@@ -176,15 +214,13 @@ class Monitor:
                     "the watchdog cannot write rank %s's heartbeat under %s: %s", beat.rank, self.save_path, exc
                 )
 
-    def _heartbeat(self, state: RankState, closed: bool) -> Heartbeat:
+    def _heartbeat(self, state: RankState, closed: bool, exit: dict[str, Any] | None) -> Heartbeat:
         """A rank's heartbeat from the table; called with the table locked."""
-        if self._run is None:
-            self._run = run_id()  # the installation claimed the save_path before the first stage began
         names = {thread.ident: thread.name for thread in threading.enumerate()}
         opened = sorted((e for e in self.table.open.values() if e.event.rank == state.rank), key=lambda e: e.begun)
         last = state.last_begun
         return Heartbeat(
-            run=self._run,
+            run=self.run(),
             rank=state.rank,
             pid=self.pid,
             host=self.host,
@@ -210,6 +246,9 @@ class Monitor:
             else dict(zip(("stage", "step", "time"), state.last_ended, strict=True)),
             ended={stage: {"step": step, "time": at} for stage, (step, at) in state.ended.items()},
             closed=closed,
+            liveness_s=self.settings.liveness_s,
+            started=self.started,
+            exit=exit if closed else None,
         )
 
     # -- a deadline passed ---------------------------------------------------------
@@ -224,8 +263,6 @@ class Monitor:
         collective = collective_info()
         report: Path | None = new_report_path(self.save_path, event.step, event.stage, event.rank)
         assert report is not None
-        if self._run is None:
-            self._run = run_id()
         record = self._record(
             "hang",
             entry,
@@ -283,7 +320,7 @@ class Monitor:
         event = entry.event
         return HangRecord(
             kind=kind,
-            run=self._run,
+            run=self.run(),
             time=time.time(),
             step=event.step,
             stage=event.stage,

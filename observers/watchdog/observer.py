@@ -7,7 +7,8 @@ Config::
       multiple: 5.0            # adaptive: 5 x the longest time this stage took so far in this process,
       floor_s: 120.0           #   never less than 120 s,
       first_s: 480.0           #   and 480 s the first time (compiling, warming up)
-      heartbeat_s: 0.5         # how often, at most, each rank's heartbeat is rewritten
+      heartbeat_s: 0.5         # how often, at most, each rank's heartbeat is rewritten when it changes
+      liveness_s: 2.0          # and how often, at least, while the process lives (a silent rank has stopped)
       action: report           # or abort: end the process with ABORT_EXIT_CODE after the report
 
 The deadlines (:mod:`.monitor`): one monitor thread per watchdog, started at
@@ -25,6 +26,12 @@ and the ``hang`` signal sent (``HangEvent``); with ``action: abort`` the
 process then ends with :data:`ABORT_EXIT_CODE`.  When that stage ends after
 all, a ``late`` line with its whole time.
 
+How the process ends is recorded too (:mod:`.endings`, files owned by
+:mod:`.crash`): a stage that raised, a terminating signal (then the
+previous handler runs: the process ends as it would have), a fatal
+signal's stacks (faulthandler), and the heartbeat's last word, ``closed``
+with how it ended; a SIGKILL shows as a heartbeat that stopped beating.
+
 Thread safety: hooks run on the stages' threads, the monitor on its own; both
 take one lock around the table.  The watchdog is passive: a stage it watches
 still counts as unprofiled.
@@ -41,6 +48,8 @@ from typing import Literal
 
 from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
 
+from .crash import crash_dir, crash_log_files, fatal_files
+from .endings import Endings
 from .monitor import ABORT_EXIT_CODE, Monitor, MonitorSettings, OpenStage, RankState, WatchTable
 from .record import hangs_log_path, heartbeat_dir, heartbeat_files, report_dir, report_files
 
@@ -72,6 +81,7 @@ class WatchdogObserver(Observer):
         floor_s: float = 120.0,
         first_s: float = 480.0,
         heartbeat_s: float = 0.5,
+        liveness_s: float = 2.0,
         action: Literal["report", "abort"] = "report",
     ) -> None:
         seconds = "a number of seconds > 0"
@@ -79,6 +89,7 @@ class WatchdogObserver(Observer):
         self.floor_s = _seconds(floor_s, "floor_s", seconds)
         self.first_s = _seconds(first_s, "first_s", seconds)
         self.heartbeat_s = _seconds(heartbeat_s, "heartbeat_s", seconds)
+        self.liveness_s = _seconds(liveness_s, "liveness_s", seconds)
         if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or not 1 <= multiple < math.inf:
             raise ConfigError(f"option multiple: {multiple!r} is not allowed; use a number >= 1")
         self.multiple = float(multiple)
@@ -95,11 +106,14 @@ class WatchdogObserver(Observer):
         self._open: dict[int, OpenStage] = self._table.open
         self._ranks: dict[int, RankState] = self._table.ranks
         self._monitor: Monitor | None = None
+        self._endings: Endings | None = None
 
     def outputs(self, save_path: Path) -> list[Path]:
-        """The heartbeats, the reports and hangs.jsonl under ``save_path``."""
+        """The heartbeats, the reports, hangs.jsonl and the crash records under ``save_path``."""
         log = hangs_log_path(save_path)
-        return [*heartbeat_files(save_path), *report_files(save_path), *([log] if log.exists() else [])]
+        # An empty fatal dump is a live process's, this one's included (it is opened at setup).
+        crashes = [path for _, path in crash_log_files(save_path)] + fatal_files(save_path, written=True)
+        return [*heartbeat_files(save_path), *report_files(save_path), *([log] if log.exists() else []), *crashes]
 
     def describe(self) -> str:
         if self.timeout_s is not None:
@@ -113,11 +127,17 @@ class WatchdogObserver(Observer):
         return f"{deadline}; on a hang: {then}"
 
     def setup(self, context: InstallContext) -> None:
-        for folder in (heartbeat_dir(context.save_path), report_dir(context.save_path)):
+        for folder in (heartbeat_dir(context.save_path), report_dir(context.save_path), crash_dir(context.save_path)):
             prepare_output_dir(folder)
-        settings = MonitorSettings(heartbeat_s=self.heartbeat_s, action=self.action, multiple=self.multiple)
-        self._monitor = Monitor(self._table, settings, context.save_path, socket.gethostname())
-        self._monitor.start()
+        settings = MonitorSettings(
+            heartbeat_s=self.heartbeat_s, liveness_s=self.liveness_s, action=self.action, multiple=self.multiple
+        )
+        host = socket.gethostname()
+        monitor = self._monitor = Monitor(self._table, settings, context.save_path, host)
+        endings = self._endings = Endings(self._table, context.save_path, host, monitor.run, monitor.final_beat)
+        monitor.on_first_rank = endings.name_rank
+        endings.start()
+        monitor.start()
 
     # -- the hooks: keep them to a few attribute reads (benchmarks/watchdog.py) --
 
@@ -136,6 +156,8 @@ class WatchdogObserver(Observer):
             self._open[event.seq] = entry
 
     def on_stage_end(self, event: StageEnd) -> None:
+        if event.error is not None and self._endings is not None:
+            self._endings.exception(event)
         ended = _time()
         with self._lock:
             entry = self._open.pop(event.seq, None)
@@ -154,6 +176,10 @@ class WatchdogObserver(Observer):
             self._deadlines[event.stage] = (max(self.floor_s, self.multiple * event.elapsed_s), "adaptive")
 
     def close(self) -> None:
+        exit = self._endings.exit_how() if self._endings is not None else None
         if self._monitor is not None:
-            self._monitor.stop()
+            self._monitor.stop(exit)
             self._monitor = None
+        if self._endings is not None:
+            self._endings.stop()
+            self._endings = None

@@ -25,7 +25,17 @@ begun, comparable across ranks that run the same stages)::
      "open": [{"stage": "actor_update", "step": 3, "since": 1796025662.0, "begun": 7, "thread": "MainThread"}],
      "last_begun": {"stage": "actor_update", "step": 3, "time": 1796025662.0},
      "last_ended": {"stage": "actor_compute_log_prob", "step": 3, "time": 1796025661.9},
-     "ended": {"actor_compute_log_prob": {"step": 3, "time": 1796025661.9}}, "closed": false}
+     "ended": {"actor_compute_log_prob": {"step": 3, "time": 1796025661.9}}, "closed": false,
+     "liveness_s": 2.0, "started": 1796025600.2, "exit": null}
+
+``time`` is when the heartbeat was written: the monitor rewrites it when
+the rank's position changes and at least every ``liveness_s`` while the
+process lives, so a heartbeat much older than that, not ``closed``, is a
+rank that stopped beating.  ``started`` is its process's start time (from
+``/proc``, None elsewhere): with ``pid`` and ``host`` it tells whether that
+process still runs (:func:`process_alive`), a pid reused since included.
+``exit`` says how a closed rank's process ended: ``{"how": "normal" |
+"exception" | "signal", "detail": …}``.
 
 Heartbeats are written whole (a temporary file, then ``os.replace``), so a
 reader sees the previous one or the next one; a file cut short anyway (a
@@ -57,6 +67,8 @@ __all__ = [
     "heartbeat_files",
     "heartbeat_path",
     "new_report_path",
+    "process_alive",
+    "process_start_time",
     "read_heartbeat",
     "report_dir",
     "report_files",
@@ -215,6 +227,9 @@ class Heartbeat:
     last_ended: dict[str, Any] | None = None
     ended: dict[str, dict[str, Any]] = field(default_factory=dict)
     closed: bool = False
+    liveness_s: float | None = None
+    started: float | None = None
+    exit: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
@@ -245,3 +260,40 @@ def write_heartbeat(save_path: Path, heartbeat: Heartbeat) -> None:
 def read_heartbeat(path: Path) -> Heartbeat:
     """A heartbeat file, read; NotAHeartbeat when it is cut short or not one, OSError when unreadable."""
     return Heartbeat.from_json(path.read_bytes())
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` of this host started (Unix seconds, from ``/proc``), or None
+    when it does not exist or this system has no ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22: start time, in clock ticks after boot
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def process_alive(pid: int, started: float | None) -> bool | None:
+    """Whether process ``pid`` of this host still runs: False when no process
+    has that pid, it is a zombie, or one started at another time has it (the
+    pid was reused); None when this cannot be told (not permitted to look)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return None
+    except OSError:
+        return None
+    try:  # a zombie (dead, not yet reaped by its parent) still answers kill(pid, 0)
+        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X"):
+            return False
+    except (OSError, IndexError):
+        pass
+    if started is None:
+        return True
+    now = process_start_time(pid)
+    return now is None or abs(now - started) < 2.0

@@ -1,13 +1,10 @@
 """What a stuck rank is doing: every thread's Python stack, the user's frame,
 and what torch.distributed can say of the pending collective.
 
-**The user frame** of a stack is its innermost frame whose module is not in
-a library that only carries the call: the standard library
-(``sys.stdlib_module_names``), ``torch``, ``torch_npu``, ``msprobe``,
-``ray`` (its worker loop runs verl's workers), ``blinker`` and
-``verl_events`` itself (the bus and the observers wrap every stage).
-Model and trainer code (transformers, verl, the user's script) counts as
-user code, as in ``verl-events triage``.  A C function that blocks
+**The user frame** of a stack is its innermost frame of user code, by the
+one rule every reader shares (:mod:`verl_events.frames`): the standard
+library, ``torch``, ``torch_npu``, ``msprobe``, ``ray``, ``blinker`` and
+``verl_events`` only carry the call.  A C function that blocks
 (``time.sleep``, a gloo wait) has no frame of its own: the user frame's
 line is the call.
 
@@ -25,17 +22,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from verl_events.frames import LIBRARY_PACKAGES, is_library_module
+
 __all__ = ["LIBRARY_PACKAGES", "ThreadStack", "collective_info", "is_library_module", "thread_stacks"]
 
-LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe", "ray", "blinker", "verl_events"})
-_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 _DISTRIBUTED = "torch.distributed"
-
-
-def is_library_module(module: str) -> bool:
-    """Whether a frame of module ``module`` only carries the call (see the module docstring)."""
-    top = module.partition(".")[0]
-    return top in LIBRARY_PACKAGES or top in _STDLIB
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,208 @@
+"""How a rank's process ended: the watchdog's crash records and fatal-signal dumps.
+
+This module owns the two formats; the watchdog writes them and
+``verl-events diagnose`` reads them back, both through the names here::
+
+    {save_path}/crashes/rank1.jsonl        one CrashRecord per line: a stage that raised, a signal
+    {save_path}/crashes/rank1.fatal.txt    faulthandler's dump of every thread at a fatal signal
+    {save_path}/crashes/pid4242.fatal.txt  the same, of a process that had run no stage yet
+
+A line of ``rank{R}.jsonl``; ``kind`` is ``"exception"`` (a stage body
+raised: the innermost stage, once) or ``"signal"`` (SIGTERM, SIGINT or
+SIGHUP arrived; ``open`` lists the stages open then, outermost first)::
+
+    {"kind": "exception", "run": "…", "time": 1796025667.1, "rank": 1, "pid": 4242, "host": "node7",
+     "step": 2, "stage": "actor_update", "role": "actor", "error_type": "RuntimeError",
+     "message": "Connection closed by peer [127.0.0.1]:29500",
+     "where": {"file": "/work/train.py", "line": 88, "function": "update", "code": "dist.all_reduce(t)"},
+     "traceback": "Traceback (most recent call last): …", "signal": null, "open": []}
+
+A fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) leaves no JSON:
+the process cannot run Python any more.  Python's :mod:`faulthandler`
+writes its text instead (``Fatal Python error: Segmentation fault``, then
+each thread's frames, most recent call first); the file's modification
+time is the time of death.  An empty dump file is a process that never
+got a fatal signal (the watchdog removes it at close).  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CRASH_DIR",
+    "CRASH_KINDS",
+    "FATAL_SIGNALS",
+    "CrashRecord",
+    "FatalDump",
+    "NotACrashRecord",
+    "crash_dir",
+    "crash_log_files",
+    "crash_log_path",
+    "fatal_files",
+    "fatal_path",
+    "read_fatal",
+]
+
+#: The folder under ``save_path`` with each rank's crash records and fatal dumps.
+CRASH_DIR = "crashes"
+#: ``exception``: a stage raised; ``signal``: a terminating signal arrived.
+CRASH_KINDS = ("exception", "signal")
+#: faulthandler's words for each fatal signal it catches.
+FATAL_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Floating-point exception": "SIGFPE",
+    "Floating point exception": "SIGFPE",
+    "Aborted": "SIGABRT",
+    "Illegal instruction": "SIGILL",
+}
+
+_LOG = re.compile(r"^rank(\d+)\.jsonl$")
+_FATAL = re.compile(r"^(?:rank(\d+)|pid(\d+))\.fatal\.txt$")
+
+
+def crash_dir(save_path: Path) -> Path:
+    """``{save_path}/crashes``."""
+    return Path(save_path) / CRASH_DIR
+
+
+def crash_log_path(save_path: Path, rank: int) -> Path:
+    """``{save_path}/crashes/rank{R}.jsonl``."""
+    return crash_dir(save_path) / f"rank{rank}.jsonl"
+
+
+def fatal_path(save_path: Path, *, rank: int | None = None, pid: int | None = None) -> Path:
+    """``crashes/rank{R}.fatal.txt``, or ``crashes/pid{P}.fatal.txt`` before the rank is known."""
+    if (rank is None) == (pid is None):
+        raise ValueError("a fatal dump is named by a rank or by a pid, not both")
+    return crash_dir(save_path) / (f"rank{rank}.fatal.txt" if rank is not None else f"pid{pid}.fatal.txt")
+
+
+def crash_log_files(save_path: Path) -> list[tuple[int, Path]]:
+    """Every rank's crash log, as (rank, path), by rank."""
+    found = [(int(m[1]), p) for p in crash_dir(save_path).glob("rank*.jsonl") if (m := _LOG.match(p.name))]
+    return sorted(found)
+
+
+def fatal_files(save_path: Path, *, written: bool = False) -> list[Path]:
+    """Every fatal dump under ``save_path``, by name; with ``written``, only those
+    that are not empty (a live process keeps an empty one open)."""
+    found = sorted(p for p in crash_dir(save_path).glob("*.fatal.txt") if _FATAL.match(p.name))
+    return [p for p in found if _size(p) > 0] if written else found
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class NotACrashRecord(ValueError):
+    """A line that is not a crash record; the message says what it lacks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashRecord:
+    """One line of ``crashes/rank{R}.jsonl`` (see the module docstring).
+
+    ``step``, ``stage`` and ``role`` are the stage that raised, or the
+    innermost stage open when the signal arrived (None when none was).
+    ``where`` is the innermost user frame of the exception's traceback
+    (:mod:`verl_events.frames`), or of the main thread for a signal.
+    """
+
+    kind: str
+    run: str | None
+    time: float
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    step: int | None = None
+    stage: str | None = None
+    role: str | None = None
+    error_type: str | None = None
+    message: str | None = None
+    where: dict[str, Any] | None = None
+    traceback: str | None = None
+    signal: str | None = None
+    open: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        """One line of the crash log (no newline)."""
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> CrashRecord:
+        """Parse one line: ValueError when it is not JSON, NotACrashRecord when it is not a record."""
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise NotACrashRecord(f"a crash record is a JSON object, not {type(data).__name__}")
+        missing = [name for name in ("kind", "time", "rank") if name not in data]
+        if missing:
+            raise NotACrashRecord(f"a crash record needs kind, time and rank; this one lacks {', '.join(missing)}")
+        rank, time = data["rank"], data["time"]
+        if data["kind"] not in CRASH_KINDS or not isinstance(rank, int) or isinstance(rank, bool):
+            raise NotACrashRecord(f"a crash record has a kind of {' or '.join(CRASH_KINDS)} and an integer rank")
+        if not isinstance(time, (int, float)) or isinstance(time, bool):
+            raise NotACrashRecord("a crash record's time is a number (Unix seconds)")
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True, slots=True)
+class FatalDump:
+    """A fatal dump, read: the signal, when, and each thread's frames.
+
+    ``threads`` maps a thread's header (``Current thread 0x…`` for the one
+    that got the signal) to its frames, innermost first, as (file, line,
+    function); ``current`` is that thread's frames.
+    """
+
+    path: Path
+    rank: int | None
+    pid: int | None
+    error: str  # faulthandler's words: "Segmentation fault"
+    signal: str | None  # "SIGSEGV", or None when faulthandler's words are not known here
+    time: float
+    threads: dict[str, list[tuple[str, int, str]]]
+    current: list[tuple[str, int, str]]
+
+
+_ERROR = re.compile(r"^Fatal Python error: (.+?)\s*$")
+_THREAD = re.compile(r"^((?:Current thread|Thread) 0x[0-9a-fA-F]+.*?)(?: \(most recent call first\))?:\s*$")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
+
+
+def read_fatal(path: Path) -> FatalDump | None:
+    """A fatal dump, or None when the file is empty (no fatal signal).
+    OSError when it cannot be read; ValueError when it is not faulthandler's text."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        return None
+    error: str | None = None
+    threads: dict[str, list[tuple[str, int, str]]] = {}
+    current: list[tuple[str, int, str]] = []
+    frames: list[tuple[str, int, str]] | None = None
+    for line in text.splitlines():
+        if error is None and (match := _ERROR.match(line)):
+            error = match[1]
+        elif match := _THREAD.match(line):
+            frames = threads.setdefault(match[1], [])
+            if match[1].startswith("Current thread"):
+                current = frames
+        elif frames is not None and (match := _FRAME.match(line)):
+            frames.append((match[1], int(match[2]), match[3]))
+        elif not line.strip():
+            frames = None
+    if error is None:
+        raise ValueError(f"{path} is not a faulthandler dump (no 'Fatal Python error:' line)")
+    named = _FATAL.match(path.name)
+    rank = int(named[1]) if named and named[1] else None
+    pid = int(named[2]) if named and named[2] else None
+    return FatalDump(path, rank, pid, error, FATAL_SIGNALS.get(error), os.stat(path).st_mtime, threads, current)

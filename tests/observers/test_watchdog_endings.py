@@ -1,0 +1,152 @@
+"""How a watched process ends: a raising stage, terminating and fatal signals, the liveness beat,
+and the last heartbeat.  Signals and faulthandler are real: a process is sent SIGTERM, one really
+segfaults (ctypes reads address 0)."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+import verl_events
+from verl_events.observers.timing import TimingRecord
+from verl_events.observers.watchdog.crash import CrashRecord, crash_log_path, fatal_files, read_fatal
+from verl_events.observers.watchdog.record import heartbeat_path, read_heartbeat
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def config(save_path: Path, **options: object) -> dict[str, object]:
+    watchdog = {"name": "watchdog", "heartbeat_s": 0.05, **options}
+    return {"save_path": str(save_path), "observers": [watchdog, {"name": "timing"}]}
+
+
+def crash_records(save_path: Path, rank: int = 0) -> list[CrashRecord]:
+    path = crash_log_path(save_path, rank)
+    return [CrashRecord.from_json(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def raise_inside() -> None:
+    raise RuntimeError("the reward model returned 3 scores for 4 samples")
+
+
+def test_a_stage_that_raises_is_recorded_once_with_its_message_line_and_traceback(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), verl_events.install(config(tmp_path)):
+        with verl_events.stage("actor_update", step=2), verl_events.stage("train_batch", step=2):
+            raise_inside()
+    (record,) = crash_records(tmp_path)  # once: the innermost stage, not again for actor_update
+    assert (record.kind, record.step, record.stage, record.error_type) == ("exception", 2, "train_batch", "RuntimeError")
+    assert record.message == "the reward model returned 3 scores for 4 samples"
+    assert record.pid == os.getpid()
+    assert record.where is not None and record.where["file"] == __file__
+    assert record.where["function"] == "raise_inside" and record.where["code"].startswith("raise RuntimeError")
+    assert record.traceback is not None and "raise_inside()" in record.traceback
+    timing = [TimingRecord.from_json(line) for line in (tmp_path / "timing/rank0.jsonl").read_text().splitlines()]
+    assert {(t.stage, t.error, t.message) for t in timing} == {
+        (stage, "RuntimeError", "the reward model returned 3 scores for 4 samples")
+        for stage in ("actor_update", "train_batch")
+    }
+    beat = read_heartbeat(heartbeat_path(tmp_path, 0))
+    assert beat.closed and beat.exit is not None and beat.exit["how"] == "exception"
+    assert "the reward model" in beat.exit["detail"]
+
+
+def test_a_clean_end_says_so_and_leaves_no_crash_files(tmp_path: Path) -> None:
+    with verl_events.install(config(tmp_path)):
+        with verl_events.stage("actor_update", step=1):
+            pass
+    beat = read_heartbeat(heartbeat_path(tmp_path, 0))
+    assert beat.closed and beat.exit == {"how": "normal", "detail": None}
+    assert beat.pid == os.getpid() and beat.liveness_s == 2.0
+    assert not list((tmp_path / "crashes").iterdir())  # the empty fatal dump is removed at close
+
+
+def test_the_liveness_beat_rewrites_an_unchanged_heartbeat(tmp_path: Path) -> None:
+    with verl_events.install(config(tmp_path, liveness_s=0.2)):
+        with verl_events.stage("actor_update", step=1):
+            time.sleep(0.3)
+            first = read_heartbeat(heartbeat_path(tmp_path, 0)).time
+            time.sleep(0.6)
+            second = read_heartbeat(heartbeat_path(tmp_path, 0))
+    assert second.time > first and not second.closed
+    assert [item["stage"] for item in second.open] == ["actor_update"]
+
+
+def test_faulthandler_is_restored_at_close(tmp_path: Path) -> None:
+    was = faulthandler.is_enabled()
+    with verl_events.install(config(tmp_path)):
+        assert faulthandler.is_enabled()
+    assert faulthandler.is_enabled() == was
+
+
+def test_sigterm_is_recorded_then_the_users_handler_runs_and_is_put_back(tmp_path: Path) -> None:
+    called: list[int] = []
+
+    def users_handler(number: int, frame: FrameType | None) -> None:
+        called.append(number)
+
+    previous = signal.signal(signal.SIGTERM, users_handler)
+    try:
+        with verl_events.install(config(tmp_path)):
+            with verl_events.stage("actor_update", step=3):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler runs between bytecodes of this thread
+            assert called == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is users_handler  # ours is gone, theirs is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    (record,) = crash_records(tmp_path)
+    assert (record.kind, record.signal, record.step, record.stage) == ("signal", "SIGTERM", 3, "actor_update")
+    assert [item["stage"] for item in record.open] == ["actor_update"]
+    assert read_heartbeat(heartbeat_path(tmp_path, 0)).exit == {"how": "signal", "detail": "SIGTERM"}
+
+
+DYING = """\
+import ctypes, os, signal, sys, time
+sys.path.insert(0, {repo!r})
+import verl_events
+
+with verl_events.install({{"save_path": {save_path!r}, "observers": [{{"name": "watchdog", "heartbeat_s": 0.05}}]}}):
+    with verl_events.stage("actor_update", step=2, rank=1):
+        time.sleep(0.3)
+{body}
+"""
+
+
+def run_dying(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "dying.py"
+    script.write_text(
+        DYING.format(repo=str(REPO), save_path=str(tmp_path / "run"), body=textwrap.indent(body, " " * 8))
+    )
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_segfault_leaves_every_threads_stack_and_still_ends_by_sigsegv(tmp_path: Path) -> None:
+    done = run_dying(tmp_path, "ctypes.string_at(0)  # reads address 0\n")
+    assert done.returncode == -signal.SIGSEGV, done.stderr
+    (path,) = fatal_files(tmp_path / "run")
+    assert path.name == "rank1.fatal.txt"  # renamed from the pid's name once the first stage ran
+    dump = read_fatal(path)
+    assert dump is not None and (dump.signal, dump.rank) == ("SIGSEGV", 1)
+    assert (str(tmp_path / "dying.py"), 8) in [(file, line) for file, line, _ in dump.current]
+
+
+@pytest.mark.slow
+def test_sigterm_with_the_default_action_ends_the_process_by_sigterm_after_recording(tmp_path: Path) -> None:
+    done = run_dying(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n")
+    assert done.returncode == -signal.SIGTERM, done.stderr  # exactly as without the watchdog
+    (record,) = crash_records(tmp_path / "run", rank=1)
+    assert (record.signal, record.stage, record.step) == ("SIGTERM", "actor_update", 2)
+    assert record.where is not None and record.where["line"] == 8
+    beat = json.loads(heartbeat_path(tmp_path / "run", 1).read_text())
+    assert beat["closed"] and beat["exit"] == {"how": "signal", "detail": "SIGTERM"}
