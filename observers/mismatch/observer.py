@@ -55,7 +55,7 @@ from verl_events.layout import run_id
 
 from .._lines import append_line
 from ..metrics import as_batch
-from .record import TRAINER_STAGE, MismatchRecord, mismatch_log_path
+from .record import TRAINER_STAGE, MismatchRecord, mismatch_files, mismatch_log_path
 from .tokens import StepTokens, measure, step_tokens
 
 __all__ = ["DEFAULT_PREFILL_ENGINE", "STAGE", "MismatchObserver"]
@@ -105,8 +105,8 @@ class MismatchObserver(Observer):
         self._root = Path()
 
     def outputs(self, save_path: Path) -> list[Path]:
-        log = mismatch_log_path(save_path)
-        return [log] if log.exists() else []
+        """The run's mismatch log, when there is one."""
+        return mismatch_files(save_path)
 
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)

@@ -22,7 +22,15 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENGINE_STAGE", "MISMATCH_LOG", "TRAINER_STAGE", "MismatchRecord", "NotAMismatchRecord", "mismatch_log_path"]
+__all__ = [
+    "ENGINE_STAGE",
+    "MISMATCH_LOG",
+    "TRAINER_STAGE",
+    "MismatchRecord",
+    "NotAMismatchRecord",
+    "mismatch_files",
+    "mismatch_log_path",
+]
 
 MISMATCH_LOG = "mismatch.jsonl"
 #: The stage the observer watches, where verl's trainer recomputes the rollout's log-probs;
@@ -35,6 +43,12 @@ ENGINE_STAGE = "rollout_prefill"
 
 def mismatch_log_path(save_path: Path) -> Path:
     return Path(save_path) / MISMATCH_LOG
+
+
+def mismatch_files(save_path: Path) -> list[Path]:
+    """The run's mismatch log under ``save_path``, if it exists."""
+    log = mismatch_log_path(save_path)
+    return [log] if log.exists() else []
 
 
 class NotAMismatchRecord(ValueError):

@@ -104,7 +104,7 @@ from verl_events.config import check_count
 from verl_events.layout import run_id
 
 from ..metrics import extract_metrics
-from .record import AnomalyRecord, ReplayRecord, anomaly_log_path, replay_log_path
+from .record import AnomalyRecord, ReplayRecord, anomaly_log_path, record_files, replay_log_path
 from .replay import describe, judge, keep_inputs
 from .rules import parse_rules
 from .spike import SpikeHistory, SpikeMargin
@@ -157,7 +157,7 @@ class SentinelObserver(Observer):
 
     def outputs(self, save_path: Path) -> list[Path]:
         """The run's anomaly and replay record files, when there are any."""
-        return [path for path in (anomaly_log_path(save_path), replay_log_path(save_path)) if path.exists()]
+        return record_files(save_path)
 
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)

@@ -39,6 +39,7 @@ __all__ = [
     "ReplayRecord",
     "anomaly_log_path",
     "inputs_file_name",
+    "record_files",
     "replay_log_path",
 ]
 
@@ -61,6 +62,11 @@ def anomaly_log_path(save_path: Path) -> Path:
 def replay_log_path(save_path: Path) -> Path:
     """Where the sentinel appends a run's replay verdicts."""
     return Path(save_path) / REPLAY_LOG
+
+
+def record_files(save_path: Path) -> list[Path]:
+    """The run's anomaly and replay logs under ``save_path``, those that exist."""
+    return [path for path in (anomaly_log_path(save_path), replay_log_path(save_path)) if path.exists()]
 
 
 def inputs_file_name(rank: int) -> str:

@@ -4,7 +4,8 @@
   anomaly records;
 * :mod:`.replay`: the sentinel's verdict on a replayed stage (replays.jsonl)
   and the replay's own dump, searched first;
-* :mod:`.render`: the lines it prints (:func:`render`);
+* :mod:`.render`: the command's arguments and exit codes, and the lines
+  it prints (:func:`render`);
 * :mod:`.dumps`: what triage reads of an msprobe dump, and which frame is the user's;
 * :mod:`.non_finite` and :mod:`.spike`: the searches for a ``non_finite``
   anomaly and for a ``spike`` (or ``above``/``below``);

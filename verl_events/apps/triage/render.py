@@ -1,4 +1,5 @@
-"""How ``verl-events triage`` prints a :class:`~.command.Triage`: a few labelled lines.
+"""The ``triage`` command's face: its arguments, how it prints a :class:`~.command.Triage`
+(a few labelled lines, or ``--json``) and its exit codes (0 no anomaly, 1 an anomaly, 2 bad input).
 
 ``anomaly`` (and how many more were recorded), ``replay`` and ``inputs`` when
 the stage was replayed, ``dump`` (or ``dumps``, healthy -> after, for a spike),
@@ -7,14 +8,49 @@ then ``op``, ``module``, ``param`` and ``source``, or ``no op`` and why.
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
-from ..formats import msprobe_layout
-from .command import Triage
+from ..formats import anomaly_record, msprobe_layout
+from ..tables import terminal_console
+from .command import Triage, TriageInputError, triage
 
 STACK_FILE = msprobe_layout.STACK_FILE
 
-__all__ = ["render"]
+__all__ = ["add_command", "command", "render"]
+
+
+def add_command(commands: Any) -> None:
+    """Add ``triage`` to the ``verl-events`` parser's subcommands."""
+    anomaly_log = anomaly_record.ANOMALY_LOG
+    tri = commands.add_parser(
+        "triage",
+        help=f"name the op behind a run's first anomaly, from {anomaly_log} and msprobe's dumps "
+        "(exit 0 none, 1 anomaly, 2 bad input)",
+    )
+    tri.add_argument("run", help=f"the run's save_path (holding {anomaly_log} and msprobe's dumps)")
+    tri.add_argument("--json", action="store_true", help="print the result as JSON")
+    tri.set_defaults(run_command=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Name the op behind a run's first recorded anomaly."""
+    try:
+        result = triage(Path(args.run))
+    except TriageInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for kind, lines in (("warning", result.warnings), ("note", result.notes)):
+        for line in lines:
+            print(f"{kind}: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.as_json(), indent=1))
+    else:
+        render(result, terminal_console(stderr=False))
+    return 0 if result.anomaly is None else 1
 
 
 def render(result: Triage, console: Any) -> None:

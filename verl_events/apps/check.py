@@ -1,0 +1,118 @@
+"""``verl-events check CONFIG``: a config validated and its observers built, nothing written.
+
+The observers are built exactly as install builds them, without being set up:
+no tool is started and nothing is written.  An observer whose tool is missing
+is an error, unless it is marked optional.  Exit codes: 0 the config is
+valid, 2 it is not (one line naming the key and what is allowed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from verl_events import ConfigError, ObserverSetupError, VerlEventsWarning
+from verl_events.config import load_config
+from verl_events.layout import RUN_PLACEHOLDER
+
+__all__ = ["add_command", "command"]
+
+
+def add_command(commands: Any) -> None:
+    """Add ``check`` to the ``verl-events`` parser's subcommands."""
+    check = commands.add_parser("check", help="validate a config and list the observers it builds")
+    check.add_argument("config", help="YAML config file")
+    check.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. observers.0.steps=[1,2]")
+    check.set_defaults(run_command=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Validate ``args.config`` and print the observers it builds; 0, or 2 for a bad config."""
+    from verl_events.config import (
+        REPLAYABLE,
+        ArmedSelection,
+        armed_stages,
+        build_observers,
+        nothing_to_observe,
+        observer_origin,
+    )
+
+    try:
+        config = load_config(args.config, args.overrides)
+        specs = [spec for spec in config.observers if spec.enabled]
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", VerlEventsWarning)
+            built = build_observers(config, set_up=False)  # exactly as install builds them, one per spec
+    except (ConfigError, ObserverSetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for warning in said:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    save_path: Path | None = config.save_path
+    if config.latest is not None:  # save_path: .../{run}: this check's own id names no real folder
+        save_path = config.latest.resolve() if config.latest.is_symlink() else None
+        shown = f"{config.latest.parent / RUN_PLACEHOLDER} (a folder per run; latest: {save_path or 'none yet'})"
+    else:
+        shown = str(config.save_path)
+    print(f"save_path: {shown}  strict: {config.strict}")
+    armed = armed_stages(built) if any(isinstance(o.selection, ArmedSelection) for o in built) else frozenset()
+    if armed is None or armed:
+        if config.replay is False:
+            print("replay: off (replay: false); armed observers capture the steps after an anomaly only")
+        else:
+            replayed = ", ".join(sorted(REPLAYABLE if armed is None else REPLAYABLE & armed)) or "none of verl's"
+            print(f"replay: after an anomaly, stages run again for the armed observers: {replayed}")
+            print("  (and stages declared @emits_stage(..., replayable=True))")
+    if not built:
+        print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
+    for spec, observer in zip(specs, built, strict=True):
+        sel = observer.selection
+        steps = _fmt(sel.steps)
+        if isinstance(sel, ArmedSelection) and spec.trigger is not None:
+            limit = spec.trigger.max_captures
+            after = (
+                f"{spec.trigger.capture_steps} after each anomaly "
+                f"({f'at most {limit} time' + ('s' if limit > 1 else '') if limit else 'no limit'})"
+            )
+            steps = f"{_fmt(sel.fixed_steps)} and {after}" if sel.fixed_steps else after
+        print(
+            f"  {observer.name:<20} priority={observer.priority:<4} steps={steps} "
+            f"stages={_fmt(sel.stages)} roles={_fmt(sel.roles)} ranks={_fmt(sel.ranks)}"
+        )
+        print(f"    from {observer_origin(spec)}")
+        if spec.options:
+            print("    options: " + ", ".join(f"{key}={value!r}" for key, value in spec.options.items()))
+        described = observer.describe()
+        if described:
+            print(f"    {described}")
+    for note in save_path_notes(save_path) if save_path is not None else []:
+        print(f"note: {note}")
+    return 0
+
+
+def save_path_notes(save_path: Path) -> list[str]:
+    """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
+    from verl_events.layout import owner_of
+
+    from .formats import msprobe_layout, timing_log
+
+    notes = []
+    dumps = msprobe_layout.session_dirs(save_path)
+    logs = timing_log.timing_log_files(save_path)
+    if dumps or logs:
+        owner = owner_of(save_path)
+        notes.append(
+            f"save_path holds {len(dumps)} msprobe dump(s) and {len(logs)} timing log(s) of "
+            f"{f'run {owner!r}' if owner else 'an earlier run'}; a new run there is refused, "
+            "a process of that run may join it"
+        )
+    cut = msprobe_layout.incomplete_sessions(save_path)
+    notes += [f"{path} is an incomplete msprobe session: {why}" for path, why in cut]
+    return notes
+
+
+def _fmt(values: frozenset[object] | None) -> str:
+    return "all" if values is None else "[" + ",".join(map(str, sorted(values, key=str))) + "]"
