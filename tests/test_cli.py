@@ -65,11 +65,28 @@ def test_check_after_a_run_notes_the_runs_files_and_cut_off_sessions(
     config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: timing\n")
     assert main(["check", str(config)]) == 0
     printed = capsys.readouterr().out
-    assert (
-        "note: save_path holds 1 msprobe dump(s) and 0 timing log(s) of run 'run-1'; a new run there is refused"
-        in printed
-    )
+    assert "note: save_path holds 1 msprobe dump(s) of run 'run-1'; a new run there is refused" in printed
     assert f"note: {rank_dir} is an incomplete msprobe session: cut off during step 2 actor_update (rank 0)" in printed
+
+
+def test_check_after_a_run_notes_every_tools_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The note asks each tool's format owner what the save_path holds, not only msprobe and timing."""
+    (tmp_path / "timing").mkdir()
+    for rank in (0, 1):
+        (tmp_path / f"timing/rank{rank}.jsonl").write_text("")
+    (tmp_path / "anomalies.jsonl").write_text("")
+    (tmp_path / "replays.jsonl").write_text("")
+    (tmp_path / "heartbeats").mkdir()
+    (tmp_path / "heartbeats/rank0.json").write_text("{}")
+    (tmp_path / "hangs.jsonl").write_text("")
+    (tmp_path / "mismatch.jsonl").write_text("")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: timing\n")
+    assert main(["check", str(config)]) == 0
+    assert (
+        "note: save_path holds 2 timing log(s), 2 anomaly record file(s), 2 watchdog file(s) and "
+        "1 mismatch record file(s) of an earlier run; a new run there is refused, a process of that run may join it"
+    ) in capsys.readouterr().out
 
 
 def test_check_says_an_empty_config_observes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -94,20 +94,21 @@ def command(args: argparse.Namespace) -> int:
 
 
 def save_path_notes(save_path: Path) -> list[str]:
-    """What a new run would meet in ``save_path``: another run's files, cut-off sessions."""
+    """What a new run would meet in ``save_path``: another run's files (of
+    every tool of :data:`.tools.TOOLS`), cut-off msprobe sessions."""
     from verl_events.layout import owner_of
 
-    from .formats import msprobe_layout, timing_log
+    from .formats import msprobe_layout
+    from .tools import run_holds
 
     notes = []
-    dumps = msprobe_layout.session_dirs(save_path)
-    logs = timing_log.timing_log_files(save_path)
-    if dumps or logs:
+    held = [holding.describe() for holding in run_holds(save_path)]
+    if held:
         owner = owner_of(save_path)
+        listed = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
         notes.append(
-            f"save_path holds {len(dumps)} msprobe dump(s) and {len(logs)} timing log(s) of "
-            f"{f'run {owner!r}' if owner else 'an earlier run'}; a new run there is refused, "
-            "a process of that run may join it"
+            f"save_path holds {listed} of {f'run {owner!r}' if owner else 'an earlier run'}; "
+            "a new run there is refused, a process of that run may join it"
         )
     cut = msprobe_layout.incomplete_sessions(save_path)
     notes += [f"{path} is an incomplete msprobe session: {why}" for path, why in cut]
