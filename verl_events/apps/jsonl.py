@@ -1,10 +1,28 @@
-"""Reading a JSON-lines log the tools share (anomalies, replays, hangs): its lines, numbered."""
+"""Reading the JSON-lines logs the tools share: anomalies, replays, hangs, mismatch.
+
+One reader for all of them: :func:`read_log` reads a log whole (no file is
+no lines, blank lines are skipped, lines end at ``\\n`` only, as the writers
+write them), and :meth:`JsonLinesLog.records` parses its lines one at a time
+with the format owner's parser, handing each line that is not a record to
+the reader's own ``skipped`` callback: every command says in its own words
+what an unreadable log or a bad line means to it.
+
+The timing logs are read by :func:`verl_events.apps.report.overhead.read_timing_records`
+instead: a large run holds a million lines, read as bytes into records built
+without ``__init__``, and there a line that is not JSON is damage unless it
+is the last one, cut short by a crash.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["numbered_lines"]
+__all__ = ["JsonLinesLog", "numbered_lines", "read_log"]
+
+R = TypeVar("R")
 
 
 def numbered_lines(path: Path) -> list[tuple[int, str]]:
@@ -15,4 +33,36 @@ def numbered_lines(path: Path) -> list[tuple[int, str]]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
-    return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    return [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class JsonLinesLog:
+    """A JSON-lines log as read: its path and its non-blank lines, numbered from 1."""
+
+    path: Path
+    lines: list[tuple[int, str]]
+
+    def records(
+        self,
+        parse: Callable[[str], R],
+        skipped: Callable[[int, Exception], None],
+        bad: tuple[type[Exception], ...] = (ValueError,),
+    ) -> Iterator[tuple[int, R]]:
+        """Each line parsed by ``parse``, with its line number, in file order and
+        lazily (a reader that stops at the line it wants parses no further).  A
+        line whose ``parse`` raises one of ``bad`` is passed over after
+        ``skipped(number, exception)``; any other exception propagates."""
+        for number, line in self.lines:
+            try:
+                record = parse(line)
+            except bad as exc:
+                skipped(number, exc)
+                continue
+            yield number, record
+
+
+def read_log(path: Path) -> JsonLinesLog:
+    """``path`` read whole (see :func:`numbered_lines`); OSError and
+    UnicodeDecodeError propagate."""
+    return JsonLinesLog(path, numbered_lines(path))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..formats import mismatch_record
-from ..jsonl import numbered_lines
+from ..jsonl import read_log
 
 MismatchRecord = mismatch_record.MismatchRecord
 
@@ -62,20 +62,22 @@ def read_records(run: Path) -> tuple[list[MismatchRecord], list[str]]:
         raise MismatchInputError(f"{run} is not a directory; give the run's save_path")
     path = mismatch_record.mismatch_log_path(run)
     try:
-        lines = numbered_lines(path)
+        log = read_log(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise MismatchInputError(f"{path} cannot be read: {exc}") from None
-    if not lines:
+    if not log.lines:
         raise MismatchInputError(
             f"{run} has no {mismatch_record.MISMATCH_LOG}: no mismatch observer watched this run; "
             "add '- name: mismatch' to its observers (docs/mismatch.md)"
         )
-    records, warnings = [], []
-    for number, line in lines:
-        try:
-            records.append(MismatchRecord.from_json(line))
-        except mismatch_record.NotAMismatchRecord as exc:
-            warnings.append(f"{path}:{number}: not a mismatch record ({exc}); skipped")
+    warnings: list[str] = []
+
+    def skipped(number: int, exc: Exception) -> None:
+        warnings.append(f"{path}:{number}: not a mismatch record ({exc}); skipped")
+
+    records = [
+        record for _, record in log.records(MismatchRecord.from_json, skipped, (mismatch_record.NotAMismatchRecord,))
+    ]
     return records, warnings
 
 

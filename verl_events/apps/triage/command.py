@@ -48,7 +48,7 @@ from typing import Any
 from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_stage, stage_dir
 
 from ..formats import anomaly_record, msprobe_layout
-from ..jsonl import numbered_lines
+from ..jsonl import read_log
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite
@@ -111,21 +111,15 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
     file is no anomaly; a file that cannot be read raises TriageInputError."""
     path = anomaly_log_path(run)
     try:
-        lines = numbered_lines(path)
+        log = read_log(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise TriageInputError(f"{path} cannot be read: {exc}") from exc
-    found = []
-    for number, line in lines:
-        try:
-            record = AnomalyRecord.from_json(line)
-        except NotAnAnomalyRecord as exc:
-            skipped.append(f"{path}:{number} is {exc} and was skipped")
-            continue
-        except ValueError as exc:
-            skipped.append(f"{path}:{number} is not a JSON line ({exc}) and was skipped")
-            continue
-        found.append(Anomaly(record, number))
-    return found
+
+    def skip(number: int, exc: Exception) -> None:
+        said = str(exc) if isinstance(exc, NotAnAnomalyRecord) else f"not a JSON line ({exc})"
+        skipped.append(f"{path}:{number} is {said} and was skipped")
+
+    return [Anomaly(record, number) for number, record in log.records(AnomalyRecord.from_json, skip)]
 
 
 # -- the whole triage ------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 from verl_events.layout import replayed_stage
 
 from ..formats import anomaly_record, msprobe_layout
-from ..jsonl import numbered_lines
+from ..jsonl import read_log
 from .dumps import find_dumps
 
 AnomalyRecord = anomaly_record.AnomalyRecord
@@ -98,16 +98,16 @@ def replay_of(run: Path, anomaly: AnomalyRecord, warnings: list[str], notes: lis
     there gets a sentence in ``notes``."""
     path = replay_log_path(run)
     try:
-        lines = numbered_lines(path)
+        log = read_log(path)
     except (OSError, UnicodeDecodeError) as exc:
         warnings.append(f"{path} cannot be read ({exc}); triage goes on without the replay's verdict")
         return None
-    for number, line in lines:
-        try:
-            record = ReplayRecord.from_json(line)
-        except (ValueError, KeyError, TypeError) as exc:  # json's errors are ValueErrors
-            warnings.append(f"{path}:{number} is {_said(exc)} and was skipped")
-            continue
+
+    def skipped(number: int, exc: Exception) -> None:
+        warnings.append(f"{path}:{number} is {_said(exc)} and was skipped")
+
+    # json's errors are ValueErrors
+    for number, record in log.records(ReplayRecord.from_json, skipped, (ValueError, KeyError, TypeError)):
         if (record.step, record.stage, record.rank) == (anomaly.step, anomaly.stage, anomaly.rank):
             inputs = None if record.inputs is None else run / record.inputs
             if inputs is not None and not inputs.is_file():
