@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,43 @@ def test_a_run_without_timing_logs_exits_2(tmp_path: Path, capsys: pytest.Captur
     assert "has no timing logs" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_stage_that_raised_is_counted_and_kept_out_of_every_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three healthy actor_updates and one that raised after 200 ms: the report counts the
+    failure (type, step, rank) and its medians, tables and hook times are of the three."""
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}):
+        run_steps(range(1, 4), ("actor_update",))
+        with pytest.raises(RuntimeError, match="peer died"), verl_events.stage("actor_update", step=4):
+            time.sleep(0.2)
+            raise RuntimeError("peer died")
+    result = report_json(capsys, tmp_path, "--trace", str(tmp_path / "trace.json"))
+    assert result["records"] == 4
+    assert result["raised"] == [
+        {"stage": "actor_update", "n": 1, "errors": {"RuntimeError": 1}, "steps": [4], "ranks": [0]}
+    ]
+    (overhead,) = result["overhead"]
+    assert overhead["unprofiled_n"] == 3 and overhead["unprofiled_high_s"] < 0.1  # not the 200 ms
+    assert [row["step"] for row in result["stage_steps"]] == [1, 2, 3]
+    assert [row["n"] for row in result["observer_hooks"]] == [3]
+    slices = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    failed = [e for e in slices if e["name"] == "actor_update" and e["args"].get("error")]
+    assert [(e["args"]["step"], e["args"]["error"]) for e in failed] == [(4, "RuntimeError")]  # the timeline keeps it
+
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Stages that raised" in out
+    row = next(line for line in out.splitlines() if "RuntimeError x1" in line)
+    assert re.search(r"actor_update\s*│\s*1\s*│\s*RuntimeError x1\s*│\s*4\s*│\s*0\b", row), row
+
+
+def test_a_run_where_no_stage_raised_shows_no_raised_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(tmp_path, *SPREAD_LOG)
+    assert report_json(capsys, tmp_path)["raised"] == []
+    assert main(["report", str(tmp_path)]) == 0
+    assert "raised" not in capsys.readouterr().out
 
 
 def report_json_and_warnings(capsys: pytest.CaptureFixture[str], run: Path) -> tuple[dict, str]:  # type: ignore[type-arg]

@@ -1,8 +1,9 @@
 """``verl-events report RUN``: what profiling cost, per stage and step, from a run's timing logs.
 
 * :mod:`.command`: the command (its arguments, output and exit codes);
-* :mod:`.summary`: the report (:func:`report`): the stages by step, and the
-  JSON form;
+* :mod:`.summary`: the report (:func:`report`), and its JSON form;
+* :mod:`.steps`: the stages by step; :mod:`.render`: the tables on a console;
+* :mod:`.raised`: the stages that raised, counted and kept out of the figures;
 * :mod:`.overhead`: the timing logs read back (:func:`read_timing_records`)
   and the overhead table's medians;
 * :mod:`.grouping`: the records by (stage, step), in one pass;
@@ -15,6 +16,7 @@ marks of those cut short.
 """
 
 from .command import add_command, command
-from .summary import ReportError, render_overhead, report
+from .render import render_overhead
+from .summary import ReportError, report
 
 __all__ = ["ReportError", "add_command", "command", "render_overhead", "report"]

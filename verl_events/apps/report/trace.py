@@ -11,7 +11,8 @@ __all__ = ["chrome_trace"]
 
 def chrome_trace(records: list[TimingRecord]) -> dict[str, Any]:
     """A Chrome/Perfetto trace: one track per rank, a slice per stage, and
-    inside it the observers' begin hooks, the body and their end hooks."""
+    inside it the observers' begin hooks, the body and their end hooks; the
+    slice of a stage that raised names the exception (``args.error``)."""
     events: list[dict[str, Any]] = []
     for rank in sorted({r.rank for r in records}):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
@@ -21,7 +22,13 @@ def chrome_trace(records: list[TimingRecord]) -> dict[str, Any]:
         # Without the wall clock (older logs) the slices start at 0.
         start = ((total if record.end_unix is None else record.end_unix) - total) * 1e6
         common = {"ph": "X", "pid": record.rank, "tid": 0}
-        args = {"step": record.step, "profiled_by": list(record.profiled_by), "dump_bytes": record.dump_bytes}
+        args: dict[str, Any] = {
+            "step": record.step,
+            "profiled_by": list(record.profiled_by),
+            "dump_bytes": record.dump_bytes,
+        }
+        if record.error is not None:  # the stage raised: its slice says what
+            args["error"] = record.error
         events.append({**common, "name": record.stage, "ts": start, "dur": total * 1e6, "args": args})
         cursor = start
         # Older logs do not list the observers; those with a begin hook time did receive it.
