@@ -5,6 +5,8 @@
 * :data:`anomaly_record`: the sentinel's record (:mod:`verl_events.observers.sentinel.record`);
 * :data:`hang_record`: the watchdog's hang records, reports and heartbeats
   (:mod:`verl_events.observers.watchdog.record`);
+* :data:`crash_record`: the watchdog's records of how a process ended badly
+  (:mod:`verl_events.observers.watchdog.crash`);
 * :data:`mismatch_record`: the mismatch observer's log
   (:mod:`verl_events.observers.mismatch.record`).
 
@@ -23,12 +25,14 @@ if TYPE_CHECKING:
     from observers.mismatch import record as mismatch_record
     from observers.msprobe import layout as msprobe_layout
     from observers.sentinel import record as anomaly_record
+    from observers.watchdog import crash as crash_record
     from observers.watchdog import record as hang_record
 else:
     from verl_events.observers import timing as timing_log
     from verl_events.observers.mismatch import record as mismatch_record
     from verl_events.observers.msprobe import layout as msprobe_layout
     from verl_events.observers.sentinel import record as anomaly_record
+    from verl_events.observers.watchdog import crash as crash_record
     from verl_events.observers.watchdog import record as hang_record
 
-__all__ = ["anomaly_record", "hang_record", "mismatch_record", "msprobe_layout", "timing_log"]
+__all__ = ["anomaly_record", "crash_record", "hang_record", "mismatch_record", "msprobe_layout", "timing_log"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .formats import anomaly_record, hang_record, mismatch_record, msprobe_layout, timing_log
+from .formats import anomaly_record, crash_record, hang_record, mismatch_record, msprobe_layout, timing_log
 
 __all__ = ["TOOLS", "Holding", "Tool", "add_commands", "command_module", "run_holds"]
 
@@ -51,10 +51,13 @@ class Tool:
 
 
 def _watchdog_files(save_path: Path) -> list[Path]:
-    """The watchdog's heartbeats, hang reports and ``hangs.jsonl`` under ``save_path``."""
+    """The watchdog's files under ``save_path``, as its observer's ``outputs`` lists them:
+    heartbeats, hang reports, ``hangs.jsonl``, crash records and the fatal dumps written."""
     log = hang_record.hangs_log_path(save_path)
     found = [*hang_record.heartbeat_files(save_path), *hang_record.report_files(save_path)]
-    return [*found, log] if log.exists() else found
+    found += [log] if log.exists() else []
+    found += [path for _, path in crash_record.crash_log_files(save_path)]
+    return found + crash_record.fatal_files(save_path, written=True)
 
 
 #: Every command, in the order ``verl-events --help`` lists them.
