@@ -17,9 +17,11 @@ heartbeat is then
 * **never began** it: neither; with its last stage (the innermost open one,
   else the last ended) and, when that stage passed its deadline, its frame.
 
-A heartbeat is as old as the rank's last change plus at most ``heartbeat_s``
-while its process lives; an old one of a rank not ``closed`` is a rank whose
-process is stuck outside the monitor's reach or gone (``action: abort``).
+A heartbeat is rewritten at least every ``liveness_s`` while its process
+lives: a rank whose heartbeat stopped, or whose process is gone, is never
+called running (:mod:`.liveness`); it is shown as stopped, with when and
+where, and ``verl-events diagnose`` says how it ended.  A rank that finished
+the stuck stage late still shows where it was when its deadline passed.
 
 Exit codes: 0 no deadline passed, 1 one did (also when the stage ended late
 after all), 2 bad input (no heartbeats, RUN not a directory).
@@ -35,6 +37,7 @@ from typing import Any
 
 from .formats import hang_record
 from .jsonl import numbered_lines
+from .liveness import Liveness, liveness
 
 HangRecord = hang_record.HangRecord
 Heartbeat = hang_record.Heartbeat
@@ -61,6 +64,7 @@ class RankPosition:
     waiting_in: str | None
     heartbeat: Heartbeat
     late_s: float | None = None  # finished late: the stage's whole time
+    alive: Liveness | None = None
 
     def as_json(self, now: float) -> dict[str, Any]:
         return {
@@ -75,6 +79,7 @@ class RankPosition:
             "heartbeat_time": self.heartbeat.time,
             "heartbeat_age_s": round(now - self.heartbeat.time, 3),
             "closed": self.heartbeat.closed,
+            "liveness": None if self.alive is None else self.alive.state,
             "pid": self.heartbeat.pid,
             "host": self.heartbeat.host,
         }
@@ -147,7 +152,13 @@ def find_hangs(run: Path) -> Hangs:
     if hung:
         result.stuck = max(hung, key=lambda r: (-1 if r.step is None else r.step, r.begun, r.began))
         result.ranks = [_position(beat, result.stuck, result.records) for beat in heartbeats]
+        result.ranks = [_alive(p, liveness(p.heartbeat, result.now)) for p in result.ranks]
     return result
+
+
+def _alive(position: RankPosition, state: Liveness) -> RankPosition:
+    fields = {name: getattr(position, name) for name in RankPosition.__dataclass_fields__}
+    return RankPosition(**(fields | {"alive": state}))
 
 
 def _read_records(path: Path, warnings: list[str]) -> list[HangRecord]:
@@ -186,14 +197,15 @@ def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> 
     ended = beat.ended.get(stuck.stage)
     if ended is not None and ended.get("step") is not None and stuck.step is not None and ended["step"] >= stuck.step:
         late = record_of(stuck.stage, stuck.step, "late")
+        own = record_of(stuck.stage, stuck.step)  # where it was when its deadline passed, if it did
         return RankPosition(
             beat.rank,
             "finished",
             stuck.stage,
             ended["step"],
             ended.get("time"),
-            None,
-            None,
+            own.where if own else None,
+            own.waiting_in if own else None,
             beat,
             late_s=late.elapsed_s if late else None,
         )
@@ -218,6 +230,20 @@ def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> 
 
 
 # -- text --------------------------------------------------------------------------
+
+
+def _rank_state(beat: Heartbeat, now: float) -> str:
+    """A rank with no stuck stage: running, closed (and how), or stopped (and where)."""
+    state = liveness(beat, now)
+    last = beat.last_ended or {}
+    ended = f"last ended {last.get('stage', 'nothing')} at step {last.get('step')}"
+    if state.state == "closed":
+        return f"{state.reason}, {ended}"
+    if not state.stopped:
+        return f"running, {ended}" if state.state == "alive" else f"{state.reason}, {ended}"
+    inside = beat.open[-1] if beat.open else None
+    at = f"inside step {inside.get('step')}'s {inside.get('stage')}" if inside else ended
+    return f"STOPPED beating at {_clock(beat.time)} {at}: {state.reason}"
 
 
 def _clock(unix: float | None) -> str:
@@ -245,11 +271,9 @@ def render(result: Hangs) -> str:
     if stuck is None:
         lines.append("no deadline passed")
         for beat in result.heartbeats:
-            last = beat.last_ended or {}
-            lines.append(
-                f"  rank {beat.rank}: {'closed' if beat.closed else 'running'}, last ended "
-                f"{last.get('stage', 'nothing')} at step {last.get('step')}"
-            )
+            lines.append(f"  rank {beat.rank}: {_rank_state(beat, result.now)}")
+        if any(liveness(beat, result.now).stopped for beat in result.heartbeats):
+            lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
         return "\n".join(lines)
     on = sorted({r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)})
     lines.append(
@@ -262,12 +286,15 @@ def render(result: Hangs) -> str:
         lines.append(f"{titles[state]}: {len(group)}")
         for p in group:
             age = f"heartbeat {result.now - p.heartbeat.time:.0f} s old{', closed' if p.heartbeat.closed else ''}"
+            if p.alive is not None and p.alive.stopped:
+                age = f"STOPPED: {p.alive.reason}"
             if state == "inside":
                 ran = f", {p.heartbeat.time - p.since:.1f} s by its heartbeat" if p.since is not None else ""
                 lines.append(f"  rank {p.rank}: since {_clock(p.since)}{ran}, {_where(p)} ({age})")
             elif state == "finished":
                 late = f", late: {p.late_s:.1f} s" if p.late_s is not None else ""
-                lines.append(f"  rank {p.rank}: ended step {p.step} at {_clock(p.since)}{late} ({age})")
+                then = f"; at its deadline: {_where(p)}" if p.where is not None else ""
+                lines.append(f"  rank {p.rank}: ended step {p.step} at {_clock(p.since)}{late}{then} ({age})")
             else:
                 inside = "inside" if p.where is not None or p.heartbeat.open else "last ended"
                 lines.append(

@@ -1,17 +1,187 @@
-"""The ``diagnose`` command (being built)."""
+"""``verl-events diagnose RUN``: how a run ended, which rank failed first, and what to run next.
+
+Reads everything the observers left in RUN (:mod:`.evidence`), orders it
+(:mod:`.verdict`) and prints, in this order: the verdict (healthy, failed,
+hung, anomalous); the first failure (rank, host, pid, step, stage, kind,
+what, where, when); the cascade, each with why it follows; one line per
+tool of what else the run holds, with the command to read it; and what
+the run could not show, with the observer that would have shown it.
+
+``--json`` prints ``{"verdict", "first", "cascade", "tools", "unseen",
+"warnings"}``; ``first`` is null for a healthy run, and each failure has
+``rank``, ``host``, ``pid``, ``step``, ``stage``, ``kind``, ``detail``,
+``where`` (``file``, ``line``, ``function``, ``code``), ``time`` and
+``source`` (a cascade item adds ``why``).
+
+Exit codes: 0 nothing went wrong, 1 a failure or an anomaly was found,
+2 bad input (RUN is not a folder, or holds nothing an observer writes).
+"""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
-__all__ = ["add_command", "command"]
+from ..formats import mismatch_record, msprobe_layout
+from ..jsonl import numbered_lines
+from ..liveness import liveness
+from .evidence import Evidence, Failure, gather
+from .verdict import Verdict, judge
+
+__all__ = ["DiagnoseInputError", "Diagnosis", "add_command", "command", "diagnose", "render"]
+
+
+class DiagnoseInputError(ValueError):
+    """RUN cannot be diagnosed (exit 2); the message names the path and why."""
+
+
+class Diagnosis:
+    """The verdict over a run, with the tools' lines and what could not be seen."""
+
+    def __init__(self, evidence: Evidence, verdict: Verdict, tools: list[dict[str, str]], unseen: list[str]) -> None:
+        self.evidence = evidence
+        self.verdict = verdict
+        self.tools = tools
+        self.unseen = unseen
+
+    def as_json(self) -> dict[str, Any]:
+        first = self.verdict.first
+        return {
+            "run": str(self.evidence.run),
+            "verdict": self.verdict.verdict,
+            "first": None if first is None else first.as_json(),
+            "cascade": [failure.as_json() | {"why": why} for failure, why in self.verdict.cascade],
+            "tools": self.tools,
+            "unseen": self.unseen,
+            "warnings": self.evidence.warnings,
+        }
+
+
+def diagnose(run: Path) -> Diagnosis:
+    """Read and judge RUN; DiagnoseInputError when it is not a run folder."""
+    if not run.is_dir():
+        raise DiagnoseInputError(
+            f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
+        )
+    evidence = gather(run)
+    tools, unseen = _tools(evidence), _unseen(evidence)
+    if not tools and not evidence.failures:
+        raise DiagnoseInputError(
+            f"{run} holds nothing an observer writes (no heartbeats, timing logs, crash records, hang, "
+            "anomaly or mismatch logs, msprobe dumps); pass the save_path of a run"
+        )
+    return Diagnosis(evidence, judge(evidence.failures), tools, unseen)
+
+
+def _tools(evidence: Evidence) -> list[dict[str, str]]:
+    run = evidence.run
+    lines: list[dict[str, str]] = []
+
+    def add(tool: str, summary: str, command: str) -> None:
+        lines.append({"tool": tool, "summary": summary, "command": f"verl-events {command} {run}"})
+
+    beats = evidence.heartbeats
+    if beats:
+        states = [liveness(beat, evidence.now).state for beat in beats]
+        counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
+        hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
+        late = f", {evidence.late_records} ended late" if evidence.late_records else ""
+        add("watchdog", f"{len(beats)} rank heartbeat(s): {counts}{hangs}{late}", "hangs")
+    if evidence.timing_ranks:
+        raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
+        add(
+            "timing",
+            f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s){raised}",
+            "report",
+        )
+    anomalies = [f for f in evidence.failures if f.kind == "anomaly"]
+    if anomalies:
+        first = min(anomalies, key=lambda f: f.time)
+        add(
+            "sentinel",
+            f"{len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'}, first at step "
+            f"{first.step} ({first.stage})",
+            "triage",
+        )
+    try:
+        mismatch = len(numbered_lines(mismatch_record.mismatch_log_path(run)))
+    except (OSError, UnicodeDecodeError):
+        mismatch = 0
+    if mismatch:
+        add("mismatch", f"{mismatch} mismatch line(s)", "mismatch")
+    sessions = msprobe_layout.session_dirs(run)
+    if sessions:
+        cut = msprobe_layout.incomplete_sessions(run)
+        incomplete = f", {len(cut)} incomplete (cut off mid-stage)" if cut else ""
+        add("msprobe", f"{len(sessions)} dump session(s){incomplete}", "compare")
+    return lines
+
+
+def _unseen(evidence: Evidence) -> list[str]:
+    unseen = []
+    if not evidence.heartbeats:
+        unseen.append(
+            "no watchdog: a rank killed without warning (SIGKILL, the OOM killer), a segfault's stacks, a "
+            "stage's line and a hang cannot be seen; add '- name: watchdog' to the observers"
+        )
+    if not evidence.timing_ranks:
+        unseen.append("no timing logs: stage times and errors of ranks without the watchdog; add '- name: timing'")
+    return unseen
+
+
+# -- text --------------------------------------------------------------------------
+
+
+def _clock(unix: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
+
+
+def _failure_lines(failure: Failure, indent: str) -> list[str]:
+    at = f"step {failure.step}, {failure.stage}" if failure.stage else "outside any stage"
+    host = f" on {failure.host}" if failure.host else ""
+    pid = f", pid {failure.pid}" if failure.pid else ""
+    rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process of unknown rank"
+    lines = [f"{indent}{rank}{host}{pid}: {at}: {failure.kind}: {failure.detail}"]
+    where = failure.where
+    if where is not None:
+        code = f": {where['code']}" if where.get("code") else ""
+        lines.append(f"{indent}  at {where['file']}:{where['line']} in {where['function']}{code}")
+    lines.append(f"{indent}  when {_clock(failure.time)} (from {failure.source})")
+    return lines
+
+
+def render(diagnosis: Diagnosis) -> str:
+    """The diagnosis as text, for a terminal."""
+    verdict = diagnosis.verdict
+    lines = [f"run: {diagnosis.evidence.run}", f"verdict: {verdict.verdict}"]
+    if verdict.first is not None:
+        lines.append("first failure:" if verdict.verdict != "anomalous" else "first anomaly:")
+        lines += _failure_lines(verdict.first, "  ")
+    if verdict.cascade:
+        lines.append(f"then ({len(verdict.cascade)}):")
+        for failure, why in verdict.cascade:
+            lines += _failure_lines(failure, "  ")
+            lines.append(f"    why: {why}")
+    if diagnosis.tools:
+        lines.append("the run also holds:")
+        width = max(len(t["tool"]) for t in diagnosis.tools)
+        lines += [f"  {t['tool']:<{width}}  {t['summary']}: {t['command']}" for t in diagnosis.tools]
+    lines += [f"not seen: {line}" for line in diagnosis.unseen]
+    return "\n".join(lines)
+
+
+# -- the command ----------------------------------------------------------------------
 
 
 def add_command(commands: Any) -> None:
     """Add ``diagnose`` to the ``verl-events`` parser's subcommands."""
     parser = commands.add_parser(
-        "diagnose", help="how a run ended: the first failure and its cascade (exit 0 healthy, 1 failure, 2 bad input)"
+        "diagnose",
+        help="how a run ended: the first failure (rank, step, stage, line) and its cascade, and what to run next "
+        "(exit 0 healthy, 1 a failure or anomaly, 2 bad input)",
     )
     parser.add_argument("run", help="the run's save_path")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -19,5 +189,13 @@ def add_command(commands: Any) -> None:
 
 
 def command(args: Any) -> int:
-    print("error: diagnose is not built yet", file=sys.stderr)
-    return 2
+    """``verl-events diagnose RUN [--json]``; the exit code (see the module docstring)."""
+    try:
+        diagnosis = diagnose(Path(args.run))
+    except DiagnoseInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in diagnosis.evidence.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    print(json.dumps(diagnosis.as_json(), indent=1) if args.json else render(diagnosis))
+    return 0 if diagnosis.verdict.verdict == "healthy" else 1

@@ -1,0 +1,200 @@
+"""``verl-events diagnose`` on two real gloo ranks, rank 1 dying inside step 2's ``actor_update`` in
+each way ranks die: an exception, SIGKILL, a segfault, SIGTERM; and a launcher stopping rank 1
+after rank 0 raised.  Every death is real (a signal sent to the process, ctypes reading address 0);
+nothing is written by hand.  Each asserts the first failure (rank, step, stage, kind, line) and the
+cascade; and ``hangs`` never calls the dead rank running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .support import free_port, verl_events_exe
+
+pytestmark = pytest.mark.slow
+
+RANK_SCRIPT = """\
+import ctypes, os, signal, sys, time
+import torch, torch.distributed as dist
+sys.path.insert(0, {repo!r})
+import verl_events
+
+rank = int(sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+config = {{"save_path": {save_path!r}, "observers": [
+    {{"name": "watchdog", "timeout_s": 30, "heartbeat_s": 0.1, "liveness_s": 0.5}}, {{"name": "timing"}}]}}
+with verl_events.install(config):
+    for step in (1, 2, 3):
+        with verl_events.stage("actor_update", step=step):
+            if step == 2:
+{fault}
+            dist.all_reduce(torch.ones(1))
+print("done", flush=True)
+"""
+
+
+def diagnose(run: Path) -> tuple[int, dict[str, Any], str]:
+    as_json = subprocess.run(
+        [verl_events_exe(), "diagnose", str(run), "--json"], capture_output=True, text=True, timeout=120
+    )
+    text = subprocess.run([verl_events_exe(), "diagnose", str(run)], capture_output=True, text=True, timeout=120)
+    assert as_json.returncode == text.returncode, text.stderr
+    return as_json.returncode, json.loads(as_json.stdout), text.stdout
+
+
+@pytest.fixture
+def two_ranks(tmp_path: Path) -> Iterator[Any]:
+    """``start(fault)`` runs RANK_SCRIPT as ranks 0 and 1 with ``fault`` inside step 2's
+    actor_update; returns the two processes.  Anything left at the end is killed by its PID."""
+    pytest.importorskip("torch")
+    started: list[subprocess.Popen[str]] = []
+
+    def start(fault: str) -> list[subprocess.Popen[str]]:
+        script = tmp_path / "ranks.py"
+        script.write_text(
+            RANK_SCRIPT.format(
+                repo=str(Path(__file__).resolve().parents[1]),
+                save_path=str(tmp_path / "run"),
+                fault=textwrap.indent(textwrap.dedent(fault).strip("\n"), " " * 16),
+            )
+        )
+        port = str(free_port())
+        env = {**os.environ, "VERL_EVENTS_RUN_ID": f"postmortem-{port}"}
+        for rank in (0, 1):
+            started.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), str(rank), port],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        return started
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=30)
+
+
+def finish(processes: list[subprocess.Popen[str]]) -> list[int]:
+    codes = []
+    for process in processes:
+        process.communicate(timeout=120)
+        codes.append(process.returncode)
+    return codes
+
+
+def line_of(script: Path, text: str) -> int:
+    return next(n for n, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
+def assert_first(result: dict[str, Any], rank: int, kind: str) -> dict[str, Any]:
+    first = result["first"]
+    assert result["verdict"] == "failed", result
+    assert (first["rank"], first["step"], first["stage"], first["kind"]) == (rank, 2, "actor_update", kind), result
+    assert first["pid"] is not None and first["host"] is not None
+    return first
+
+
+def assert_rank_0_followed(result: dict[str, Any]) -> None:
+    """Rank 0's all-reduce lost its peer: a cascade item, never the first failure."""
+    (cascade,) = [c for c in result["cascade"] if c["rank"] == 0]
+    assert cascade["kind"] == "exception" and cascade["stage"] == "actor_update" and cascade["step"] == 2
+    assert "peer" in cascade["why"] or "gloo" in cascade["why"].lower(), cascade
+    assert cascade["time"] >= result["first"]["time"]
+
+
+def test_a_healthy_run_is_healthy(tmp_path: Path, two_ranks: Any) -> None:
+    assert finish(two_ranks("pass")) == [0, 0]
+    code, result, text = diagnose(tmp_path / "run")
+    assert code == 0 and result["verdict"] == "healthy" and result["first"] is None and result["cascade"] == []
+    assert {t["tool"] for t in result["tools"]} == {"watchdog", "timing"}
+    assert text.splitlines()[1] == "verdict: healthy"
+
+
+def test_an_exception_names_the_rank_the_message_and_the_line(tmp_path: Path, two_ranks: Any) -> None:
+    codes = finish(two_ranks('if rank == 1:\n    raise RuntimeError("rank 1 got a batch of 0 samples")'))
+    assert codes[1] == 1 and codes[0] != 0
+    code, result, text = diagnose(tmp_path / "run")
+    assert code == 1
+    first = assert_first(result, 1, "exception")
+    assert first["detail"] == "RuntimeError: rank 1 got a batch of 0 samples"
+    script = tmp_path / "ranks.py"
+    assert first["where"]["file"] == str(script)
+    assert first["where"]["line"] == line_of(script, "raise RuntimeError")
+    assert_rank_0_followed(result)
+    assert "rank 1 got a batch of 0 samples" in text and f"{script}:{first['where']['line']}" in text
+
+
+def test_a_rank_killed_with_sigkill_is_first_although_it_wrote_nothing(tmp_path: Path, two_ranks: Any) -> None:
+    codes = finish(two_ranks("if rank == 1:\n    time.sleep(1.0)\n    os.kill(os.getpid(), signal.SIGKILL)"))
+    assert codes[1] == -signal.SIGKILL and codes[0] != 0
+    code, result, _ = diagnose(tmp_path / "run")
+    assert code == 1
+    first = assert_first(result, 1, "killed")
+    assert "is gone" in first["detail"]
+    assert_rank_0_followed(result)
+    hangs = subprocess.run([verl_events_exe(), "hangs", str(tmp_path / "run")], capture_output=True, text=True)
+    rank_1 = next(line for line in hangs.stdout.splitlines() if line.strip().startswith("rank 1:"))
+    assert "running" not in rank_1 and "STOPPED" in rank_1 and "inside step 2's actor_update" in rank_1, hangs.stdout
+
+
+def test_a_segfault_leaves_its_stack_and_is_first(tmp_path: Path, two_ranks: Any) -> None:
+    codes = finish(two_ranks("if rank == 1:\n    time.sleep(0.3)\n    ctypes.string_at(0)"))
+    assert codes[1] == -signal.SIGSEGV and codes[0] != 0
+    code, result, _ = diagnose(tmp_path / "run")
+    assert code == 1
+    first = assert_first(result, 1, "signal")
+    assert first["detail"].startswith("SIGSEGV")
+    script = tmp_path / "ranks.py"
+    assert (first["where"]["file"], first["where"]["line"]) == (str(script), line_of(script, "ctypes.string_at(0)"))
+    assert first["source"] == "crashes/rank1.fatal.txt"
+    assert_rank_0_followed(result)
+
+
+def test_sigterm_is_recorded_and_first(tmp_path: Path, two_ranks: Any) -> None:
+    codes = finish(two_ranks("if rank == 1:\n    time.sleep(0.3)\n    os.kill(os.getpid(), signal.SIGTERM)"))
+    assert codes[1] == -signal.SIGTERM and codes[0] != 0  # the process ends as it would without the watchdog
+    code, result, _ = diagnose(tmp_path / "run")
+    assert code == 1
+    first = assert_first(result, 1, "signal")
+    assert first["detail"] == "SIGTERM"
+    assert_rank_0_followed(result)
+
+
+def test_a_launcher_stopping_the_survivor_after_an_exception_is_cascade(tmp_path: Path, two_ranks: Any) -> None:
+    """As torchrun does: rank 0 raised; a second later rank 1, still computing, gets SIGTERM."""
+    processes = two_ranks(
+        """
+        if rank == 0:
+            raise ValueError("advantages are NaN")
+        time.sleep(20)  # a long step: the launcher's SIGTERM lands here
+        """
+    )
+    processes[0].communicate(timeout=120)
+    time.sleep(1.0)
+    os.kill(processes[1].pid, signal.SIGTERM)
+    assert finish(processes) == [1, -signal.SIGTERM]
+    code, result, _ = diagnose(tmp_path / "run")
+    assert code == 1
+    first = assert_first(result, 0, "exception")
+    assert first["detail"] == "ValueError: advantages are NaN"
+    (cascade,) = result["cascade"]
+    assert (cascade["rank"], cascade["kind"], cascade["detail"]) == (1, "signal", "SIGTERM")
+    assert "launcher" in cascade["why"] and cascade["time"] > first["time"]
+    assert cascade["where"]["line"] == line_of(tmp_path / "ranks.py", "time.sleep(20)")

@@ -1,0 +1,350 @@
+"""Every failure a run folder holds, whichever tool wrote it, as one kind of record.
+
+* the watchdog's crash records (:mod:`~verl_events.observers.watchdog.crash`):
+  a stage that raised (``exception``), a terminating signal (``signal``);
+* its fatal dumps: a segfault's or an abort's stacks (``signal``, timed by
+  the file);
+* its heartbeats: a rank that stopped beating without closing and left no
+  record of why (``killed``: SIGKILL leaves nothing else), or that closed
+  after an exception outside any stage;
+* ``hangs.jsonl``: a stage past its deadline (``hang``);
+* the timing logs: a stage that raised on a rank the watchdog did not watch;
+* the sentinel's ``anomalies.jsonl`` (``anomaly``).
+
+Each reader skips what it cannot read with a sentence in ``warnings``, and
+records of another run (their ``run`` is not the folder's, from
+``run.json``) likewise.
+"""
+
+from __future__ import annotations
+
+import linecache
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from verl_events.frames import is_library_file
+from verl_events.layout import owner_of
+
+from ..formats import anomaly_record, hang_record, timing_log
+from ..jsonl import numbered_lines
+from ..liveness import liveness
+
+if TYPE_CHECKING:
+    from observers.watchdog import crash
+else:
+    from verl_events.observers.watchdog import crash
+
+Heartbeat = hang_record.Heartbeat
+
+__all__ = ["Evidence", "Failure", "gather"]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One rank's failure.  ``time`` is when it happened (Unix seconds); for
+    ``killed``, the last heartbeat (it died within one liveness beat after)."""
+
+    kind: str  # exception, signal, killed, hang, anomaly
+    rank: int
+    time: float
+    detail: str
+    step: int | None = None
+    stage: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    where: dict[str, Any] | None = None
+    source: str = ""  # the file it was read from, relative to the run
+    message: str | None = None  # an exception's message, for telling a consequence
+    waiting_in: str | None = None  # a hang: the torch.distributed call it waits in
+
+    def as_json(self) -> dict[str, Any]:
+        keys = ("rank", "host", "pid", "step", "stage", "kind", "detail", "where", "time", "source")
+        return {key: getattr(self, key) for key in keys}
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What :func:`gather` found in a run folder."""
+
+    run: Path
+    run_id: str | None
+    failures: list[Failure] = field(default_factory=list)
+    heartbeats: list[Heartbeat] = field(default_factory=list)
+    hang_records: int = 0
+    late_records: int = 0
+    timing_records: int = 0
+    timing_ranks: int = 0
+    timing_errors: int = 0
+    warnings: list[str] = field(default_factory=list)
+    now: float = field(default_factory=time.time)
+
+
+def gather(run: Path) -> Evidence:
+    """Read every failure under ``run`` (see the module docstring)."""
+    evidence = Evidence(run, owner_of(run))
+    _crash_records(evidence)
+    _fatal_dumps(evidence)
+    _heartbeats(evidence)
+    _hangs(evidence)
+    _timing(evidence)
+    _anomalies(evidence)
+    return evidence
+
+
+def _relative(evidence: Evidence, path: Path) -> str:
+    try:
+        return path.relative_to(evidence.run).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _of_this_run(evidence: Evidence, run: str | None, where: str) -> bool:
+    if evidence.run_id is None or run is None or run == evidence.run_id:
+        return True
+    evidence.warnings.append(f"{where} was skipped: it is run {run!r}'s, and this folder is run {evidence.run_id!r}'s")
+    return False
+
+
+def _lines(evidence: Evidence, path: Path) -> list[tuple[int, str]]:
+    try:
+        return numbered_lines(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        evidence.warnings.append(f"{path} cannot be read: {exc}")
+        return []
+
+
+def _crash_records(evidence: Evidence) -> None:
+    for _, path in crash.crash_log_files(evidence.run):
+        for number, line in _lines(evidence, path):
+            where = f"{path}:{number}"
+            try:
+                record = crash.CrashRecord.from_json(line)
+            except ValueError as exc:
+                evidence.warnings.append(f"{where} was skipped: {exc}")
+                continue
+            if not _of_this_run(evidence, record.run, where):
+                continue
+            detail = f"{record.error_type}: {record.message}" if record.kind == "exception" else str(record.signal)
+            evidence.failures.append(
+                Failure(
+                    record.kind,
+                    record.rank,
+                    record.time,
+                    detail,
+                    record.step,
+                    record.stage,
+                    record.host,
+                    record.pid,
+                    record.where,
+                    _relative(evidence, path),
+                    message=record.message,
+                )
+            )
+
+
+def _user_frame(frames: list[tuple[str, int, str]]) -> dict[str, Any] | None:
+    """The innermost user frame of faulthandler's frames (innermost first), with its code if readable."""
+    for file, line, function in frames:
+        if not is_library_file(file):
+            return {"file": file, "line": line, "function": function, "code": linecache.getline(file, line).strip()}
+    return None
+
+
+def _fatal_dumps(evidence: Evidence) -> None:
+    for path in crash.fatal_files(evidence.run, written=True):
+        try:
+            dump = crash.read_fatal(path)
+        except (OSError, ValueError) as exc:
+            evidence.warnings.append(f"{path} was skipped: {exc}")
+            continue
+        if dump is None:
+            continue
+        evidence.failures.append(
+            Failure(
+                "signal",
+                -1 if dump.rank is None else dump.rank,  # by pid: matched to a heartbeat below
+                dump.time,
+                f"{dump.signal} ({dump.error})" if dump.signal else dump.error,
+                pid=dump.pid,
+                where=_user_frame(dump.current),
+                source=_relative(evidence, path),
+            )
+        )
+
+
+def _heartbeats(evidence: Evidence) -> None:
+    for path in hang_record.heartbeat_files(evidence.run):
+        try:
+            beat = hang_record.read_heartbeat(path)
+        except (hang_record.NotAHeartbeat, OSError) as exc:
+            evidence.warnings.append(f"{path} was skipped: {exc}")
+            continue
+        if _of_this_run(evidence, beat.run, str(path)):
+            evidence.heartbeats.append(beat)
+    by_rank = {beat.rank: beat for beat in evidence.heartbeats}
+    by_pid = {(beat.pid, beat.host): beat for beat in evidence.heartbeats}
+    # A fatal dump or a record names its rank; fill in what only the heartbeat knows.
+    for index, failure in enumerate(evidence.failures):
+        beat = by_rank.get(failure.rank) if failure.rank >= 0 else None
+        if beat is None and failure.pid is not None:
+            beat = next((b for (pid, _), b in by_pid.items() if pid == failure.pid), None)
+        if beat is not None and (failure.stage is None or failure.host is None):
+            step, stage = _position(beat)
+            evidence.failures[index] = _with(
+                failure,
+                rank=beat.rank,
+                host=failure.host or beat.host,
+                pid=failure.pid or beat.pid,
+                step=failure.step if failure.stage else step,
+                stage=failure.stage or stage,
+            )
+    explained = {f.rank for f in evidence.failures if f.kind in ("exception", "signal")}
+    for beat in evidence.heartbeats:
+        state = liveness(beat, evidence.now)
+        source = _relative(evidence, hang_record.heartbeat_path(evidence.run, beat.rank))
+        step, stage = _position(beat)
+        exit = beat.exit or {}
+        if state.stopped and beat.rank not in explained:
+            evidence.failures.append(
+                Failure(
+                    "killed",
+                    beat.rank,
+                    beat.time,
+                    f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}",
+                    step,
+                    stage,
+                    beat.host,
+                    beat.pid,
+                    source=source,
+                )
+            )
+        elif state.state == "closed" and exit.get("how") == "exception" and beat.rank not in explained:
+            evidence.failures.append(
+                Failure(
+                    "exception",
+                    beat.rank,
+                    beat.time,
+                    str(exit.get("detail")),
+                    step,
+                    stage,
+                    beat.host,
+                    beat.pid,
+                    source=source,
+                    message=str(exit.get("detail")),
+                )
+            )
+
+
+def _position(beat: Heartbeat) -> tuple[int | None, str | None]:
+    """The innermost open stage, else the last one that ended."""
+    last = beat.open[-1] if beat.open else (beat.last_ended or {})
+    return last.get("step"), last.get("stage")
+
+
+def _with(failure: Failure, **changes: Any) -> Failure:
+    values = {name: getattr(failure, name) for name in Failure.__dataclass_fields__}
+    return Failure(**(values | changes))
+
+
+def _within(beat: Heartbeat) -> str:
+    return f" (it died within {beat.liveness_s:g} s after)" if beat.liveness_s else ""
+
+
+def _clock(unix: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
+
+
+def _hangs(evidence: Evidence) -> None:
+    path = hang_record.hangs_log_path(evidence.run)
+    for number, line in _lines(evidence, path):
+        try:
+            record = hang_record.HangRecord.from_json(line)
+        except ValueError as exc:
+            evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
+            continue
+        if not _of_this_run(evidence, record.run, f"{path}:{number}"):
+            continue
+        if record.kind == "late":
+            evidence.late_records += 1
+            continue
+        evidence.hang_records += 1
+        waiting = f", waiting in {record.waiting_in}" if record.waiting_in else ""
+        evidence.failures.append(
+            Failure(
+                "hang",
+                record.rank,
+                record.time,
+                f"passed its deadline of {record.deadline_s:g} s ({record.deadline}){waiting}",
+                record.step,
+                record.stage,
+                record.host,
+                record.pid,
+                record.where,
+                _relative(evidence, path),
+                waiting_in=record.waiting_in,
+            )
+        )
+
+
+def _timing(evidence: Evidence) -> None:
+    """Stages that raised, from the timing logs, where no crash record says so already."""
+    recorded = {(f.rank, f.step, f.stage) for f in evidence.failures if f.kind == "exception"}
+    found: dict[tuple[int, int | None, str | None, str | None], Any] = {}
+    files = timing_log.timing_log_files(evidence.run)
+    evidence.timing_ranks = len(files)
+    for path in files:
+        for number, line in _lines(evidence, path):
+            try:
+                record = timing_log.TimingRecord.from_json(line)
+            except ValueError as exc:
+                evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
+                continue
+            evidence.timing_records += 1
+            if record.error is None or not _of_this_run(evidence, record.run, f"{path}:{number}"):
+                continue
+            evidence.timing_errors += 1
+            # The exception leaves every enclosing stage too: keep the innermost.
+            key = (record.rank, record.step, record.error, record.message)
+            if key not in found or record.depth > found[key][0].depth:
+                found[key] = (record, path)
+    for record, path in found.values():
+        if (record.rank, record.step, record.stage) in recorded:
+            continue
+        message = record.message
+        evidence.failures.append(
+            Failure(
+                "exception",
+                record.rank,
+                record.end_unix or 0.0,
+                f"{record.error}: {message}" if message is not None else str(record.error),
+                record.step,
+                record.stage,
+                source=_relative(evidence, path),
+                message=message,
+            )
+        )
+
+
+def _anomalies(evidence: Evidence) -> None:
+    path = anomaly_record.anomaly_log_path(evidence.run)
+    for number, line in _lines(evidence, path):
+        try:
+            record = anomaly_record.AnomalyRecord.from_json(line)
+        except ValueError as exc:
+            evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
+            continue
+        if not _of_this_run(evidence, record.run, f"{path}:{number}"):
+            continue
+        evidence.failures.append(
+            Failure(
+                "anomaly",
+                record.rank,
+                record.time or 0.0,
+                record.detail or f"{record.metric} = {record.value} broke rule {record.rule}",
+                record.step,
+                record.stage,
+                source=_relative(evidence, path),
+            )
+        )

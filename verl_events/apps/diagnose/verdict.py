@@ -1,0 +1,96 @@
+"""Which failure came first, and why the others count as its cascade.
+
+When one rank dies, its peers fail after it in ways that only say a peer is
+gone: a collective raises (gloo's "Connection closed by peer", an NCCL
+error, a timeout), a stage waits in a collective past its deadline, a
+launcher (torchrun, Ray) sends the survivors SIGTERM and then SIGKILL.
+So:
+
+* **consequences** by their kind: an exception whose type or message has one
+  of :data:`PEER_WORDS`, a hang waiting in a ``torch.distributed`` call;
+* **the first failure** is the earliest one that is not a consequence by its
+  kind (a rank SIGKILLed first counts from its last heartbeat, which is
+  before its death and so before anything its death caused); when every
+  failure is a consequence, the earliest;
+* **the cascade** is every other failure of the run, each with why.
+
+Anomalies are findings, not deaths: the first of them is "first" only in a
+run where nothing failed.  Verdicts: ``failed`` (an exception, a signal, a
+rank killed), ``hung`` (a deadline passed, nothing died), ``anomalous``,
+``healthy``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .evidence import Failure
+
+__all__ = ["PEER_WORDS", "Verdict", "judge"]
+
+#: Words of an exception raised because a peer went away (type and message, case-insensitive),
+#: each with what it is, in the order they are looked for.
+PEER_WORDS = (
+    (
+        re.compile(r"connection closed|connection reset|broken pipe|closed by (peer|remote)", re.I),
+        "a closed connection",
+    ),
+    (re.compile(r"timed out|timeout|watchdog caught", re.I), "a collective timeout"),
+    (re.compile(r"nccl|gloo|hccl|distbackenderror|process ?group|collective|rendezvous", re.I), "a gloo/NCCL error"),
+    (re.compile(r"ActorDiedError|RayActorError|WorkerCrashedError|actor died", re.I), "a dead Ray actor"),
+)
+_LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+_DEATHS = ("exception", "signal", "killed")
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The verdict, the first failure and the cascade (each with why it follows)."""
+
+    verdict: str
+    first: Failure | None
+    cascade: list[tuple[Failure, str]] = field(default_factory=list)
+
+
+def _peer_words(failure: Failure) -> str | None:
+    """What makes ``failure`` a consequence by its kind, or None."""
+    if failure.kind == "exception":
+        for words, what in PEER_WORDS:
+            if words.search(failure.detail):
+                return f"{what}, an error that follows a peer's death"
+    if failure.kind == "hang" and failure.waiting_in:
+        return f"waiting for its peers in {failure.waiting_in}"
+    return None
+
+
+def judge(failures: list[Failure]) -> Verdict:
+    """The verdict over ``failures`` (see the module docstring)."""
+    fatal = sorted((f for f in failures if f.kind != "anomaly"), key=lambda f: (f.time, f.rank))
+    anomalies = sorted((f for f in failures if f.kind == "anomaly"), key=lambda f: (f.time, f.rank))
+    if not fatal:
+        if not anomalies:
+            return Verdict("healthy", None)
+        return Verdict("anomalous", anomalies[0], [(a, "a later anomaly") for a in anomalies[1:]])
+    first = next((f for f in fatal if _peer_words(f) is None), fatal[0])
+    verdict = "failed" if any(f.kind in _DEATHS for f in fatal) else "hung"
+    cascade = [(f, _why(f, first)) for f in fatal if f is not first]
+    return Verdict(verdict, first, cascade)
+
+
+_NOUNS = {"exception": "exception", "signal": "signal", "killed": "death", "hang": "hang"}
+
+
+def _why(failure: Failure, first: Failure) -> str:
+    after = f"rank {first.rank}'s {_NOUNS.get(first.kind, first.kind)}"
+    later = failure.time >= first.time
+    if failure.rank == first.rank:
+        return f"the same rank, {'after' if later else 'before'} its {first.kind}"
+    words = _peer_words(failure)
+    if words:
+        return f"{words}, {'after' if later else 'around'} {after}"
+    if failure.kind == "signal" and failure.detail in _LAUNCHER_SIGNALS:
+        return f"a launcher stopping the survivors ({failure.detail}) after {after}"
+    if failure.kind == "killed":
+        return f"killed after {after}: a launcher ending the job, or the same cause"
+    return f"later than {after}" if later else f"about when {after} happened"
