@@ -6,11 +6,14 @@ import time.  They are registered as entry points of the group
 observer, and are normally loaded by name from config: ``msprobe`` (alias
 ``precision_debugger``), ``timing``, ``torch_profiler``, ``nsys``, ``npu``,
 the anomaly watcher ``sentinel`` (its metric reading is in
-:mod:`verl_events.observers.metrics`), and ``tracker``, which sends stage
-times and anomalies to TensorBoard, W&B or MLflow, and ``watchdog``, which
-reports a stage that runs past its deadline (a hang) with every thread's stack.
+:mod:`verl_events.observers.metrics`), ``tracker``, which sends stage
+times and anomalies to TensorBoard, W&B or MLflow, ``watchdog``, which
+reports a stage that runs past its deadline (a hang) with every thread's
+stack and records how each process ended, and ``mismatch``, which compares
+the trainer's log-probs with the rollout engine's, token by token.
 """
 
+from .mismatch import MismatchObserver
 from .msprobe import MsprobeObserver
 from .npu import NpuProfilerObserver
 from .nsys import NsysObserver
@@ -21,6 +24,7 @@ from .tracker import TrackerObserver
 from .watchdog import WatchdogObserver
 
 __all__ = [
+    "MismatchObserver",
     "MsprobeObserver",
     "NpuProfilerObserver",
     "NsysObserver",

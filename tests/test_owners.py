@@ -24,9 +24,21 @@ OWNERS = {
     "stack.json": "observers/msprobe/layout.py",
     "construct.json": "observers/msprobe/layout.py",
     "session.incomplete": "observers/msprobe/layout.py",
+    "dump_tensor_data": "observers/msprobe/layout.py",
     "anomalies.jsonl": "observers/sentinel/record.py",
+    "replays.jsonl": "observers/sentinel/record.py",
+    "inputs_rank": "observers/sentinel/record.py",  # a replay's kept inputs, inputs_rank{R}.pt
     "run.json": "verl_events/_run.py",
     "hangs.jsonl": "observers/watchdog/record.py",
+    "mismatch.jsonl": "observers/mismatch/record.py",
+}
+# A folder under save_path -> the one module that may name it.  A folder's name is also
+# a word ("timing", "hangs"), so only its use as a path part counts: joined with ``/``,
+# or written as ``name/...``.
+FOLDERS = {
+    "timing": "observers/timing.py",
+    "heartbeats": "observers/watchdog/record.py",
+    "hangs": "observers/watchdog/record.py",  # the hang reports
 }
 # Each name as a layout uses it: a file name on its own (not ``data_dump.json_writer``),
 # and ``step_`` before a step (``step_3``, ``step_{N}``, ``step_*``, ``step_unknown``), not
@@ -37,7 +49,6 @@ PATTERNS = {
     )
     for name in OWNERS
 }
-TIMING_OWNER = "observers/timing.py"
 
 
 def modules() -> list[Path]:
@@ -53,17 +64,21 @@ def docstrings(tree: ast.AST) -> set[int]:
     return found
 
 
-def timing_folder_literals(tree: ast.AST, skip: set[int]) -> list[int]:
-    """Lines where ``"timing"`` is a path part: joined with ``/`` or written as ``timing/...``."""
+def folder_literals(tree: ast.AST, skip: set[int], folder: str) -> list[int]:
+    """Lines where ``folder`` is a path part: joined with ``/`` or written as ``folder/...``."""
     lines = []
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             for side in (node.left, node.right):
-                if isinstance(side, ast.Constant) and side.value == "timing":
+                if isinstance(side, ast.Constant) and side.value == folder:
                     lines.append(node.lineno)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "timing/" in node.value:
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.search(rf"(?<!\w){folder}/", node.value)
+        ):
             lines.append(node.lineno)
     return lines
 
@@ -80,11 +95,12 @@ def test_layout_names_are_written_only_by_their_owner() -> None:
             for name, owner in OWNERS.items():
                 if relative != owner and PATTERNS[name].search(node.value):
                     offenders.append(f"{relative}:{node.lineno}: {name!r} (owner {owner})")
-        if relative != TIMING_OWNER:
-            offenders += [
-                f"{relative}:{line}: the timing folder (owner {TIMING_OWNER})"
-                for line in timing_folder_literals(tree, skip)
-            ]
+        for folder, owner in FOLDERS.items():
+            if relative != owner:
+                offenders += [
+                    f"{relative}:{line}: the {folder} folder (owner {owner})"
+                    for line in folder_literals(tree, skip, folder)
+                ]
     assert offenders == []
 
 
@@ -93,7 +109,8 @@ def test_the_walk_sees_the_owners() -> None:
     sources = {path.relative_to(PACKAGE.parent).as_posix(): path.read_text(encoding="utf-8") for path in modules()}
     for name, owner in OWNERS.items():
         assert repr(name)[1:-1] in sources[owner], f"{owner} no longer defines {name!r}"
-    assert 'TIMING_DIR = "timing"' in sources[TIMING_OWNER]
+    for folder, owner in FOLDERS.items():
+        assert f'= "{folder}"' in sources[owner], f"{owner} no longer defines the {folder} folder"
 
 
 def test_no_module_of_the_package_is_over_400_lines() -> None:
@@ -103,3 +120,22 @@ def test_no_module_of_the_package_is_over_400_lines() -> None:
         if (count := len(path.read_text(encoding="utf-8").splitlines())) > 400
     ]
     assert long == []
+
+
+def test_every_format_owner_of_the_tools_table_has_its_files_in_owners() -> None:
+    """Each file and folder name a format owner of TOOLS defines (its ``*_LOG``,
+    ``*_FILE``, ``*_DIR`` and ``*_MARKER`` constants) is held to that owner above."""
+    from verl_events.apps.tools import TOOLS
+
+    owned = {**OWNERS, **FOLDERS}
+    missing = []
+    for module in {tool.owner for tool in TOOLS if tool.owner is not None}:
+        owner = Path(module.__file__ or "").resolve().relative_to(PACKAGE.parent.resolve()).as_posix()
+        names = [
+            value
+            for constant, value in vars(module).items()
+            if constant.isupper() and constant.endswith(("_LOG", "_FILE", "_DIR", "_MARKER")) and isinstance(value, str)
+        ]
+        assert names, f"{owner} defines no file names"
+        missing += [f"{owner}: {name!r}" for name in names if owned.get(name) != owner]
+    assert missing == []

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..formats import mismatch_record
 from .layers import DEFAULT_TOLERANCE, LayerProfile, layer_profile
 from .summary import MismatchInputError, Summary, summarize
 
@@ -34,7 +35,7 @@ def add_command(commands: Any) -> None:
         help="how far the trainer's log-probs are from the rollout engine's, by step, token and layer "
         "(exit 0 shown, 2 bad input)",
     )
-    parser.add_argument("run", help="the run's save_path (holding mismatch.jsonl)")
+    parser.add_argument("run", help=f"the run's save_path (holding {mismatch_record.MISMATCH_LOG})")
     parser.add_argument(
         "--top", type=int, help="worst tokens to list (default 10; at most the observer's top_k per step and rank)"
     )
