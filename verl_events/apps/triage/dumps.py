@@ -34,11 +34,13 @@ its source (``core/dump/data_dump/json_writer.py``) and on real dumps
   calls only; a backward entry gets the stack of its forward call.
 
 **The user frame** is the first frame, innermost first, whose file is not
-in a library that only carries the call: a ``torch``, ``torch_npu`` or
-``msprobe`` package directly under ``site-packages``/``dist-packages``, the
-Python standard library (``lib/python3.N/`` outside ``site-packages``) or
-a pseudo-file (``<frozen ...>``).  Model libraries (transformers, verl)
-count as user code: their modeling files are where a layer is written.
+in a library that only carries the call, by the one rule every reader
+shares (:func:`verl_events.frames.is_library_file`): ``torch``,
+``torch_npu``, ``msprobe``, ``ray``, ``blinker`` or ``verl_events`` under
+``site-packages``/``dist-packages``, the standard library, this package's
+own folders, or a pseudo-file (``<frozen ...>``).  Model libraries
+(transformers, verl) count as user code: their modeling files are where a
+layer is written.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from verl_events import STAGE_ROLES
+from verl_events.frames import LIBRARY_PACKAGES, is_library_file
 from verl_events.layout import replayed_stage
 
 from ..formats import msprobe_layout as layout
@@ -76,7 +79,6 @@ __all__ = [
 ]
 
 STATS = ("Max", "Min", "Mean", "Norm")
-LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe"})
 
 MODULE_ENTRY = layout.MODULE_ENTRY  # msprobe's name for a module's entry
 _API = re.compile(r"^(?P<api>.+\.\d+)\.(?P<dir>forward|backward)$")
@@ -165,15 +167,8 @@ def describe_part(entry: str, label: str) -> str:
 
 
 def is_library_frame(file: str) -> bool:
-    """See the module docstring: torch/torch_npu/msprobe, the stdlib, pseudo-files."""
-    if file.startswith("<"):
-        return True
-    parts = PurePosixPath(file.replace("\\", "/")).parts
-    installed = {"site-packages", "dist-packages"}
-    if any(part in installed and parts[i + 1] in LIBRARY_PACKAGES for i, part in enumerate(parts[:-1])):
-        return True
-    stdlib = any(part == "lib" and re.fullmatch(r"python3\.\d+", parts[i + 1]) for i, part in enumerate(parts[:-1]))
-    return stdlib and not installed.intersection(parts)
+    """See the module docstring (:func:`verl_events.frames.is_library_file`)."""
+    return is_library_file(file)
 
 
 def user_frame(frames: list[str]) -> dict[str, Any] | None:
