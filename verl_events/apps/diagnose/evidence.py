@@ -103,7 +103,9 @@ def _relative(evidence: Evidence, path: Path) -> str:
 def _of_this_run(evidence: Evidence, run: str | None, where: str) -> bool:
     if evidence.run_id is None or run is None or run == evidence.run_id:
         return True
-    evidence.warnings.append(f"{where} was skipped: it is run {run!r}'s, and this folder is run {evidence.run_id!r}'s")
+    evidence.warnings.append(
+        f"{where} was skipped: it belongs to run {run!r}, and this folder to run {evidence.run_id!r}"
+    )
     return False
 
 

@@ -1,0 +1,138 @@
+"""``verl-events diagnose`` in this process: runs without the watchdog, an anomalous run, a stage
+past its deadline, and bad input (not a folder, nothing of ours, a heartbeat cut short, another
+run's crash file).  The failures are real stages that raised; the two-rank deaths are in
+tests/test_postmortem.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import verl_events
+from verl_events.apps.cli import main
+from verl_events.observers.watchdog.record import heartbeat_path
+
+
+def diagnose(capsys: pytest.CaptureFixture[str], run: Path, *flags: str) -> tuple[int, str, str]:
+    code = main(["diagnose", str(run), *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def as_json(capsys: pytest.CaptureFixture[str], run: Path) -> tuple[int, dict[str, Any], str]:
+    code, out, err = diagnose(capsys, run, "--json")
+    return code, json.loads(out), err
+
+
+def one_raising_step(save_path: Path, observers: list[dict[str, Any]], message: str = "bad batch") -> None:
+    with pytest.raises(RuntimeError), verl_events.install({"save_path": str(save_path), "observers": observers}):
+        with verl_events.stage("actor_compute_log_prob", step=1):
+            pass
+        with verl_events.stage("actor_update", step=1):
+            raise RuntimeError(message)
+
+
+def test_a_run_with_only_the_timing_observer_names_the_stage_and_says_what_it_could_not_see(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_raising_step(tmp_path, [{"name": "timing"}])
+    code, result, _ = as_json(capsys, tmp_path)
+    assert code == 1 and result["verdict"] == "failed"
+    first = result["first"]
+    assert (first["rank"], first["step"], first["stage"], first["kind"]) == (0, 1, "actor_update", "exception")
+    assert first["detail"] == "RuntimeError: bad batch" and first["where"] is None  # the line is the watchdog's
+    assert first["source"] == "timing/rank0.jsonl"
+    (unseen,) = result["unseen"]
+    assert unseen.startswith("no watchdog") and "- name: watchdog" in unseen
+    assert [t["command"] for t in result["tools"]] == [f"verl-events report {tmp_path}"]
+    code, text, _ = diagnose(capsys, tmp_path)
+    assert "verdict: failed" in text and "not seen: no watchdog" in text
+
+
+def test_with_the_watchdog_the_same_failure_is_read_once_with_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_raising_step(tmp_path, [{"name": "watchdog"}, {"name": "timing"}])
+    code, result, _ = as_json(capsys, tmp_path)
+    assert code == 1 and result["cascade"] == []  # the timing log's copy of the error is not a second failure
+    first = result["first"]
+    assert first["source"] == "crashes/rank0.jsonl" and first["where"]["file"] == __file__
+    assert first["where"]["code"] == "raise RuntimeError(message)"
+
+
+def test_an_anomaly_makes_the_run_anomalous_and_points_at_triage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "sentinel"}, {"name": "watchdog"}]}
+    with verl_events.install(config):
+        for step in (1, 2):
+            update = verl_events.stage("actor_update", step=step)
+            with update:
+                update.set_result({"actor/pg_loss": math.nan if step == 2 else 0.3})
+    code, result, _ = as_json(capsys, tmp_path)
+    assert code == 1 and result["verdict"] == "anomalous"
+    assert (result["first"]["kind"], result["first"]["step"]) == ("anomaly", 2)
+    assert any(t["tool"] == "sentinel" and t["command"].startswith("verl-events triage") for t in result["tools"])
+
+
+def test_a_stage_past_its_deadline_makes_the_run_hung(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "watchdog", "timeout_s": 0.2, "heartbeat_s": 0.05}]}
+    with verl_events.install(config):
+        with verl_events.stage("actor_update", step=4):
+            time.sleep(0.8)
+    code, result, _ = as_json(capsys, tmp_path)
+    assert code == 1 and result["verdict"] == "hung"
+    first = result["first"]
+    assert (first["kind"], first["step"], first["stage"]) == ("hang", 4, "actor_update")
+    assert first["where"]["code"] == "time.sleep(0.8)"
+
+
+def test_a_healthy_run_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "watchdog"}, {"name": "timing"}]}):
+        with verl_events.stage("actor_update", step=1):
+            pass
+    code, out, err = diagnose(capsys, tmp_path)
+    assert code == 0 and out.splitlines()[1] == "verdict: healthy" and err == ""
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for path, words in (
+        (tmp_path / "nowhere", "does not exist"),
+        (Path(__file__), "is not a directory"),
+        (tmp_path, "holds nothing an observer writes"),
+    ):
+        code, out, err = diagnose(capsys, path)
+        assert code == 2 and out == "" and err.count("\n") == 1 and words in err and str(path) in err
+
+
+def test_a_heartbeat_cut_short_is_skipped_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "watchdog"}]}):
+        with verl_events.stage("actor_update", step=1), verl_events.stage("train_batch", step=1, rank=1):
+            pass
+    cut = heartbeat_path(tmp_path, 1)
+    cut.write_text(cut.read_text()[:30])  # as a full disk leaves it
+    code, out, err = diagnose(capsys, tmp_path)
+    assert code == 0 and "verdict: healthy" in out
+    assert err == f"warning: {cut} was skipped: it is not JSON" + err.split("it is not JSON", 1)[1]
+    assert "cut short" in err
+
+
+def test_a_crash_record_of_another_run_is_skipped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "the-earlier-run")
+    one_raising_step(tmp_path / "earlier", [{"name": "watchdog"}])
+    monkeypatch.setenv("VERL_EVENTS_RUN_ID", "this-run")
+    with verl_events.install({"save_path": str(tmp_path / "this"), "observers": [{"name": "watchdog"}]}):
+        with verl_events.stage("actor_update", step=1):
+            pass
+    shutil.copy(tmp_path / "earlier/crashes/rank0.jsonl", tmp_path / "this/crashes/rank0.jsonl")
+    code, result, err = as_json(capsys, tmp_path / "this")
+    assert code == 0 and result["verdict"] == "healthy"
+    assert "rank0.jsonl:1 was skipped: it belongs to run 'the-earlier-run', and this folder to run 'this-run'" in err
