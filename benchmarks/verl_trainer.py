@@ -79,7 +79,8 @@ class Runs:
     stages: list[dict[int, float]] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)
     dumps: list[int] = field(default_factory=list)
-    hooks: list[dict[int, dict[str, float]]] = field(default_factory=list)  # per step, each observer's hook seconds
+    # per step, (stage, observer) -> hook seconds summed over that step's records of the stage
+    hooks: list[dict[int, dict[tuple[str, str], float]]] = field(default_factory=list)
     left: list[dict[str, int]] = field(default_factory=list)  # what each run wrote (always_on)
 
     def median(self, profiled: bool, of: str = "stages") -> float:
@@ -127,9 +128,9 @@ def run_folders(workdir: Path) -> list[Path]:
     return sorted(p for p in (workdir / "outputs" / "profile").glob("*") if p.is_dir() and not p.is_symlink())
 
 
-def hook_seconds(workdir: Path) -> dict[int, dict[str, float]]:
-    """Per step, each observer's hook seconds summed over every stage record of every rank."""
-    per_step: dict[int, dict[str, float]] = {}
+def hook_seconds(workdir: Path) -> dict[int, dict[tuple[str, str], float]]:
+    """Per step, each (stage, observer)'s hook seconds summed over the step's records of every rank."""
+    per_step: dict[int, dict[tuple[str, str], float]] = {}
     for folder in run_folders(workdir):
         for log in timing_log_files(folder):
             for line in log.read_text().splitlines():
@@ -138,7 +139,8 @@ def hook_seconds(workdir: Path) -> dict[int, dict[str, float]]:
                     continue
                 step = per_step.setdefault(record.step, {})
                 for name, seconds in record.hook_s.items():
-                    step[name] = step.get(name, 0.0) + seconds
+                    key = (record.stage, name)
+                    step[key] = step.get(key, 0.0) + seconds
     return per_step
 
 
@@ -261,21 +263,30 @@ def judge_always_on(always_on: Runs, none: Runs, steps: int) -> None:
     later = range(2, steps + 1)
     step_on = statistics.median(run[s] for run in always_on.steps for s in later)
     step_none = statistics.median(run[s] for run in none.steps for s in later)
-    shares, per_observer = [], {}
+    shares: list[float] = []
+    totals: list[float] = []
+    per_observer: dict[str, list[float]] = {}
+    per_stage: dict[tuple[str, str], list[float]] = {}
     for run_steps, run_hooks in zip(always_on.steps, always_on.hooks, strict=True):
         for s in later:
             hooks = run_hooks.get(s, {})
-            shares.append(sum(hooks.values()) / run_steps[s])
-            for name, seconds in hooks.items():
-                per_observer.setdefault(name, []).append(seconds)
-    hooks_ms = statistics.median(
-        sum(run_hooks.get(s, {}).values()) * 1e3 for run_hooks in always_on.hooks for s in later
-    )
+            totals.append(sum(hooks.values()))
+            shares.append(totals[-1] / run_steps[s])
+            for observer in {name for _, name in hooks}:
+                per_observer.setdefault(observer, []).append(sum(t for (_, n), t in hooks.items() if n == observer))
+            for key, seconds in hooks.items():
+                per_stage.setdefault(key, []).append(seconds)
     print(f"\nalways_on, steps 2-{steps} of {len(always_on.steps)} run(s), medians:")
     print(f"  verl's step: none {step_none:.3f} s, always_on {step_on:.3f} s, ratio {step_on / step_none:.3f}")
-    print(f"  the observers' hooks per step: {hooks_ms:.2f} ms, {100 * statistics.median(shares):.2f} % of the step")
-    for name, values in per_observer.items():
-        print(f"    {name:<10} {statistics.median(values) * 1e3:8.3f} ms per step")
+    print(
+        f"  the observers' hooks per step: {statistics.median(totals) * 1e3:.2f} ms, "
+        f"{100 * statistics.median(shares):.2f} % of the step"
+    )
+    for observer, values in sorted(per_observer.items()):
+        print(f"    {observer:<10} {statistics.median(values) * 1e3:8.3f} ms per step")
+    print("  per stage and observer, ms per step:")
+    for (stage_name, observer), values in sorted(per_stage.items()):
+        print(f"    {stage_name:<24} {observer:<10} {statistics.median(values) * 1e3:8.3f}")
     for index, left in enumerate(always_on.left, 1):
         print(f"  run {index} left: " + ", ".join(f"{count} {what}" for what, count in left.items()))
     print(f"always_on_hooks_share={statistics.median(shares):.4f} always_on_step_vs_none={step_on / step_none:.3f}")
