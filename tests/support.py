@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from verl_events import Observer, StageEnd, StageEvent, current_installation, stage
 from verl_events._anomaly import AnomalyEvent, anomaly
@@ -203,3 +204,47 @@ class Sleeper(Observer):
     def on_stage_begin(self, event: StageEvent) -> None:
         if event.step == self.step:
             time.sleep(self.seconds)
+
+
+class Killer(Observer):
+    """At ``step`` on ``rank``, sleeps ``seconds`` in its begin hook, then SIGKILLs its own process:
+    a rank killed without warning (the OOM killer, a preemption) inside a stage.
+
+    The sleep lets the watchdog's heartbeat (rewritten within ``heartbeat_s``) show the stage
+    open; the watchdog's begin hook runs before this one (priority 900 against 0)."""
+
+    passive = True
+
+    def __init__(self, step: int, rank: int, seconds: float = 2.0) -> None:
+        self.step, self.rank, self.seconds = step, rank, seconds
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if event.step == self.step and event.rank == self.rank:
+            time.sleep(self.seconds)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Raiser(Observer):
+    """At ``step`` on ``rank``, makes the stage's own forward raise ``RuntimeError(message)``: a
+    forward hook on ``event.model``, removed when the stage ends.  The exception rises from the
+    model's forward inside the stage's body, as a bug in a worker's code would."""
+
+    passive = True
+
+    def __init__(self, step: int, rank: int, message: str) -> None:
+        self.step, self.rank, self.message = step, rank, message
+        self._hooks: list[Any] = []
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if event.step != self.step or event.rank != self.rank or event.model is None:
+            return
+        models = event.model if isinstance(event.model, list) else [event.model]
+        self._hooks = [model.register_forward_hook(self._raise) for model in models]
+
+    def _raise(self, module: object, inputs: object, output: object) -> None:
+        raise RuntimeError(self.message)  # the line diagnose names
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
