@@ -139,12 +139,16 @@ def _clock(unix: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
 
 
+_SHOWN = 200  # characters of a failure's detail shown in text
+
+
 def _failure_lines(failure: Failure, indent: str) -> list[str]:
     at = f"step {failure.step}, {failure.stage}" if failure.stage else "outside any stage"
     host = f" on {failure.host}" if failure.host else ""
     pid = f", pid {failure.pid}" if failure.pid else ""
     rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process of unknown rank"
-    lines = [f"{indent}{rank}{host}{pid}: {at}: {failure.kind}: {failure.detail}"]
+    detail = failure.detail if len(failure.detail) <= _SHOWN else failure.detail[: _SHOWN - 1] + "…"  # --json: whole
+    lines = [f"{indent}{rank}{host}{pid}: {at}: {failure.kind}: {detail}"]
     where = failure.where
     if where is not None:
         code = f": {where['code']}" if where.get("code") else ""
