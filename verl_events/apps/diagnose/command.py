@@ -22,12 +22,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..formats import mismatch_record, msprobe_layout
 from ..jsonl import numbered_lines
 from ..liveness import liveness
+from ..report.stragglers import stragglers
+from ..tools import Holding, run_holds
 from .evidence import Evidence, Failure, gather
 from .verdict import Verdict, judge
 
@@ -77,47 +80,64 @@ def diagnose(run: Path) -> Diagnosis:
 
 
 def _tools(evidence: Evidence) -> list[dict[str, str]]:
-    run = evidence.run
-    lines: list[dict[str, str]] = []
-
-    def add(tool: str, summary: str, command: str) -> None:
-        lines.append({"tool": tool, "summary": summary, "command": f"verl-events {command} {run}"})
-
-    beats = evidence.heartbeats
-    if beats:
-        states = [liveness(beat, evidence.now).state for beat in beats]
-        counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
-        hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
-        late = f", {evidence.late_records} ended late" if evidence.late_records else ""
-        add("watchdog", f"{len(beats)} rank heartbeat(s): {counts}{hangs}{late}", "hangs")
-    if evidence.timing_ranks:
-        raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
-        add(
-            "timing",
-            f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s){raised}",
-            "report",
+    """A line per tool whose files the run holds (the tools table's :func:`run_holds`), with its command."""
+    lines = []
+    for holding in run_holds(evidence.run):
+        tool = holding.tool
+        summary = _SUMMARIES.get(tool.command, lambda _e, h: h.describe())(evidence, holding)
+        lines.append(
+            {"tool": str(tool.observer), "summary": summary, "command": f"verl-events {tool.command} {evidence.run}"}
         )
-    anomalies = [f for f in evidence.failures if f.kind == "anomaly"]
-    if anomalies:
-        first = min(anomalies, key=lambda f: f.time)
-        add(
-            "sentinel",
-            f"{len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'}, first at step "
-            f"{first.step} ({first.stage})",
-            "triage",
-        )
-    try:
-        mismatch = len(numbered_lines(mismatch_record.mismatch_log_path(run)))
-    except (OSError, UnicodeDecodeError):
-        mismatch = 0
-    if mismatch:
-        add("mismatch", f"{mismatch} mismatch line(s)", "mismatch")
-    sessions = msprobe_layout.session_dirs(run)
-    if sessions:
-        cut = msprobe_layout.incomplete_sessions(run)
-        incomplete = f", {len(cut)} incomplete (cut off mid-stage)" if cut else ""
-        add("msprobe", f"{len(sessions)} dump session(s){incomplete}", "compare")
     return lines
+
+
+def _watchdog(evidence: Evidence, _: Holding) -> str:
+    states = [liveness(beat, evidence.now).state for beat in evidence.heartbeats]
+    counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
+    hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
+    late = f", {evidence.late_records} ended late" if evidence.late_records else ""
+    return f"{len(states)} rank heartbeat(s): {counts}{hangs}{late}"
+
+
+def _timing(evidence: Evidence, _: Holding) -> str:
+    raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
+    slow = [
+        f"rank(s) {', '.join(map(str, row.straggler_ranks))} in {row.stage}"
+        for row in stragglers(evidence.timing)
+        if row.straggler_ranks
+    ]
+    lagging = f"; stragglers: {'; '.join(slow)}" if slow else ""
+    return f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s){raised}{lagging}"
+
+
+def _sentinel(evidence: Evidence, holding: Holding) -> str:
+    anomalies = [f for f in evidence.failures if f.kind == "anomaly"]
+    if not anomalies:
+        return holding.describe()
+    first = min(anomalies, key=lambda f: f.time)
+    return f"{len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'}, first at step {first.step} ({first.stage})"
+
+
+def _mismatch(evidence: Evidence, holding: Holding) -> str:
+    try:
+        lines = len(numbered_lines(mismatch_record.mismatch_log_path(evidence.run)))
+    except (OSError, UnicodeDecodeError):
+        return holding.describe()
+    return f"{lines} mismatch line(s)"
+
+
+def _msprobe(evidence: Evidence, holding: Holding) -> str:
+    cut = msprobe_layout.incomplete_sessions(evidence.run)
+    return f"{holding.describe()}{f', {len(cut)} incomplete (cut off mid-stage)' if cut else ''}"
+
+
+_SUMMARIES: dict[str, Callable[[Evidence, Holding], str]] = {
+    "hangs": _watchdog,
+    "report": _timing,
+    "triage": _sentinel,
+    "mismatch": _mismatch,
+    "compare": _msprobe,
+}
 
 
 def _unseen(evidence: Evidence) -> list[str]:

@@ -75,6 +75,7 @@ class Evidence:
     hang_records: int = 0
     late_records: int = 0
     timing_records: int = 0
+    timing: list[Any] = field(default_factory=list)  # the timing logs' records, for the stragglers
     timing_ranks: int = 0
     timing_errors: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -304,6 +305,7 @@ def _timing(evidence: Evidence) -> None:
                 evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
                 continue
             evidence.timing_records += 1
+            evidence.timing.append(record)
             if record.error is None or not _of_this_run(evidence, record.run, f"{path}:{number}"):
                 continue
             evidence.timing_errors += 1
