@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+import yaml
 
 import verl_events
 from verl_events import ConfigError, stage
@@ -59,7 +61,7 @@ def test_an_entry_named_like_a_preset_observer_changes_that_observer_in_place() 
     )
     assert names(config) == ALWAYS_ON
     timing, watchdog, sentinel, mismatch = config.observers
-    assert dict(watchdog.options) == {"timeout_s": 600} and watchdog.selection.ranks == {0}
+    assert dict(watchdog.options) == {"timeout_s": 600} and watchdog.selection.ranks == frozenset({0})
     assert watchdog.where == "observers[1]" and watchdog.preset == "always_on"
     assert dict(sentinel.options) == {"rules": {"actor/grad_norm": {"spike": True}}}
     assert mismatch.enabled is False
@@ -203,3 +205,16 @@ def test_the_presets_sentinel_fires_on_a_non_finite_metric(tmp_path: Path) -> No
         (1, "actor_update", "actor/pg_loss", "non_finite"),
         (2, "actor_update", "actor/pg_loss", "non_finite"),
     }
+
+
+def test_the_documented_example_of_changing_the_preset_builds_what_it_says() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    (example,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", doc, flags=re.S) if b.startswith("preset: always_on\nsave")
+    ]
+    config = load_config(yaml.safe_load(example))
+    assert names(config) == [*ALWAYS_ON, "msprobe"] and config.save_path.parent == Path("/shared/runs")
+    built = {o.name: o for o in build_observers(config, set_up=False)}
+    assert list(built) == ["timing", "watchdog", "sentinel", "msprobe"]  # mismatch: enabled: false
+    assert "deadline 900 s" in built["watchdog"].describe()
+    assert "rules for: actor/grad_norm" in built["sentinel"].describe()

@@ -79,7 +79,7 @@ def expand(preset: Preset, entries: Sequence[Any]) -> list[Placed]:
     extra: list[Placed] = []
     for index, entry in enumerate(entries):
         name = entry.get("name") if isinstance(entry, Mapping) and "_target_" not in entry else None
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             extra.append((f"observers[{index}]", entry, None))
             continue
         if name in merged:
