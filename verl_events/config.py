@@ -3,7 +3,9 @@
 What tools that check or show a config need (``verl-events check``, the
 demos): read and validate a config, list and build observers exactly as
 :func:`verl_events.install` builds them (:func:`build_observers`), and find
-the conflicts it would refuse.  Observer authors check their options with
+the conflicts it would refuse, and the presets a config may name
+(:data:`PRESETS`; ``Config.preset`` and ``ObserverSpec.preset`` say where an
+observer came from).  Observer authors check their options with
 :func:`check_count` and ConfigError.  Training code needs
 none of this; it calls :func:`verl_events.install`.
 """
@@ -14,17 +16,20 @@ from ._arming import ArmedSelection, armed_stages, check_triggers
 from ._checks import check_count
 from ._config import Config, ObserverSpec, is_bare_name, load_config, read_config
 from ._install import build_observers, check_exclusive_resources, nothing_to_observe
+from ._presets import PRESETS, Preset
 from ._registry import available_observers, build_observer, import_target, observer_origin
 from ._replay import REPLAYABLE
 from ._selection import parse_numbers
 from ._verl_config import from_verl_config, is_verl_config
 
 __all__ = [
+    "PRESETS",
     "REPLAYABLE",
     "ArmedSelection",
     "armed_stages",
     "Config",
     "ObserverSpec",
+    "Preset",
     "available_observers",
     "build_observer",
     "build_observers",
