@@ -173,7 +173,9 @@ def test_sigterm_is_recorded_and_first(tmp_path: Path, two_ranks: Any) -> None:
     code, result, _ = diagnose(tmp_path / "run")
     assert code == 1
     first = assert_first(result, 1, "signal")
-    assert first["detail"] == "SIGTERM"
+    assert first["detail"] == "SIGTERM" and first["source"] == "crashes/rank1.SIGTERM.txt"
+    script = tmp_path / "ranks.py"
+    assert first["where"]["line"] == line_of(script, "os.kill(os.getpid(), signal.SIGTERM)")
     assert_rank_0_followed(result)
 
 

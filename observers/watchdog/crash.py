@@ -5,11 +5,13 @@ This module owns the two formats; the watchdog writes them and
 
     {save_path}/crashes/rank1.jsonl        one CrashRecord per line: a stage that raised, a signal
     {save_path}/crashes/rank1.fatal.txt    faulthandler's dump of every thread at a fatal signal
+    {save_path}/crashes/rank1.SIGTERM.txt  the same at SIGTERM (or SIGHUP, SIGINT) left to its default action
     {save_path}/crashes/pid4242.fatal.txt  the same, of a process that had run no stage yet
 
 A line of ``rank{R}.jsonl``; ``kind`` is ``"exception"`` (a stage body
 raised: the innermost stage, once) or ``"signal"`` (SIGTERM, SIGINT or
-SIGHUP arrived; ``open`` lists the stages open then, outermost first)::
+SIGHUP arrived and a Python handler was there before ours; ``open`` lists
+the stages open then, outermost first)::
 
     {"kind": "exception", "run": "…", "time": 1796025667.1, "rank": 1, "pid": 4242, "host": "node7",
      "step": 2, "stage": "actor_update", "role": "actor", "error_type": "RuntimeError",
@@ -20,9 +22,13 @@ SIGHUP arrived; ``open`` lists the stages open then, outermost first)::
 A fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) leaves no JSON:
 the process cannot run Python any more.  Python's :mod:`faulthandler`
 writes its text instead (``Fatal Python error: Segmentation fault``, then
-each thread's frames, most recent call first); the file's modification
-time is the time of death.  An empty dump file is a process that never
-got a fatal signal (the watchdog removes it at close).  Standard library only.
+each thread's frames, most recent call first), from the signal handler
+itself.  So does a terminating signal whose action was the default (the
+process dies of it at once, even with its main thread blocked in C, where
+no Python handler could run): the file's name says which signal, and its
+text has no ``Fatal Python error`` line.  A dump's modification time is
+the time of death.  An empty dump file is a process that never got that
+signal (the watchdog removes it at close).  Standard library only.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ __all__ = [
     "CRASH_DIR",
     "CRASH_KINDS",
     "FATAL_SIGNALS",
+    "FATAL",
     "CrashRecord",
     "FatalDump",
     "NotACrashRecord",
@@ -64,7 +71,9 @@ FATAL_SIGNALS = {
 }
 
 _LOG = re.compile(r"^rank(\d+)\.jsonl$")
-_FATAL = re.compile(r"^(?:rank(\d+)|pid(\d+))\.fatal\.txt$")
+_FATAL = re.compile(r"^(?:rank(\d+)|pid(\d+))\.(fatal|SIG[A-Z]+)\.txt$")
+#: The middle of a fatal signal's dump name; a terminating signal's is the signal's name.
+FATAL = "fatal"
 
 
 def crash_dir(save_path: Path) -> Path:
@@ -77,11 +86,12 @@ def crash_log_path(save_path: Path, rank: int) -> Path:
     return crash_dir(save_path) / f"rank{rank}.jsonl"
 
 
-def fatal_path(save_path: Path, *, rank: int | None = None, pid: int | None = None) -> Path:
-    """``crashes/rank{R}.fatal.txt``, or ``crashes/pid{P}.fatal.txt`` before the rank is known."""
+def fatal_path(save_path: Path, *, rank: int | None = None, pid: int | None = None, signal: str = FATAL) -> Path:
+    """``crashes/rank{R}.fatal.txt``, or ``crashes/pid{P}.fatal.txt`` before the rank is known;
+    ``signal`` (``SIGTERM``) names a terminating signal's dump instead."""
     if (rank is None) == (pid is None):
         raise ValueError("a fatal dump is named by a rank or by a pid, not both")
-    return crash_dir(save_path) / (f"rank{rank}.fatal.txt" if rank is not None else f"pid{pid}.fatal.txt")
+    return crash_dir(save_path) / (f"rank{rank}.{signal}.txt" if rank is not None else f"pid{pid}.{signal}.txt")
 
 
 def crash_log_files(save_path: Path) -> list[tuple[int, Path]]:
@@ -93,7 +103,7 @@ def crash_log_files(save_path: Path) -> list[tuple[int, Path]]:
 def fatal_files(save_path: Path, *, written: bool = False) -> list[Path]:
     """Every fatal dump under ``save_path``, by name; with ``written``, only those
     that are not empty (a live process keeps an empty one open)."""
-    found = sorted(p for p in crash_dir(save_path).glob("*.fatal.txt") if _FATAL.match(p.name))
+    found = sorted(p for p in crash_dir(save_path).glob("*.txt") if _FATAL.match(p.name))
     return [p for p in found if _size(p) > 0] if written else found
 
 
@@ -161,13 +171,14 @@ class FatalDump:
 
     ``threads`` maps a thread's header (``Current thread 0x…`` for the one
     that got the signal) to its frames, innermost first, as (file, line,
-    function); ``current`` is that thread's frames.
+    function); ``current`` is that thread's frames (for a terminating
+    signal, the thread the kernel chose to run the handler on: any thread).
     """
 
     path: Path
     rank: int | None
     pid: int | None
-    error: str  # faulthandler's words: "Segmentation fault"
+    error: str  # faulthandler's words ("Segmentation fault"), or "terminated by SIGTERM"
     signal: str | None  # "SIGSEGV", or None when faulthandler's words are not known here
     time: float
     threads: dict[str, list[tuple[str, int, str]]]
@@ -200,9 +211,16 @@ def read_fatal(path: Path) -> FatalDump | None:
             frames.append((match[1], int(match[2]), match[3]))
         elif not line.strip():
             frames = None
-    if error is None:
-        raise ValueError(f"{path} is not a faulthandler dump (no 'Fatal Python error:' line)")
     named = _FATAL.match(path.name)
     rank = int(named[1]) if named and named[1] else None
     pid = int(named[2]) if named and named[2] else None
-    return FatalDump(path, rank, pid, error, FATAL_SIGNALS.get(error), os.stat(path).st_mtime, threads, current)
+    kind = named[3] if named else FATAL
+    if kind != FATAL:
+        error, signal = f"terminated by {kind}", kind
+    elif error is None:
+        raise ValueError(f"{path} is not a faulthandler dump (no 'Fatal Python error:' line)")
+    else:
+        signal = FATAL_SIGNALS.get(error)
+    if not threads:
+        raise ValueError(f"{path} is not a faulthandler dump (no thread's frames)")
+    return FatalDump(path, rank, pid, error, signal, os.stat(path).st_mtime, threads, current)

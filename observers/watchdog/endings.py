@@ -10,14 +10,21 @@ While the watchdog is installed:
   every thread's stack into ``crashes/pid{P}.fatal.txt``, renamed
   ``rank{R}.fatal.txt`` once the process's first stage names its rank; the
   previous faulthandler state is restored at close;
-* **SIGTERM, SIGINT, SIGHUP**: a ``signal`` record (the time, the open
-  stages), then the handler that was there before runs, so the process ends
-  exactly as it would have: a Python handler (the user's, Ray's, Python's
-  KeyboardInterrupt) is called; the default action is taken by restoring it
-  and sending the signal again, after the rank's last heartbeat is written
-  as closed; an ignored signal stays ignored.  Handlers are set only from
-  the main thread (Python's rule); a handler set by C code, which Python
-  cannot call, is left alone.
+* **SIGTERM, SIGINT, SIGHUP**, so that the process ends exactly as it would
+  have without us:
+
+  - left to the default action (end the process): faulthandler's C handler
+    writes every thread's stack into ``crashes/rank{R}.SIGTERM.txt``, then
+    the default action ends the process.  A Python handler would not do:
+    it runs only when the main thread comes back to Python, and a rank
+    blocked in a collective would no longer die of SIGTERM;
+  - with a Python handler (the user's, Ray's, Python's KeyboardInterrupt for
+    SIGINT): ours writes a ``signal`` record (the time, the open stages,
+    the main thread's line), then calls it; it is put back at close unless
+    someone replaced ours since;
+  - ignored, or set by C code (which Python cannot chain): left alone.
+
+  Python handlers are set only from the main thread (Python's rule).
 
 A process killed with SIGKILL writes nothing: its heartbeat, rewritten every
 ``liveness_s`` while it lives, stops (:mod:`.monitor`).
@@ -42,7 +49,7 @@ from verl_events import StageEnd
 from verl_events.frames import user_frame_of_traceback
 
 from .._lines import append_line
-from .crash import CrashRecord, crash_log_path, fatal_path
+from .crash import FATAL, CrashRecord, crash_log_path, fatal_path
 from .monitor import WatchTable
 
 __all__ = ["TERMINATING_SIGNALS", "Endings"]
@@ -84,16 +91,13 @@ class Endings:
         save_path: Path,
         host: str,
         run: Callable[[], str | None],
-        final_beat: Callable[[dict[str, Any]], None],
     ) -> None:
         self.table = table
         self.save_path = save_path
         self.host = host
         self.pid = os.getpid()
         self._run = run
-        self._final_beat = final_beat
-        self._fatal: IO[str] | None = None
-        self._fatal_path: Path | None = None
+        self._dumps: dict[str, tuple[IO[str], Path]] = {}  # "fatal" or a signal's name -> its dump file
         self._fatal_was_on = False
         self._rank_named = False
         self._previous: dict[int, Any] = {}
@@ -104,61 +108,76 @@ class Endings:
 
     def start(self) -> None:
         self._fatal_was_on = faulthandler.is_enabled()
-        self._fatal_path = fatal_path(self.save_path, pid=self.pid)
-        try:
-            self._fatal = open(self._fatal_path, "w", encoding="utf-8")  # kept open: faulthandler writes to it
-            faulthandler.enable(self._fatal, all_threads=True)
-        except OSError as exc:
-            logger.error("the watchdog cannot open %s for fatal-signal stacks: %s", self._fatal_path, exc)
-            self._fatal = None
-        if threading.current_thread() is not threading.main_thread():
-            logger.info("the watchdog was installed off the main thread: SIGTERM, SIGINT and SIGHUP go unrecorded")
-            return
+        fatal = self._open_dump(FATAL)
+        if fatal is not None:
+            faulthandler.enable(fatal, all_threads=True)
+        main = threading.current_thread() is threading.main_thread()
         for number in TERMINATING_SIGNALS:
             previous = signal.getsignal(number)
-            if previous is None:  # set from C: Python cannot call it, so it cannot be chained
-                continue
-            signal.signal(number, self._on_signal)
-            self._previous[number] = previous
+            name = signal.Signals(number).name
+            if previous == signal.SIG_DFL and hasattr(faulthandler, "register"):
+                dump = self._open_dump(name)
+                if dump is not None:
+                    faulthandler.register(number, dump, all_threads=True, chain=True)
+            elif callable(previous) and main:
+                signal.signal(number, self._on_signal)
+                self._previous[number] = previous
+            elif callable(previous):
+                logger.info("the watchdog was installed off the main thread: %s goes unrecorded", name)
+
+    def _open_dump(self, kind: str) -> IO[str] | None:
+        path = fatal_path(self.save_path, pid=self.pid, signal=kind)
+        try:
+            dump = open(path, "w", encoding="utf-8")  # kept open: faulthandler writes to it from a signal handler
+        except OSError as exc:
+            logger.error("the watchdog cannot open %s for the stacks at %s: %s", path, kind, exc)
+            return None
+        self._dumps[kind] = (dump, path)
+        return dump
 
     def name_rank(self, rank: int) -> None:
-        """The process's first rank is known: its fatal dump takes the rank's name,
+        """The process's first rank is known: its dumps take the rank's name,
         unless another process of this rank already left one there."""
-        if self._rank_named or self._fatal_path is None:
+        if self._rank_named:
             return
         self._rank_named = True
-        target = fatal_path(self.save_path, rank=rank)
-        try:
-            if target.exists() and target.stat().st_size > 0:
-                return
-            os.replace(self._fatal_path, target)
-            self._fatal_path = target
-        except OSError as exc:
-            logger.error("the watchdog cannot rename %s to %s: %s", self._fatal_path, target, exc)
+        for kind, (dump, path) in list(self._dumps.items()):
+            target = fatal_path(self.save_path, rank=rank, signal=kind)
+            try:
+                if target.exists() and target.stat().st_size > 0:
+                    continue
+                os.replace(path, target)  # the open file follows its name
+                self._dumps[kind] = (dump, target)
+            except OSError as exc:
+                logger.error("the watchdog cannot rename %s to %s: %s", path, target, exc)
 
     def stop(self) -> None:
         """Put back the signal handlers (where ours is still set) and faulthandler's state;
-        remove the fatal dump if nothing was written to it."""
+        remove the dumps nothing was written to."""
         if threading.current_thread() is threading.main_thread():
             for number, previous in self._previous.items():
                 if signal.getsignal(number) == self._on_signal:
                     signal.signal(number, previous)
         self._previous.clear()
-        if self._fatal is None:
-            return
-        faulthandler.disable()
-        if self._fatal_was_on:
+        for number in TERMINATING_SIGNALS:
+            # A Python handler set since replaced faulthandler's; unregistering would put back the default.
+            if signal.Signals(number).name in self._dumps and signal.getsignal(number) == signal.SIG_DFL:
+                faulthandler.unregister(number)
+        if FATAL in self._dumps:
+            faulthandler.disable()
+            if self._fatal_was_on and sys.__stderr__ is not None:
+                try:
+                    faulthandler.enable(sys.__stderr__, all_threads=True)
+                except (AttributeError, OSError, ValueError):  # no usable stderr
+                    pass
+        for dump, path in self._dumps.values():
+            dump.close()
             try:
-                faulthandler.enable(sys.__stderr__, all_threads=True)
-            except (AttributeError, OSError, ValueError):  # no usable stderr
+                if path.stat().st_size == 0:
+                    path.unlink()
+            except OSError:
                 pass
-        self._fatal.close()
-        self._fatal = None
-        try:
-            if self._fatal_path is not None and self._fatal_path.stat().st_size == 0:
-                self._fatal_path.unlink()
-        except OSError:
-            pass
+        self._dumps.clear()
 
     def exit_how(self) -> dict[str, Any]:
         """How the process is ending, for its last heartbeat: a recorded signal, the exception
@@ -214,16 +233,9 @@ class Endings:
             self._record_signal(name, frame)
         except Exception:  # the previous handler runs whatever happened here
             logger.exception("the watchdog could not record %s", name)
-        previous = self._previous.get(number, signal.SIG_DFL)
+        previous = self._previous.get(number)
         if callable(previous):
             previous(number, frame)
-        elif previous == signal.SIG_DFL:
-            try:
-                self._final_beat({"how": "signal", "detail": name})
-            except Exception:
-                logger.exception("the watchdog could not write the last heartbeat at %s", name)
-            signal.signal(number, signal.SIG_DFL)
-            os.kill(os.getpid(), number)  # ends the process as it would have ended without us
 
     def _record_signal(self, name: str, frame: FrameType | None) -> None:
         locked = self.table.lock.acquire(timeout=_LOCK_WAIT_S)
@@ -236,7 +248,9 @@ class Endings:
         frames = _frames_of(list(traceback.walk_stack(frame))[::-1]) if frame is not None else []
         where = user_frame_of_traceback(frames)
         now = time.time()
-        for rank in ranks or [None]:
+        if not ranks:  # no stage ran yet: no rank to file it under
+            logger.warning("%s arrived before any stage ran; nothing recorded", name)
+        for rank in ranks:
             mine = [e for e in opened if e.event.rank == rank]
             inner = mine[-1].event if mine else None
             self._append(
@@ -244,7 +258,7 @@ class Endings:
                     kind="signal",
                     run=self._run(),
                     time=now,
-                    rank=-1 if rank is None else rank,
+                    rank=rank,
                     pid=self.pid,
                     host=self.host,
                     step=None if inner is None else inner.step,
@@ -257,10 +271,7 @@ class Endings:
             )
 
     def _append(self, record: CrashRecord) -> None:
-        path = crash_log_path(self.save_path, record.rank) if record.rank >= 0 else None
-        if path is None:  # no stage ran yet: no rank to file it under
-            logger.warning("%s arrived before any stage ran; nothing recorded", record.signal)
-            return
+        path = crash_log_path(self.save_path, record.rank)
         try:
             append_line(path, record.to_json())
         except OSError as exc:

@@ -132,11 +132,6 @@ class Monitor:
             self._thread.join()
         self._beat(closed=True, exit=exit)
 
-    def final_beat(self, exit: dict[str, Any]) -> None:
-        """Every rank's heartbeat, closed, from a signal handler: the main thread it
-        runs on may hold the table's lock, so the lock is waited for only briefly."""
-        self._beat(closed=True, exit=exit, lock_wait_s=0.5)
-
     # -- the loop --------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -188,21 +183,16 @@ class Monitor:
         closed: bool = False,
         force: bool = False,
         exit: dict[str, Any] | None = None,
-        lock_wait_s: float = -1,
     ) -> None:
         table = self.table
         now = time.monotonic()
         liveness = self.settings.liveness_s
-        locked = table.lock.acquire(timeout=lock_wait_s)
-        try:
+        with table.lock:
             states = [s for s in table.ranks.values() if s.changed or closed or force or now - s.written >= liveness]
             beats = [self._heartbeat(state, closed, exit) for state in states]
             for state in states:
                 state.changed = False
                 state.written = now
-        finally:
-            if locked:
-                table.lock.release()
         if beats and not self._first_rank_told and self.on_first_rank is not None:
             self._first_rank_told = True
             self.on_first_rank(beats[0].rank)
@@ -233,6 +223,7 @@ class Monitor:
                     "since": e.since,
                     "begun": e.begun,
                     "thread": names.get(e.thread, str(e.thread)),
+                    "thread_id": e.thread,  # as faulthandler's dumps name threads
                     "deadline_s": e.seconds,
                     "passed": e.fired,
                 }

@@ -134,7 +134,7 @@ class WatchdogObserver(Observer):
         )
         host = socket.gethostname()
         monitor = self._monitor = Monitor(self._table, settings, context.save_path, host)
-        endings = self._endings = Endings(self._table, context.save_path, host, monitor.run, monitor.final_beat)
+        endings = self._endings = Endings(self._table, context.save_path, host, monitor.run)
         monitor.on_first_rank = endings.name_rank
         endings.start()
         monitor.start()

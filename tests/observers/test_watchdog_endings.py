@@ -19,7 +19,7 @@ import pytest
 
 import verl_events
 from verl_events.observers.timing import TimingRecord
-from verl_events.observers.watchdog.crash import CrashRecord, crash_log_path, fatal_files, read_fatal
+from verl_events.observers.watchdog.crash import CrashRecord, crash_log_path, fatal_files, fatal_path, read_fatal
 from verl_events.observers.watchdog.record import heartbeat_path, read_heartbeat
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +44,12 @@ def test_a_stage_that_raises_is_recorded_once_with_its_message_line_and_tracebac
         with verl_events.stage("actor_update", step=2), verl_events.stage("train_batch", step=2):
             raise_inside()
     (record,) = crash_records(tmp_path)  # once: the innermost stage, not again for actor_update
-    assert (record.kind, record.step, record.stage, record.error_type) == ("exception", 2, "train_batch", "RuntimeError")
+    assert (record.kind, record.step, record.stage, record.error_type) == (
+        "exception",
+        2,
+        "train_batch",
+        "RuntimeError",
+    )
     assert record.message == "the reward model returned 3 scores for 4 samples"
     assert record.pid == os.getpid()
     assert record.where is not None and record.where["file"] == __file__
@@ -134,7 +139,7 @@ def run_dying(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
 def test_a_segfault_leaves_every_threads_stack_and_still_ends_by_sigsegv(tmp_path: Path) -> None:
     done = run_dying(tmp_path, "ctypes.string_at(0)  # reads address 0\n")
     assert done.returncode == -signal.SIGSEGV, done.stderr
-    (path,) = fatal_files(tmp_path / "run")
+    (path,) = fatal_files(tmp_path / "run", written=True)
     assert path.name == "rank1.fatal.txt"  # renamed from the pid's name once the first stage ran
     dump = read_fatal(path)
     assert dump is not None and (dump.signal, dump.rank) == ("SIGSEGV", 1)
@@ -142,11 +147,38 @@ def test_a_segfault_leaves_every_threads_stack_and_still_ends_by_sigsegv(tmp_pat
 
 
 @pytest.mark.slow
-def test_sigterm_with_the_default_action_ends_the_process_by_sigterm_after_recording(tmp_path: Path) -> None:
+def test_sigterm_with_the_default_action_leaves_the_stacks_and_ends_the_process_by_sigterm(tmp_path: Path) -> None:
     done = run_dying(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n")
     assert done.returncode == -signal.SIGTERM, done.stderr  # exactly as without the watchdog
-    (record,) = crash_records(tmp_path / "run", rank=1)
-    assert (record.signal, record.stage, record.step) == ("SIGTERM", "actor_update", 2)
-    assert record.where is not None and record.where["line"] == 8
+    (path,) = fatal_files(tmp_path / "run", written=True)
+    assert path.name == "rank1.SIGTERM.txt"
+    dump = read_fatal(path)
+    assert dump is not None and (dump.signal, dump.rank, dump.error) == ("SIGTERM", 1, "terminated by SIGTERM")
+    main_thread = [
+        frames
+        for frames in dump.threads.values()
+        if (str(tmp_path / "dying.py"), 8) in [(file, line) for file, line, _ in frames]
+    ]
+    assert main_thread, dump.threads  # the stage's thread was at the kill
     beat = json.loads(heartbeat_path(tmp_path / "run", 1).read_text())
-    assert beat["closed"] and beat["exit"] == {"how": "signal", "detail": "SIGTERM"}
+    assert not beat["closed"] and [item["stage"] for item in beat["open"]] == ["actor_update"]
+
+
+@pytest.mark.slow
+def test_sigterm_still_ends_a_process_whose_main_thread_is_blocked_in_c(tmp_path: Path) -> None:
+    """A Python handler would wait for the main thread to come back to Python: a rank blocked in a
+    collective would stop dying of SIGTERM.  Here the main thread waits in a C call (a lock with no
+    timeout, as a gloo or NCCL wait does) and another thread sends the signal."""
+    body = """import threading
+lock = threading.Lock()
+lock.acquire()
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+lock.acquire()  # blocks in C for ever
+"""
+    done = run_dying(tmp_path, body)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    dump = read_fatal(fatal_path(tmp_path / "run", rank=1, signal="SIGTERM"))
+    assert dump is not None and any(
+        (str(tmp_path / "dying.py"), 12) in [(file, line) for file, line, _ in frames]
+        for frames in dump.threads.values()
+    )

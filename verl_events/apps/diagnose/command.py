@@ -84,11 +84,15 @@ def _tools(evidence: Evidence) -> list[dict[str, str]]:
     lines = []
     for holding in run_holds(evidence.run):
         tool = holding.tool
-        summary = _SUMMARIES.get(tool.command, lambda _e, h: h.describe())(evidence, holding)
+        summary = _SUMMARIES.get(tool.command, _files)(evidence, holding)
         lines.append(
             {"tool": str(tool.observer), "summary": summary, "command": f"verl-events {tool.command} {evidence.run}"}
         )
     return lines
+
+
+def _files(_: Evidence, holding: Holding) -> str:
+    return holding.describe()
 
 
 def _watchdog(evidence: Evidence, _: Holding) -> str:

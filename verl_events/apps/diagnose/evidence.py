@@ -85,9 +85,10 @@ class Evidence:
 def gather(run: Path) -> Evidence:
     """Read every failure under ``run`` (see the module docstring)."""
     evidence = Evidence(run, owner_of(run))
+    _read_heartbeats(evidence)
     _crash_records(evidence)
     _fatal_dumps(evidence)
-    _heartbeats(evidence)
+    _stopped_ranks(evidence)
     _hangs(evidence)
     _timing(evidence)
     _anomalies(evidence)
@@ -155,7 +156,26 @@ def _user_frame(frames: list[tuple[str, int, str]]) -> dict[str, Any] | None:
     return None
 
 
+def _dump_where(dump: Any, beat: Heartbeat | None) -> dict[str, Any] | None:
+    """The line a dump shows: in the thread that got a fatal signal; else (a terminating
+    signal runs its handler on any thread) in the innermost open stage's thread, by the
+    heartbeat; else the first thread with a user frame."""
+    threads = list(dump.threads.values())
+    stage_thread = None
+    ident = (beat.open[-1].get("thread_id") if beat is not None and beat.open else None) or None
+    if isinstance(ident, int):
+        stage_thread = next((f for h, f in dump.threads.items() if f"0x{ident:016x}" in h.lower()), None)
+    fatal = not dump.error.startswith("terminated by")
+    order = [dump.current, stage_thread] if fatal else [stage_thread, dump.current]
+    for frames in [*order, *threads]:
+        where = _user_frame(frames) if frames else None
+        if where is not None:
+            return where
+    return None
+
+
 def _fatal_dumps(evidence: Evidence) -> None:
+    by_rank = {beat.rank: beat for beat in evidence.heartbeats}
     for path in crash.fatal_files(evidence.run, written=True):
         try:
             dump = crash.read_fatal(path)
@@ -164,20 +184,28 @@ def _fatal_dumps(evidence: Evidence) -> None:
             continue
         if dump is None:
             continue
+        beat = by_rank.get(dump.rank) if dump.rank is not None else None
+        if beat is None and dump.pid is not None:
+            beat = next((b for b in evidence.heartbeats if b.pid == dump.pid), None)
+        step, stage = _position(beat) if beat is not None else (None, None)
+        named = dump.signal and not dump.error.startswith("terminated")
         evidence.failures.append(
             Failure(
                 "signal",
-                -1 if dump.rank is None else dump.rank,  # by pid: matched to a heartbeat below
+                beat.rank if beat is not None else (-1 if dump.rank is None else dump.rank),
                 dump.time,
-                f"{dump.signal} ({dump.error})" if dump.signal else dump.error,
-                pid=dump.pid,
-                where=_user_frame(dump.current),
-                source=_relative(evidence, path),
+                f"{dump.signal} ({dump.error})" if named else (dump.signal or dump.error),
+                step,
+                stage,
+                beat.host if beat is not None else None,
+                dump.pid or (beat.pid if beat is not None else None),
+                _dump_where(dump, beat),
+                _relative(evidence, path),
             )
         )
 
 
-def _heartbeats(evidence: Evidence) -> None:
+def _read_heartbeats(evidence: Evidence) -> None:
     for path in hang_record.heartbeat_files(evidence.run):
         try:
             beat = hang_record.read_heartbeat(path)
@@ -186,56 +214,38 @@ def _heartbeats(evidence: Evidence) -> None:
             continue
         if _of_this_run(evidence, beat.run, str(path)):
             evidence.heartbeats.append(beat)
-    by_rank = {beat.rank: beat for beat in evidence.heartbeats}
-    by_pid = {(beat.pid, beat.host): beat for beat in evidence.heartbeats}
-    # A fatal dump or a record names its rank; fill in what only the heartbeat knows.
-    for index, failure in enumerate(evidence.failures):
-        beat = by_rank.get(failure.rank) if failure.rank >= 0 else None
-        if beat is None and failure.pid is not None:
-            beat = next((b for (pid, _), b in by_pid.items() if pid == failure.pid), None)
-        if beat is not None and (failure.stage is None or failure.host is None):
-            step, stage = _position(beat)
-            evidence.failures[index] = _with(
-                failure,
-                rank=beat.rank,
-                host=failure.host or beat.host,
-                pid=failure.pid or beat.pid,
-                step=failure.step if failure.stage else step,
-                stage=failure.stage or stage,
-            )
+
+
+def _stopped_ranks(evidence: Evidence) -> None:
+    """A rank that stopped beating without closing and left no record of why: killed (SIGKILL
+    leaves nothing else); one that closed after an exception outside the stages."""
     explained = {f.rank for f in evidence.failures if f.kind in ("exception", "signal")}
     for beat in evidence.heartbeats:
+        if beat.rank in explained:
+            continue
         state = liveness(beat, evidence.now)
         source = _relative(evidence, hang_record.heartbeat_path(evidence.run, beat.rank))
         step, stage = _position(beat)
         exit = beat.exit or {}
-        if state.stopped and beat.rank not in explained:
+        if state.stopped:
+            detail = f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}"
             evidence.failures.append(
-                Failure(
-                    "killed",
-                    beat.rank,
-                    beat.time,
-                    f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}",
-                    step,
-                    stage,
-                    beat.host,
-                    beat.pid,
-                    source=source,
-                )
+                Failure("killed", beat.rank, beat.time, detail, step, stage, beat.host, beat.pid, source=source)
             )
-        elif state.state == "closed" and exit.get("how") == "exception" and beat.rank not in explained:
+        elif state.state == "closed" and exit.get("how") == "exception":
+            detail = str(exit.get("detail"))
             evidence.failures.append(
                 Failure(
                     "exception",
                     beat.rank,
                     beat.time,
-                    str(exit.get("detail")),
+                    detail,
                     step,
                     stage,
                     beat.host,
                     beat.pid,
                     source=source,
-                    message=str(exit.get("detail")),
+                    message=detail,
                 )
             )
 
@@ -244,11 +254,6 @@ def _position(beat: Heartbeat) -> tuple[int | None, str | None]:
     """The innermost open stage, else the last one that ended."""
     last = beat.open[-1] if beat.open else (beat.last_ended or {})
     return last.get("step"), last.get("stage")
-
-
-def _with(failure: Failure, **changes: Any) -> Failure:
-    values = {name: getattr(failure, name) for name in Failure.__dataclass_fields__}
-    return Failure(**(values | changes))
 
 
 def _within(beat: Heartbeat) -> str:
