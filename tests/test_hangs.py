@@ -153,6 +153,12 @@ def test_a_rank_asleep_in_actor_update_and_one_waiting_in_its_all_reduce_are_nam
     assert sorted(r.rank for r in late) == [0, 1] and all(r.elapsed_s >= DEADLINE for r in late)
     data, by_rank = positions(run)  # it ended late after all: still exit 1
     assert [by_rank[r]["state"] for r in (0, 1)] == ["finished", "finished"] and len(data["late"]) == 2
+    # ... and each rank still shows where it was when its deadline passed
+    assert by_rank[1]["where"]["code"] == "time.sleep(12)"  # type: ignore[index]
+    assert by_rank[0]["waiting_in"] == "torch.distributed.all_reduce"
+    text = hangs_cli(run).stdout
+    assert f"at its deadline: at {script}:{line_of(script, 'time.sleep')}" in text
+    assert f"at its deadline: at {script}:{line_of(script, 'dist.all_reduce')}" in text
 
 
 @pytest.mark.slow
