@@ -188,6 +188,10 @@ def test_verls_trainer_runs_healthy_steps_without_an_anomaly_or_a_passed_deadlin
     trend = json.loads(capsys.readouterr().out)["trend"]
     assert [row["step"] for row in trend] == list(range(1, 13))
     print("verl, bf16 trainer against a float32 rollout: mean |Δ log p| per step", [f"{r['mean']:.3g}" for r in trend])
+    # How the run ended (docs/postmortem.md): no rank raised, was signalled or stopped beating.
+    assert verl_events_main(["diagnose", str(save_path), "--json"]) == 0
+    diagnosis = json.loads(capsys.readouterr().out)
+    assert (diagnosis["verdict"], diagnosis["first"], diagnosis["cascade"]) == ("healthy", None, []), diagnosis
 
 
 def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step_only(
