@@ -5,12 +5,13 @@ set switched on through ``VERL_EVENTS_CONFIG`` (docs/postmortem.md).
 Two trainer runs of two steps each (step 1 healthy, the failure in step 2), about a minute or
 two each on 2 cores:
 
-- **killed**: rank 1's process SIGKILLs itself as step 2's ``actor_update`` begins
+- **killed**: rank 1's process SIGKILLs itself 2 s into step 2's ``actor_update``
   (tests.support:Killer); the driver fails with Ray's ``ActorDiedError``, which names no rank.
   Diagnose must name rank 1, step 2, the stage and ``killed``, and the other rank as cascade.
 - **raised**: a forward hook on rank 0's actor model raises inside step 2's update
   (tests.support:Raiser); the driver fails with Ray's ``RayTaskError``.  Diagnose must name
-  rank 0, the stage, the message and the hook's ``raise`` line in tests/support.py.
+  rank 0, the stage (``train_batch``, verl's mini-batch stage nested in ``actor_update``), the
+  message and the hook's ``raise`` line in tests/support.py.
 
 That a healthy run comes out healthy is asserted on tests/test_verl_trainer.py's 12 healthy
 steps, which the watchdog watches too.
