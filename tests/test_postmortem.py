@@ -200,3 +200,58 @@ def test_a_launcher_stopping_the_survivor_after_an_exception_is_cascade(tmp_path
     assert (cascade["rank"], cascade["kind"], cascade["detail"]) == (1, "signal", "SIGTERM")
     assert "launcher" in cascade["why"] and cascade["time"] > first["time"]
     assert cascade["where"]["line"] == line_of(tmp_path / "ranks.py", "time.sleep(20)")
+
+
+# -- a launcher's shutdown (Ray ends every worker with SIGTERM when the driver is done) -----
+
+WORKER = """\
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+signal.signal(signal.SIGTERM, lambda number, frame: os._exit(0))  # as Ray's worker does: no atexit
+import verl_events
+verl_events.install({{"save_path": {save_path!r}, "observers": [{{"name": "watchdog", "heartbeat_s": 0.05}}]}})
+with verl_events.stage("actor_update", step=1):
+    time.sleep(0.2)
+print("between stages", flush=True)
+time.sleep(60)
+"""
+DRIVER = """\
+import sys
+sys.path.insert(0, {repo!r})
+import verl_events
+verl_events.install({{"save_path": {save_path!r}, "observers": [{{"name": "watchdog"}}]}})
+{end}
+"""
+
+
+@pytest.mark.parametrize("driver_raises", [False, True])
+def test_the_launchers_sigterm_after_the_driver_ended_normally_is_teardown_not_a_failure(
+    tmp_path: Path, driver_raises: bool
+) -> None:
+    repo, run = str(Path(__file__).resolve().parents[1]), str(tmp_path / "run")
+    env = {**os.environ, "VERL_EVENTS_RUN_ID": "teardown-test"}
+    (tmp_path / "worker.py").write_text(WORKER.format(repo=repo, save_path=run))
+    end = 'raise RuntimeError("ray.get failed")' if driver_raises else "pass"
+    (tmp_path / "driver.py").write_text(DRIVER.format(repo=repo, save_path=run, end=end))
+    worker = subprocess.Popen([sys.executable, str(tmp_path / "worker.py")], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "between stages\n"
+        driver = subprocess.run([sys.executable, str(tmp_path / "driver.py")], capture_output=True, env=env)
+        assert driver.returncode == (1 if driver_raises else 0)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0  # the worker's own handler still ends it, as without us
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.communicate(timeout=30)
+    code, result, text = diagnose(tmp_path / "run")
+    if driver_raises:
+        assert code == 1 and result["verdict"] == "failed"
+        assert (result["first"]["rank"], result["first"]["detail"]) == (-1, "RuntimeError: ray.get failed")
+        (cascade,) = result["cascade"]
+        assert (cascade["rank"], cascade["detail"]) == (0, "SIGTERM") and "launcher" in cascade["why"]
+        assert "a process without a rank (the driver)" in text
+    else:
+        assert code == 0 and result["verdict"] == "healthy" and result["cascade"] == []
+        assert [(t["rank"], t["detail"]) for t in result["teardown"]] == [(0, "SIGTERM")]
+        assert "the launcher stopped rank(s) 0 between stages (not a failure)" in text

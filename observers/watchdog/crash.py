@@ -6,7 +6,7 @@ This module owns the two formats; the watchdog writes them and
     {save_path}/crashes/rank1.jsonl        one CrashRecord per line: a stage that raised, a signal
     {save_path}/crashes/rank1.fatal.txt    faulthandler's dump of every thread at a fatal signal
     {save_path}/crashes/rank1.SIGTERM.txt  the same at SIGTERM (or SIGHUP, SIGINT) left to its default action
-    {save_path}/crashes/pid4242.fatal.txt  the same, of a process that had run no stage yet
+    {save_path}/crashes/ends.jsonl         one ProcessEnd per process: how it ended, and its ranks
 
 A line of ``rank{R}.jsonl``; ``kind`` is ``"exception"`` (a stage body
 raised: the innermost stage, once) or ``"signal"`` (SIGTERM, SIGINT or
@@ -18,6 +18,15 @@ the stages open then, outermost first)::
      "message": "Connection closed by peer [127.0.0.1]:29500",
      "where": {"file": "/work/train.py", "line": 88, "function": "update", "code": "dist.all_reduce(t)"},
      "traceback": "Traceback (most recent call last): …", "signal": null, "open": []}
+
+A line of ``ends.jsonl``, written by every process at close, or when a
+terminating signal reaches a Python handler that was there before ours
+(Ray's ends the process at once); ``how`` is ``normal``, ``exception`` or
+``signal``; ``ranks`` is empty for a process that ran no stage (verl's
+driver)::
+
+    {"run": "…", "time": 1796025667.1, "pid": 4242, "host": "node7", "ranks": [1],
+     "how": "exception", "detail": "RuntimeError: …"}
 
 A fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) leaves no JSON:
 the process cannot run Python any more.  Python's :mod:`faulthandler`
@@ -46,11 +55,14 @@ __all__ = [
     "FATAL_SIGNALS",
     "FATAL",
     "CrashRecord",
+    "ENDS_LOG",
+    "ProcessEnd",
     "FatalDump",
     "NotACrashRecord",
     "crash_dir",
     "crash_log_files",
     "crash_log_path",
+    "ends_log_path",
     "fatal_files",
     "fatal_path",
     "read_fatal",
@@ -58,6 +70,8 @@ __all__ = [
 
 #: The folder under ``save_path`` with each rank's crash records and fatal dumps.
 CRASH_DIR = "crashes"
+#: The file under the crash folder where every process says how it ended.
+ENDS_LOG = "ends.jsonl"
 #: ``exception``: a stage raised; ``signal``: a terminating signal arrived.
 CRASH_KINDS = ("exception", "signal")
 #: faulthandler's words for each fatal signal it catches.
@@ -84,6 +98,11 @@ def crash_dir(save_path: Path) -> Path:
 def crash_log_path(save_path: Path, rank: int) -> Path:
     """``{save_path}/crashes/rank{R}.jsonl``."""
     return crash_dir(save_path) / f"rank{rank}.jsonl"
+
+
+def ends_log_path(save_path: Path) -> Path:
+    """``{save_path}/crashes/ends.jsonl``."""
+    return crash_dir(save_path) / ENDS_LOG
 
 
 def fatal_path(save_path: Path, *, rank: int | None = None, pid: int | None = None, signal: str = FATAL) -> Path:
@@ -165,6 +184,37 @@ class CrashRecord:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessEnd:
+    """One line of ``crashes/ends.jsonl`` (see the module docstring)."""
+
+    run: str | None
+    time: float
+    pid: int
+    host: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    how: str
+    detail: str | None = None
+
+    def to_json(self) -> str:
+        """One line of the log (no newline)."""
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> ProcessEnd:
+        """Parse one line: ValueError when it is not JSON or not a process's end."""
+        data = json.loads(line)
+        if not isinstance(data, dict) or not all(key in data for key in ("time", "pid", "how")):
+            raise ValueError("a process's end is a JSON object with time, pid and how")
+        if data["how"] not in ENDINGS or not isinstance(data.get("ranks", []), list):
+            raise ValueError(f"a process's end has a how of {', '.join(ENDINGS)} and a list of ranks")
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+#: How a process ended, in ``ends.jsonl``.
+ENDINGS = ("normal", "exception", "signal")
+
+
 @dataclass(frozen=True, slots=True)
 class FatalDump:
     """A fatal dump, read: the signal, when, and each thread's frames.
@@ -197,6 +247,8 @@ def read_fatal(path: Path) -> FatalDump | None:
     if not text.strip():
         return None
     error: str | None = None
+    if "Fatal Python error:" in text:  # appended dumps of earlier processes at this rank: the last one
+        text = text[text.rindex("Fatal Python error:") :]
     threads: dict[str, list[tuple[str, int, str]]] = {}
     current: list[tuple[str, int, str]] = []
     frames: list[tuple[str, int, str]] | None = None

@@ -7,9 +7,9 @@ While the watchdog is installed:
   the formatted traceback) when the exception leaves the innermost stage;
   the enclosing stages that the same exception leaves are not recorded again;
 * **SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL**: :mod:`faulthandler` writes
-  every thread's stack into ``crashes/pid{P}.fatal.txt``, renamed
-  ``rank{R}.fatal.txt`` once the process's first stage names its rank; the
-  previous faulthandler state is restored at close;
+  every thread's stack into ``crashes/rank{R}.fatal.txt``, from the
+  process's first stage on (once a heartbeat names its rank); the previous
+  faulthandler state is restored at close;
 * **SIGTERM, SIGINT, SIGHUP**, so that the process ends exactly as it would
   have without us:
 
@@ -26,8 +26,10 @@ While the watchdog is installed:
 
   Python handlers are set only from the main thread (Python's rule).
 
-A process killed with SIGKILL writes nothing: its heartbeat, rewritten every
-``liveness_s`` while it lives, stops (:mod:`.monitor`).
+Every process, with ranks or none (verl's driver), appends how it ended to
+``crashes/ends.jsonl`` at close or at a chained signal.  A process killed
+with SIGKILL writes nothing: its heartbeat, rewritten every ``liveness_s``
+while it lives, stops (:mod:`.monitor`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from verl_events import StageEnd
 from verl_events.frames import user_frame_of_traceback
 
 from .._lines import append_line
-from .crash import FATAL, CrashRecord, crash_log_path, fatal_path
+from .crash import FATAL, CrashRecord, ProcessEnd, crash_log_path, ends_log_path, fatal_path
 from .monitor import WatchTable
 
 __all__ = ["TERMINATING_SIGNALS", "Endings"]
@@ -91,15 +93,17 @@ class Endings:
         save_path: Path,
         host: str,
         run: Callable[[], str | None],
+        final_beat: Callable[[dict[str, Any]], None],
     ) -> None:
         self.table = table
         self.save_path = save_path
         self.host = host
         self.pid = os.getpid()
         self._run = run
+        self._final_beat = final_beat
         self._dumps: dict[str, tuple[IO[str], Path]] = {}  # "fatal" or a signal's name -> its dump file
         self._fatal_was_on = False
-        self._rank_named = False
+        self._ended = False
         self._previous: dict[int, Any] = {}
         self._signal: str | None = None  # the last terminating signal recorded
         self._last_error: tuple[int, int, int] | None = None  # (id, depth, thread) of the last recorded exception
@@ -107,53 +111,47 @@ class Endings:
     # -- start and stop ------------------------------------------------------------
 
     def start(self) -> None:
-        self._fatal_was_on = faulthandler.is_enabled()
-        fatal = self._open_dump(FATAL)
-        if fatal is not None:
-            faulthandler.enable(fatal, all_threads=True)
+        """At install, on the thread that installs: chain the Python handlers there already."""
         main = threading.current_thread() is threading.main_thread()
         for number in TERMINATING_SIGNALS:
             previous = signal.getsignal(number)
-            name = signal.Signals(number).name
-            if previous == signal.SIG_DFL and hasattr(faulthandler, "register"):
-                dump = self._open_dump(name)
-                if dump is not None:
-                    faulthandler.register(number, dump, all_threads=True, chain=True)
-            elif callable(previous) and main:
+            if callable(previous) and main:
                 signal.signal(number, self._on_signal)
                 self._previous[number] = previous
             elif callable(previous):
-                logger.info("the watchdog was installed off the main thread: %s goes unrecorded", name)
+                logger.info("the watchdog was installed off the main thread: %s goes unrecorded", number)
 
-    def _open_dump(self, kind: str) -> IO[str] | None:
-        path = fatal_path(self.save_path, pid=self.pid, signal=kind)
+    def arm(self, rank: int) -> None:
+        """The process's first stage named its rank (the monitor's first heartbeat, within
+        ``heartbeat_s``): from now on faulthandler writes its dumps under that rank.  A
+        process that runs no stage (verl's driver, a reward worker) leaves none."""
+        if self._dumps:
+            return
+        self._fatal_was_on = faulthandler.is_enabled()
+        fatal = self._open_dump(rank, FATAL)
+        if fatal is not None:
+            faulthandler.enable(fatal, all_threads=True)
+        for number in TERMINATING_SIGNALS:
+            if signal.getsignal(number) == signal.SIG_DFL and hasattr(faulthandler, "register"):
+                dump = self._open_dump(rank, signal.Signals(number).name)
+                if dump is not None:
+                    faulthandler.register(number, dump, all_threads=True, chain=True)
+
+    def _open_dump(self, rank: int, kind: str) -> IO[str] | None:
+        path = fatal_path(self.save_path, rank=rank, signal=kind)
         try:
-            dump = open(path, "w", encoding="utf-8")  # kept open: faulthandler writes to it from a signal handler
+            # Appended to: an earlier process of this run at this rank may have left its dump there.
+            dump = open(path, "a", encoding="utf-8")  # kept open: faulthandler writes to it from a signal handler
         except OSError as exc:
             logger.error("the watchdog cannot open %s for the stacks at %s: %s", path, kind, exc)
             return None
         self._dumps[kind] = (dump, path)
         return dump
 
-    def name_rank(self, rank: int) -> None:
-        """The process's first rank is known: its dumps take the rank's name,
-        unless another process of this rank already left one there."""
-        if self._rank_named:
-            return
-        self._rank_named = True
-        for kind, (dump, path) in list(self._dumps.items()):
-            target = fatal_path(self.save_path, rank=rank, signal=kind)
-            try:
-                if target.exists() and target.stat().st_size > 0:
-                    continue
-                os.replace(path, target)  # the open file follows its name
-                self._dumps[kind] = (dump, target)
-            except OSError as exc:
-                logger.error("the watchdog cannot rename %s to %s: %s", path, target, exc)
-
-    def stop(self) -> None:
-        """Put back the signal handlers (where ours is still set) and faulthandler's state;
-        remove the dumps nothing was written to."""
+    def stop(self, exit: dict[str, Any]) -> None:
+        """Record how the process ends (``exit``); put back the signal handlers (where ours is
+        still set) and faulthandler's state; remove the dumps nothing was written to."""
+        self._end(exit)
         if threading.current_thread() is threading.main_thread():
             for number, previous in self._previous.items():
                 if signal.getsignal(number) == self._on_signal:
@@ -178,6 +176,25 @@ class Endings:
             except OSError:
                 pass
         self._dumps.clear()
+
+    def _end(self, exit: dict[str, Any]) -> None:
+        """One line in ``crashes/ends.jsonl``: how this process ended, with the ranks it ran.
+        A process without ranks (verl's driver) says so too: its normal end tells the
+        launcher's SIGTERMs that follow from a failure's."""
+        if self._ended:
+            return
+        self._ended = True
+        locked = self.table.lock.acquire(timeout=_LOCK_WAIT_S)
+        try:
+            ranks = sorted(self.table.ranks)
+        finally:
+            if locked:
+                self.table.lock.release()
+        end = ProcessEnd(run=self._run(), time=time.time(), pid=self.pid, host=self.host, ranks=ranks, **exit)
+        try:
+            append_line(ends_log_path(self.save_path), end.to_json())
+        except OSError as exc:
+            logger.error("the watchdog cannot append to %s: %s", ends_log_path(self.save_path), exc)
 
     def exit_how(self) -> dict[str, Any]:
         """How the process is ending, for its last heartbeat: a recorded signal, the exception
@@ -231,6 +248,9 @@ class Endings:
         self._signal = name
         try:
             self._record_signal(name, frame)
+            # The handler may end the process at once (Ray's does, with os._exit): say so now.
+            self._final_beat({"how": "signal", "detail": name})
+            self._end({"how": "signal", "detail": name})
         except Exception:  # the previous handler runs whatever happened here
             logger.exception("the watchdog could not record %s", name)
         previous = self._previous.get(number)
@@ -248,8 +268,8 @@ class Endings:
         frames = _frames_of(list(traceback.walk_stack(frame))[::-1]) if frame is not None else []
         where = user_frame_of_traceback(frames)
         now = time.time()
-        if not ranks:  # no stage ran yet: no rank to file it under
-            logger.warning("%s arrived before any stage ran; nothing recorded", name)
+        if not ranks:  # no stage ran: no rank to file it under (its end is in ends.jsonl)
+            logger.debug("%s arrived before any stage ran", name)
         for rank in ranks:
             mine = [e for e in opened if e.event.rank == rank]
             inner = mine[-1].event if mine else None

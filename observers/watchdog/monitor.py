@@ -169,6 +169,11 @@ class Monitor:
         self._beat()
         return max(0.01, earliest - time.monotonic())
 
+    def final_beat(self, exit: dict[str, Any]) -> None:
+        """Every rank's heartbeat, closed, from a signal handler: the main thread it runs
+        on may hold the table's lock, so the lock is waited for only briefly."""
+        self._beat(closed=True, exit=exit, lock_wait_s=0.5)
+
     def run(self) -> str | None:
         """The run's id (read once: the installation claimed the save_path before any stage began)."""
         if self._run is None:
@@ -183,16 +188,21 @@ class Monitor:
         closed: bool = False,
         force: bool = False,
         exit: dict[str, Any] | None = None,
+        lock_wait_s: float = -1,
     ) -> None:
         table = self.table
         now = time.monotonic()
         liveness = self.settings.liveness_s
-        with table.lock:
+        locked = table.lock.acquire(timeout=lock_wait_s)
+        try:
             states = [s for s in table.ranks.values() if s.changed or closed or force or now - s.written >= liveness]
             beats = [self._heartbeat(state, closed, exit) for state in states]
             for state in states:
                 state.changed = False
                 state.written = now
+        finally:
+            if locked:
+                table.lock.release()
         if beats and not self._first_rank_told and self.on_first_rank is not None:
             self._first_rank_told = True
             self.on_first_rank(beats[0].rank)

@@ -48,7 +48,7 @@ from typing import Literal
 
 from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
 
-from .crash import crash_dir, crash_log_files, fatal_files
+from .crash import crash_dir, crash_log_files, ends_log_path, fatal_files
 from .endings import Endings
 from .monitor import ABORT_EXIT_CODE, Monitor, MonitorSettings, OpenStage, RankState, WatchTable
 from .record import hangs_log_path, heartbeat_dir, heartbeat_files, report_dir, report_files
@@ -113,6 +113,7 @@ class WatchdogObserver(Observer):
         log = hangs_log_path(save_path)
         # An empty fatal dump is a live process's, this one's included (it is opened at setup).
         crashes = [path for _, path in crash_log_files(save_path)] + fatal_files(save_path, written=True)
+        crashes += [ends_log_path(save_path)] if ends_log_path(save_path).exists() else []
         return [*heartbeat_files(save_path), *report_files(save_path), *([log] if log.exists() else []), *crashes]
 
     def describe(self) -> str:
@@ -134,8 +135,8 @@ class WatchdogObserver(Observer):
         )
         host = socket.gethostname()
         monitor = self._monitor = Monitor(self._table, settings, context.save_path, host)
-        endings = self._endings = Endings(self._table, context.save_path, host, monitor.run)
-        monitor.on_first_rank = endings.name_rank
+        endings = self._endings = Endings(self._table, context.save_path, host, monitor.run, monitor.final_beat)
+        monitor.on_first_rank = endings.arm
         endings.start()
         monitor.start()
 
@@ -180,6 +181,6 @@ class WatchdogObserver(Observer):
         if self._monitor is not None:
             self._monitor.stop(exit)
             self._monitor = None
-        if self._endings is not None:
-            self._endings.stop()
+        if self._endings is not None and exit is not None:
+            self._endings.stop(exit)
             self._endings = None

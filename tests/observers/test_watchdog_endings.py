@@ -19,7 +19,15 @@ import pytest
 
 import verl_events
 from verl_events.observers.timing import TimingRecord
-from verl_events.observers.watchdog.crash import CrashRecord, crash_log_path, fatal_files, fatal_path, read_fatal
+from verl_events.observers.watchdog.crash import (
+    CrashRecord,
+    ProcessEnd,
+    crash_log_path,
+    ends_log_path,
+    fatal_files,
+    fatal_path,
+    read_fatal,
+)
 from verl_events.observers.watchdog.record import heartbeat_path, read_heartbeat
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +80,10 @@ def test_a_clean_end_says_so_and_leaves_no_crash_files(tmp_path: Path) -> None:
     beat = read_heartbeat(heartbeat_path(tmp_path, 0))
     assert beat.closed and beat.exit == {"how": "normal", "detail": None}
     assert beat.pid == os.getpid() and beat.liveness_s == 2.0
-    assert not list((tmp_path / "crashes").iterdir())  # the empty fatal dump is removed at close
+    # the empty dumps are removed at close; what is left says how the process ended
+    assert [path.name for path in (tmp_path / "crashes").iterdir()] == ["ends.jsonl"]
+    (end,) = [ProcessEnd.from_json(line) for line in ends_log_path(tmp_path).read_text().splitlines()]
+    assert (end.how, end.ranks, end.pid) == ("normal", [0], os.getpid())
 
 
 def test_the_liveness_beat_rewrites_an_unchanged_heartbeat(tmp_path: Path) -> None:
@@ -113,6 +124,8 @@ def test_sigterm_is_recorded_then_the_users_handler_runs_and_is_put_back(tmp_pat
     assert (record.kind, record.signal, record.step, record.stage) == ("signal", "SIGTERM", 3, "actor_update")
     assert [item["stage"] for item in record.open] == ["actor_update"]
     assert read_heartbeat(heartbeat_path(tmp_path, 0)).exit == {"how": "signal", "detail": "SIGTERM"}
+    (end,) = [ProcessEnd.from_json(line) for line in ends_log_path(tmp_path).read_text().splitlines()]
+    assert (end.how, end.detail) == ("signal", "SIGTERM")  # once: not again at close
 
 
 DYING = """\

@@ -8,7 +8,10 @@ tool of what else the run holds, with the command to read it; and what
 the run could not show, with the observer that would have shown it.
 
 ``--json`` prints ``{"verdict", "first", "cascade", "tools", "unseen",
-"warnings"}``; ``first`` is null for a healthy run, and each failure has
+"teardown", "warnings"}``; ``first`` is null for a healthy run; ``teardown``
+lists the ranks a launcher stopped between stages after the driver (a
+process without ranks) ended normally, as Ray does at every shutdown: not
+failures.  Each failure has
 ``rank``, ``host``, ``pid``, ``step``, ``stage``, ``kind``, ``detail``,
 ``where`` (``file``, ``line``, ``function``, ``code``), ``time`` and
 ``source`` (a cascade item adds ``why``).
@@ -59,6 +62,7 @@ class Diagnosis:
             "cascade": [failure.as_json() | {"why": why} for failure, why in self.verdict.cascade],
             "tools": self.tools,
             "unseen": self.unseen,
+            "teardown": [failure.as_json() for failure in self.evidence.teardown],
             "warnings": self.evidence.warnings,
         }
 
@@ -167,10 +171,15 @@ _SHOWN = 200  # characters of a failure's detail shown in text
 
 
 def _failure_lines(failure: Failure, indent: str) -> list[str]:
-    at = f"step {failure.step}, {failure.stage}" if failure.stage else "outside any stage"
+    if not failure.stage:
+        at = "outside any stage"
+    elif failure.in_stage:
+        at = f"step {failure.step}, {failure.stage}"
+    else:
+        at = f"between stages, after step {failure.step}'s {failure.stage}"
     host = f" on {failure.host}" if failure.host else ""
     pid = f", pid {failure.pid}" if failure.pid else ""
-    rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process of unknown rank"
+    rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process without a rank (the driver)"
     detail = failure.detail if len(failure.detail) <= _SHOWN else failure.detail[: _SHOWN - 1] + "…"  # --json: whole
     lines = [f"{indent}{rank}{host}{pid}: {at}: {failure.kind}: {detail}"]
     where = failure.where
@@ -197,6 +206,12 @@ def render(diagnosis: Diagnosis) -> str:
         lines.append("the run also holds:")
         width = max(len(t["tool"]) for t in diagnosis.tools)
         lines += [f"  {t['tool']:<{width}}  {t['summary']}: {t['command']}" for t in diagnosis.tools]
+    teardown = diagnosis.evidence.teardown
+    if teardown:
+        ranks = ", ".join(str(f.rank) for f in sorted(teardown, key=lambda f: f.rank))
+        lines.append(
+            f"after the run ended normally, the launcher stopped rank(s) {ranks} between stages (not a failure)"
+        )
     lines += [f"not seen: {line}" for line in diagnosis.unseen]
     return "\n".join(lines)
 

@@ -38,6 +38,9 @@ else:
 
 Heartbeat = hang_record.Heartbeat
 
+#: Signals a launcher sends to end a job's processes.
+LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
 __all__ = ["Evidence", "Failure", "gather"]
 
 
@@ -58,6 +61,7 @@ class Failure:
     source: str = ""  # the file it was read from, relative to the run
     message: str | None = None  # an exception's message, for telling a consequence
     waiting_in: str | None = None  # a hang: the torch.distributed call it waits in
+    in_stage: bool = True  # False: between stages (step and stage are the last that ended)
 
     def as_json(self) -> dict[str, Any]:
         keys = ("rank", "host", "pid", "step", "stage", "kind", "detail", "where", "time", "source")
@@ -74,6 +78,8 @@ class Evidence:
     heartbeats: list[Heartbeat] = field(default_factory=list)
     hang_records: int = 0
     late_records: int = 0
+    ends: list[Any] = field(default_factory=list)  # crash.ProcessEnd, one per process that said how it ended
+    teardown: list[Failure] = field(default_factory=list)  # launcher signals after the driver ended normally
     timing_records: int = 0
     timing: list[Any] = field(default_factory=list)  # the timing logs' records, for the stragglers
     timing_ranks: int = 0
@@ -86,9 +92,11 @@ def gather(run: Path) -> Evidence:
     """Read every failure under ``run`` (see the module docstring)."""
     evidence = Evidence(run, owner_of(run))
     _read_heartbeats(evidence)
+    _process_ends(evidence)
     _crash_records(evidence)
     _fatal_dumps(evidence)
     _stopped_ranks(evidence)
+    _teardown(evidence)
     _hangs(evidence)
     _timing(evidence)
     _anomalies(evidence)
@@ -130,6 +138,7 @@ def _crash_records(evidence: Evidence) -> None:
                 continue
             if not _of_this_run(evidence, record.run, where):
                 continue
+            in_stage = record.kind == "exception" or record.stage is not None
             detail = f"{record.error_type}: {record.message}" if record.kind == "exception" else str(record.signal)
             evidence.failures.append(
                 Failure(
@@ -144,6 +153,7 @@ def _crash_records(evidence: Evidence) -> None:
                     record.where,
                     _relative(evidence, path),
                     message=record.message,
+                    in_stage=in_stage,
                 )
             )
 
@@ -201,8 +211,50 @@ def _fatal_dumps(evidence: Evidence) -> None:
                 dump.pid or (beat.pid if beat is not None else None),
                 _dump_where(dump, beat),
                 _relative(evidence, path),
+                in_stage=beat is not None and bool(beat.open),
             )
         )
+
+
+def _process_ends(evidence: Evidence) -> None:
+    """How each process ended; a process without ranks (verl's driver) that raised is a failure too."""
+    path = crash.ends_log_path(evidence.run)
+    for number, line in _lines(evidence, path):
+        try:
+            end = crash.ProcessEnd.from_json(line)
+        except ValueError as exc:
+            evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
+            continue
+        if not _of_this_run(evidence, end.run, f"{path}:{number}"):
+            continue
+        evidence.ends.append(end)
+        if not end.ranks and end.how == "exception":
+            evidence.failures.append(
+                Failure(
+                    "exception",
+                    -1,
+                    end.time,
+                    str(end.detail),
+                    host=end.host,
+                    pid=end.pid,
+                    source=_relative(evidence, path),
+                    message=end.detail,
+                    in_stage=False,
+                )
+            )
+
+
+def _teardown(evidence: Evidence) -> None:
+    """A process without ranks (verl's driver) that ended normally means the run finished:
+    a launcher's signal, or a kill, that then found a rank between stages is the launcher
+    ending the job's workers (Ray does so at every shutdown), not a failure."""
+    if not any(not end.ranks and end.how == "normal" for end in evidence.ends):
+        return
+    for failure in list(evidence.failures):
+        launcher = failure.kind == "killed" or (failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS)
+        if launcher and not failure.in_stage:
+            evidence.failures.remove(failure)
+            evidence.teardown.append(failure)
 
 
 def _read_heartbeats(evidence: Evidence) -> None:
@@ -230,7 +282,18 @@ def _stopped_ranks(evidence: Evidence) -> None:
         if state.stopped:
             detail = f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}"
             evidence.failures.append(
-                Failure("killed", beat.rank, beat.time, detail, step, stage, beat.host, beat.pid, source=source)
+                Failure(
+                    "killed",
+                    beat.rank,
+                    beat.time,
+                    detail,
+                    step,
+                    stage,
+                    beat.host,
+                    beat.pid,
+                    source=source,
+                    in_stage=bool(beat.open),
+                )
             )
         elif state.state == "closed" and exit.get("how") == "exception":
             detail = str(exit.get("detail"))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .evidence import Failure
+from .evidence import LAUNCHER_SIGNALS, Failure
 
 __all__ = ["PEER_WORDS", "Verdict", "judge"]
 
@@ -40,7 +40,6 @@ PEER_WORDS = (
     (re.compile(r"nccl|gloo|hccl|distbackenderror|process ?group|collective|rendezvous", re.I), "a gloo/NCCL error"),
     (re.compile(r"ActorDiedError|RayActorError|WorkerCrashedError|actor died", re.I), "a dead Ray actor"),
 )
-_LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 _DEATHS = ("exception", "signal", "killed")
 
 
@@ -89,7 +88,7 @@ def _why(failure: Failure, first: Failure) -> str:
     words = _peer_words(failure)
     if words:
         return f"{words}, {'after' if later else 'around'} {after}"
-    if failure.kind == "signal" and failure.detail in _LAUNCHER_SIGNALS:
+    if failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS:
         return f"a launcher stopping the survivors ({failure.detail}) after {after}"
     if failure.kind == "killed":
         return f"killed after {after}: a launcher ending the job, or the same cause"
