@@ -31,6 +31,7 @@ OWNERS = {
     "run.json": "verl_events/_run.py",
     "hangs.jsonl": "observers/watchdog/record.py",
     "mismatch.jsonl": "observers/mismatch/record.py",
+    "ends.jsonl": "observers/watchdog/crash.py",
 }
 # A folder under save_path -> the one module that may name it.  A folder's name is also
 # a word ("timing", "hangs"), so only its use as a path part counts: joined with ``/``,
@@ -39,6 +40,7 @@ FOLDERS = {
     "timing": "observers/timing.py",
     "heartbeats": "observers/watchdog/record.py",
     "hangs": "observers/watchdog/record.py",  # the hang reports
+    "crashes": "observers/watchdog/crash.py",  # crash records, fatal dumps, ends.jsonl
 }
 # Each name as a layout uses it: a file name on its own (not ``data_dump.json_writer``),
 # and ``step_`` before a step (``step_3``, ``step_{N}``, ``step_*``, ``step_unknown``), not

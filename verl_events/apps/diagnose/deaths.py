@@ -1,0 +1,224 @@
+"""How each rank's process ended, from the watchdog's files: crash records, faulthandler's
+dumps, heartbeats (a rank that stopped beating: killed) and every process's end (the driver's
+too: its normal end makes a launcher's SIGTERMs that follow teardown, not failures)."""
+
+from __future__ import annotations
+
+import linecache
+import time
+from typing import TYPE_CHECKING, Any
+
+from verl_events.frames import is_library_file
+
+from ..formats import hang_record
+from ..liveness import liveness
+from .record import LAUNCHER_SIGNALS, Evidence, Failure, lines_of, of_this_run, relative
+
+if TYPE_CHECKING:
+    from observers.watchdog import crash
+else:
+    from verl_events.observers.watchdog import crash
+
+Heartbeat = hang_record.Heartbeat
+
+__all__ = ["crash_records", "fatal_dumps", "process_ends", "read_heartbeats", "stopped_ranks", "teardown"]
+
+
+def crash_records(evidence: Evidence) -> None:
+    for _, path in crash.crash_log_files(evidence.run):
+        for number, line in lines_of(evidence, path):
+            where = f"{path}:{number}"
+            try:
+                record = crash.CrashRecord.from_json(line)
+            except ValueError as exc:
+                evidence.warnings.append(f"{where} was skipped: {exc}")
+                continue
+            if not of_this_run(evidence, record.run, where):
+                continue
+            in_stage = record.kind == "exception" or record.stage is not None
+            detail = f"{record.error_type}: {record.message}" if record.kind == "exception" else str(record.signal)
+            evidence.failures.append(
+                Failure(
+                    record.kind,
+                    record.rank,
+                    record.time,
+                    detail,
+                    record.step,
+                    record.stage,
+                    record.host,
+                    record.pid,
+                    record.where,
+                    relative(evidence, path),
+                    message=record.message,
+                    in_stage=in_stage,
+                )
+            )
+
+
+def _user_frame(frames: list[tuple[str, int, str]]) -> dict[str, Any] | None:
+    """The innermost user frame of faulthandler's frames (innermost first), with its code if readable."""
+    for file, line, function in frames:
+        if not is_library_file(file):
+            return {"file": file, "line": line, "function": function, "code": linecache.getline(file, line).strip()}
+    return None
+
+
+def _dump_where(dump: Any, beat: Heartbeat | None) -> dict[str, Any] | None:
+    """The line a dump shows: in the thread that got a fatal signal; else (a terminating
+    signal runs its handler on any thread) in the innermost open stage's thread, by the
+    heartbeat; else the first thread with a user frame."""
+    threads = list(dump.threads.values())
+    stage_thread = None
+    ident = (beat.open[-1].get("thread_id") if beat is not None and beat.open else None) or None
+    if isinstance(ident, int):
+        stage_thread = next((f for h, f in dump.threads.items() if f"0x{ident:016x}" in h.lower()), None)
+    fatal = not dump.error.startswith("terminated by")
+    order = [dump.current, stage_thread] if fatal else [stage_thread, dump.current]
+    for frames in [*order, *threads]:
+        where = _user_frame(frames) if frames else None
+        if where is not None:
+            return where
+    return None
+
+
+def fatal_dumps(evidence: Evidence) -> None:
+    by_rank = {beat.rank: beat for beat in evidence.heartbeats}
+    for path in crash.fatal_files(evidence.run, written=True):
+        try:
+            dump = crash.read_fatal(path)
+        except (OSError, ValueError) as exc:
+            evidence.warnings.append(f"{path} was skipped: {exc}")
+            continue
+        if dump is None:
+            continue
+        beat = by_rank.get(dump.rank) if dump.rank is not None else None
+        if beat is None and dump.pid is not None:
+            beat = next((b for b in evidence.heartbeats if b.pid == dump.pid), None)
+        step, stage = _position(beat) if beat is not None else (None, None)
+        named = dump.signal and not dump.error.startswith("terminated")
+        evidence.failures.append(
+            Failure(
+                "signal",
+                beat.rank if beat is not None else (-1 if dump.rank is None else dump.rank),
+                dump.time,
+                f"{dump.signal} ({dump.error})" if named else (dump.signal or dump.error),
+                step,
+                stage,
+                beat.host if beat is not None else None,
+                dump.pid or (beat.pid if beat is not None else None),
+                _dump_where(dump, beat),
+                relative(evidence, path),
+                in_stage=beat is not None and bool(beat.open),
+            )
+        )
+
+
+def process_ends(evidence: Evidence) -> None:
+    """How each process ended; a process without ranks (verl's driver) that raised is a failure too."""
+    path = crash.ends_log_path(evidence.run)
+    for number, line in lines_of(evidence, path):
+        try:
+            end = crash.ProcessEnd.from_json(line)
+        except ValueError as exc:
+            evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
+            continue
+        if not of_this_run(evidence, end.run, f"{path}:{number}"):
+            continue
+        evidence.ends.append(end)
+        if not end.ranks and end.how == "exception":
+            evidence.failures.append(
+                Failure(
+                    "exception",
+                    -1,
+                    end.time,
+                    str(end.detail),
+                    host=end.host,
+                    pid=end.pid,
+                    source=relative(evidence, path),
+                    message=end.detail,
+                    in_stage=False,
+                )
+            )
+
+
+def teardown(evidence: Evidence) -> None:
+    """A process without ranks (verl's driver) that ended normally means the run finished:
+    a launcher's signal, or a kill, that then found a rank between stages is the launcher
+    ending the job's workers (Ray does so at every shutdown), not a failure."""
+    if not any(not end.ranks and end.how == "normal" for end in evidence.ends):
+        return
+    for failure in list(evidence.failures):
+        launcher = failure.kind == "killed" or (failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS)
+        if launcher and not failure.in_stage:
+            evidence.failures.remove(failure)
+            evidence.teardown.append(failure)
+
+
+def read_heartbeats(evidence: Evidence) -> None:
+    for path in hang_record.heartbeat_files(evidence.run):
+        try:
+            beat = hang_record.read_heartbeat(path)
+        except (hang_record.NotAHeartbeat, OSError) as exc:
+            evidence.warnings.append(f"{path} was skipped: {exc}")
+            continue
+        if of_this_run(evidence, beat.run, str(path)):
+            evidence.heartbeats.append(beat)
+
+
+def stopped_ranks(evidence: Evidence) -> None:
+    """A rank that stopped beating without closing and left no record of why: killed (SIGKILL
+    leaves nothing else); one that closed after an exception outside the stages."""
+    explained = {f.rank for f in evidence.failures if f.kind in ("exception", "signal")}
+    for beat in evidence.heartbeats:
+        if beat.rank in explained:
+            continue
+        state = liveness(beat, evidence.now)
+        source = relative(evidence, hang_record.heartbeat_path(evidence.run, beat.rank))
+        step, stage = _position(beat)
+        exit = beat.exit or {}
+        if state.stopped:
+            detail = f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}"
+            evidence.failures.append(
+                Failure(
+                    "killed",
+                    beat.rank,
+                    beat.time,
+                    detail,
+                    step,
+                    stage,
+                    beat.host,
+                    beat.pid,
+                    source=source,
+                    in_stage=bool(beat.open),
+                )
+            )
+        elif state.state == "closed" and exit.get("how") == "exception":
+            detail = str(exit.get("detail"))
+            evidence.failures.append(
+                Failure(
+                    "exception",
+                    beat.rank,
+                    beat.time,
+                    detail,
+                    step,
+                    stage,
+                    beat.host,
+                    beat.pid,
+                    source=source,
+                    message=detail,
+                )
+            )
+
+
+def _position(beat: Heartbeat) -> tuple[int | None, str | None]:
+    """The innermost open stage, else the last one that ended."""
+    last = beat.open[-1] if beat.open else (beat.last_ended or {})
+    return last.get("step"), last.get("stage")
+
+
+def _within(beat: Heartbeat) -> str:
+    return f" (it died within {beat.liveness_s:g} s after)" if beat.liveness_s else ""
+
+
+def _clock(unix: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"

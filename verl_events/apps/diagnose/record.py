@@ -1,0 +1,84 @@
+"""What diagnose reads a run into: one kind of record for every failure, and the readers' helpers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..formats import hang_record
+from ..jsonl import numbered_lines
+
+__all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "lines_of", "of_this_run", "relative"]
+
+#: Signals a launcher sends to end a job's processes.
+LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One rank's failure.  ``time`` is when it happened (Unix seconds); for
+    ``killed``, the last heartbeat (it died within one liveness beat after)."""
+
+    kind: str  # exception, signal, killed, hang, anomaly
+    rank: int
+    time: float
+    detail: str
+    step: int | None = None
+    stage: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    where: dict[str, Any] | None = None
+    source: str = ""  # the file it was read from, relative to the run
+    message: str | None = None  # an exception's message, for telling a consequence
+    waiting_in: str | None = None  # a hang: the torch.distributed call it waits in
+    in_stage: bool = True  # False: between stages (step and stage are the last that ended)
+
+    def as_json(self) -> dict[str, Any]:
+        keys = ("rank", "host", "pid", "step", "stage", "kind", "detail", "where", "time", "source")
+        return {key: getattr(self, key) for key in keys}
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What :func:`gather` found in a run folder."""
+
+    run: Path
+    run_id: str | None
+    failures: list[Failure] = field(default_factory=list)
+    heartbeats: list[hang_record.Heartbeat] = field(default_factory=list)
+    hang_records: int = 0
+    late_records: int = 0
+    ends: list[Any] = field(default_factory=list)  # crash.ProcessEnd, one per process that said how it ended
+    teardown: list[Failure] = field(default_factory=list)  # launcher signals after the driver ended normally
+    timing_records: int = 0
+    timing: list[Any] = field(default_factory=list)  # the timing logs' records, for the stragglers
+    timing_ranks: int = 0
+    timing_errors: int = 0
+    warnings: list[str] = field(default_factory=list)
+    now: float = field(default_factory=time.time)
+
+
+def relative(evidence: Evidence, path: Path) -> str:
+    try:
+        return path.relative_to(evidence.run).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def of_this_run(evidence: Evidence, run: str | None, where: str) -> bool:
+    if evidence.run_id is None or run is None or run == evidence.run_id:
+        return True
+    evidence.warnings.append(
+        f"{where} was skipped: it belongs to run {run!r}, and this folder to run {evidence.run_id!r}"
+    )
+    return False
+
+
+def lines_of(evidence: Evidence, path: Path) -> list[tuple[int, str]]:
+    try:
+        return numbered_lines(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        evidence.warnings.append(f"{path} cannot be read: {exc}")
+        return []
