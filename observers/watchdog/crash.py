@@ -14,7 +14,7 @@ SIGHUP arrived and a Python handler was there before ours; ``open`` lists
 the stages open then, outermost first)::
 
     {"kind": "exception", "run": "…", "time": 1796025667.1, "rank": 1, "pid": 4242, "host": "node7",
-     "step": 2, "stage": "actor_update", "role": "actor", "error_type": "RuntimeError",
+     "step": 2, "stage": "actor_update", "role": "actor", "parent": null, "error_type": "RuntimeError",
      "message": "Connection closed by peer [127.0.0.1]:29500",
      "where": {"file": "/work/train.py", "line": 88, "function": "update", "code": "dist.all_reduce(t)"},
      "traceback": "Traceback (most recent call last): …", "signal": null, "open": []}
@@ -142,7 +142,9 @@ class CrashRecord:
     """One line of ``crashes/rank{R}.jsonl`` (see the module docstring).
 
     ``step``, ``stage`` and ``role`` are the stage that raised, or the
-    innermost stage open when the signal arrived (None when none was).
+    innermost stage open when the signal arrived (None when none was);
+    ``parent`` the stage enclosing it (verl's ``train_batch`` runs inside
+    ``actor_update``).
     ``where`` is the innermost user frame of the exception's traceback
     (:mod:`verl_events.frames`), or of the main thread for a signal.
     """
@@ -156,6 +158,7 @@ class CrashRecord:
     step: int | None = None
     stage: str | None = None
     role: str | None = None
+    parent: str | None = None
     error_type: str | None = None
     message: str | None = None
     where: dict[str, Any] | None = None

@@ -12,7 +12,8 @@ the run could not show, with the observer that would have shown it.
 lists the ranks a launcher stopped between stages after the driver (a
 process without ranks) ended normally, as Ray does at every shutdown: not
 failures.  Each failure has
-``rank``, ``host``, ``pid``, ``step``, ``stage``, ``kind``, ``detail``,
+``rank``, ``host``, ``pid``, ``step``, ``stage``, ``parent`` (the stage
+enclosing it, if any), ``kind``, ``detail``,
 ``where`` (``file``, ``line``, ``function``, ``code``), ``time`` and
 ``source`` (a cascade item adds ``why``).
 
@@ -174,7 +175,7 @@ def _failure_lines(failure: Failure, indent: str) -> list[str]:
     if not failure.stage:
         at = "outside any stage"
     elif failure.in_stage:
-        at = f"step {failure.step}, {failure.stage}"
+        at = f"step {failure.step}, {failure.stage}" + (f" (in {failure.parent})" if failure.parent else "")
     else:
         at = f"between stages, after step {failure.step}'s {failure.stage}"
     host = f" on {failure.host}" if failure.host else ""

@@ -51,6 +51,7 @@ def crash_records(evidence: Evidence) -> None:
                     relative(evidence, path),
                     message=record.message,
                     in_stage=in_stage,
+                    parent=record.parent,
                 )
             )
 

@@ -34,9 +34,10 @@ class Failure:
     message: str | None = None  # an exception's message, for telling a consequence
     waiting_in: str | None = None  # a hang: the torch.distributed call it waits in
     in_stage: bool = True  # False: between stages (step and stage are the last that ended)
+    parent: str | None = None  # the stage enclosing ``stage``
 
     def as_json(self) -> dict[str, Any]:
-        keys = ("rank", "host", "pid", "step", "stage", "kind", "detail", "where", "time", "source")
+        keys = ("rank", "host", "pid", "step", "stage", "parent", "kind", "detail", "where", "time", "source")
         return {key: getattr(self, key) for key in keys}
 
 
