@@ -58,6 +58,7 @@ def test_a_stage_that_raises_is_recorded_once_with_its_message_line_and_tracebac
         "train_batch",
         "RuntimeError",
     )
+    assert record.parent == "actor_update"
     assert record.message == "the reward model returned 3 scores for 4 samples"
     assert record.pid == os.getpid()
     assert record.where is not None and record.where["file"] == __file__
