@@ -47,3 +47,7 @@ def test_the_path_rule_knows_installed_libraries_the_standard_library_and_pseudo
     assert not is_library_file(f"{site}/transformers/models/qwen2/modeling_qwen2.py")
     assert not is_library_file("/home/me/torch/train.py")  # a user's folder named torch
     assert is_library_file(verl_events.__file__)
+    # the CPU demo's model and loop stand for the user's code, though they ship in this package
+    demo = verl_events.__file__.replace("__init__.py", "apps/demo/model.py")
+    assert not is_library_file(demo) and not is_library_module("verl_events.apps.demo.model")
+    assert is_library_module("verl_events._bus") and is_library_module("verl_events.apps.report.summary")

@@ -5,7 +5,8 @@ A frame is **library** when it only carries the call: the standard library,
 workers), ``blinker``, and ``verl_events`` itself (the bus and the observers
 wrap every stage); a pseudo-file (``<frozen ...>``, ``<string>``) too.
 Everything else is the user's: the training script, verl, transformers (a
-model's modeling file is where a layer is written).  **The user frame** of
+model's modeling file is where a layer is written), and this package's CPU
+demo (``verl_events.apps.demo``: its model and loop stand for the user's).  **The user frame** of
 a stack is its innermost user frame.
 
 Two spellings of one rule: by module name (a live frame's ``__name__``: the
@@ -26,7 +27,7 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["LIBRARY_PACKAGES", "is_library_file", "is_library_module", "user_frame_of_traceback"]
+__all__ = ["LIBRARY_PACKAGES", "USER_INSIDE", "is_library_file", "is_library_module", "user_frame_of_traceback"]
 
 LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe", "ray", "blinker", "verl_events"})
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
@@ -34,8 +35,14 @@ _INSTALLED = frozenset({"site-packages", "dist-packages"})
 _PYTHON_LIB = re.compile(r"python3\.\d+")
 
 
+#: This package's own code that stands for the user's: the demo's model and training loop.
+USER_INSIDE = "verl_events.apps.demo"
+
+
 def is_library_module(module: str) -> bool:
     """Whether a frame of module ``module`` only carries the call."""
+    if module == USER_INSIDE or module.startswith(USER_INSIDE + "."):
+        return False
     top = module.partition(".")[0]
     return top in LIBRARY_PACKAGES or top in _STDLIB
 
@@ -46,6 +53,8 @@ def is_library_file(file: str) -> bool:
         return True
     posix = file.replace("\\", "/")
     parts = PurePosixPath(posix).parts
+    if "/" + USER_INSIDE.replace(".", "/") + "/" in posix:
+        return False
     for index, part in enumerate(parts[:-1]):
         if part in _INSTALLED:
             return parts[index + 1].removesuffix(".py") in LIBRARY_PACKAGES
