@@ -196,15 +196,16 @@ def _read_tensors(
         if as_ref and name == "old_log_probs":
             name = "ref_log_prob"
         tensor = out.tensor(key)
-        if name not in found and tensor is not None and tensor.is_floating_point():
-            found[name] = tensor.detach()
+        # dtype, not is_floating_point(): a nested tensor's methods cost a __torch_function__ round trip.
+        if name not in found and tensor is not None and tensor.dtype.is_floating_point:
+            found[name] = tensor  # detached by the view
     gap_stage = stage == "actor_compute_log_prob" and not as_ref
     if not found and not gap_stage:
         return
     response = ResponseView(out, inputs)
     for name, tensor in found.items():
         try:
-            _reduce(name, tensor, *response.of(tensor), readings)
+            _reduce(name, response.elements(tensor), *response.of(tensor), readings)
         except Exception as exc:
             report(stage, name, exc)
     if not gap_stage:
@@ -228,8 +229,9 @@ def keys_for(stage: str, name: str) -> tuple[str, ...]:
 
 
 def _reduce(name: str, whole: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: _Readings) -> None:
-    """``name/nonfinite_count`` over every element of ``whole``; ``name/abs_max`` and
-    ``name/mean`` over the finite elements of ``view`` that ``mask`` keeps.
+    """``name/nonfinite_count`` over every element of ``whole`` (a nested tensor: its
+    values); ``name/abs_max`` and ``name/mean`` over the finite elements of ``view`` that
+    ``mask`` keeps.
 
     On small tensors each torch call costs more than its arithmetic, so the
     common case, every element finite, takes two to five calls (a

@@ -182,11 +182,13 @@ class _Batch:
     flags: Any = None  # a TensorDict whose non-tensor entries are the call's flags
 
     def tensor(self, key: str) -> torch.Tensor | None:
-        """The tensor under ``key``; only asked once torch is imported."""
-        if self.tensors is None:
+        """The tensor under ``key``, or None (also when torch was never imported: then
+        nothing can be a tensor)."""
+        torch = sys.modules.get("torch")
+        if self.tensors is None or torch is None:
             return None
         found = self.tensors.get(key, None)
-        return found if isinstance(found, sys.modules["torch"].Tensor) else None
+        return found if isinstance(found, torch.Tensor) else None
 
     def flag(self, key: str) -> Any:
         """The call's flag ``key`` (a TensorDict's non-tensor entry), or None."""

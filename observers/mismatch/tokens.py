@@ -30,19 +30,25 @@ JSON-ready mapping (the ``stats`` of a :class:`~.record.MismatchRecord`):
   (the row in this rank's batch), ``position`` (in the response), ``token``
   (its id), ``old`` and ``rollout`` (both log-probs), ``entropy`` (or None).
 
-The work is a handful of reductions over the response tokens, on their
-device; what comes back to the host is a few dozen numbers and the ``top_k``
-rows, read one by one (on a GPU each read waits for the device; the cost is
-measured by ``benchmarks/mismatch.py``).  Thread safety: no shared state.
+The work is a few dozen torch operations over the response tokens, on
+their device, whatever the batch size (bins and rows are reduced together,
+not one by one: on a small batch each operation costs more than its
+arithmetic); what comes back to the host is a few dozen numbers and the
+``top_k`` rows, in two copies (:class:`~verl_events.observers._reads.Reads`;
+on a GPU each copy waits for the device).  The cost is measured by
+``benchmarks/mismatch.py``.  Thread safety: no shared state.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._metric_tensors import keys_for
+from .._reads import Reads
 from .._response import ResponseView, computes_reference, first_tensor
 from ..metrics import as_batch
 from .record import TRAINER_STAGE
@@ -95,7 +101,7 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     if rollout.is_nested or rollout.dim() != 2:
         return f"rollout_log_probs is not a padded [batch, response] tensor (shape {tuple(rollout.shape)})"
     view = ResponseView(out, given)
-    aligned = view.aligned(old.detach(), rollout)
+    aligned = view.aligned(old, rollout)  # detached by the view
     if aligned is None:
         return "old_log_probs and rollout_log_probs do not cover the same response tokens"
     old, positions = aligned
@@ -106,7 +112,7 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     verl_mask = response_mask.to(device) if response_mask is not None else _everywhere(rollout)
     mask = verl_mask if positions is None else positions & verl_mask
     entropy_source = next((t for key in _ENTROPY_KEYS if (t := out.tensor(key)) is not None), None)
-    entropy = None if entropy_source is None else _first(view.aligned(entropy_source.detach(), rollout))
+    entropy = None if entropy_source is None else _first(view.aligned(entropy_source, rollout))
     tokens = first_tensor("responses", given, out)
     if tokens is not None and (tokens.is_nested or tuple(tokens.shape) != tuple(rollout.shape)):
         tokens = None
@@ -130,114 +136,252 @@ def measure(step: StepTokens, top_k: int) -> dict[str, Any]:
     old, rollout = step.old.double(), step.rollout.double()
     finite = torch.isfinite(old) & torch.isfinite(rollout)
     keep = step.mask & finite
+    # Two reads from the device in all: these counts, which decide what follows, then every number at once.
+    n, in_mask, verl_count = torch.stack([keep.sum(), step.mask.sum(), step.verl_mask.sum()]).tolist()
+    stats: dict[str, Any] = {"tokens": n, "nonfinite": in_mask - n}
+    reads = Reads()
+    verl = _verl(step, reads) if verl_count else None
+    if n == 0:
+        reads.fetch()
+        stats["verl"] = _NO_VERL if verl is None else verl()
+        return stats
     delta = torch.where(keep, old - rollout, 0.0)
     gap = delta.abs()
     prob_gap = torch.where(keep, (old.exp() - rollout.exp()).abs(), 0.0)
-    n = int(keep.sum())
-    stats: dict[str, Any] = {"tokens": n, "nonfinite": int((step.mask & ~finite).sum()), "verl": _verl(step)}
-    if n == 0:
-        return stats
-    kept_gap, kept_prob = gap[keep], prob_gap[keep]
-    stats["log_prob"] = _summary(kept_gap)
-    stats["prob"] = _summary(kept_prob)
-    stats["by_position"] = _by_position(gap, keep)
-    if step.entropy is not None:
-        stats["by_entropy"] = _by_entropy(gap, keep & torch.isfinite(step.entropy), step.entropy.double())
-    sums = delta.sum(dim=1)
-    rows = keep.any(dim=1)
-    if bool(rows.any()):
-        worst = int(torch.where(rows, sums.abs(), -1.0).argmax())
-        picked = sums[rows]
-        stats["sequence"] = {
-            "min": float(picked.min()),
-            "max": float(picked.max()),
-            "mean_abs": float(picked.abs().mean()),
-            "worst": worst,
-        }
-    stats["top"] = _top(step, gap, keep, top_k)
+    summaries = _summaries(torch.stack([gap[keep], prob_gap[keep]]), reads)
+    by_position = _by_position(gap, keep, reads)
+    by_entropy = None if step.entropy is None else _by_entropy(gap, keep, step.entropy, reads)
+    sequence = _sequence(delta, keep, reads)
+    top = _top(step, old, rollout, gap, keep, min(top_k, n), reads)
+    reads.fetch()
+    stats["verl"] = _NO_VERL if verl is None else verl()
+    stats["log_prob"], stats["prob"] = summaries()
+    stats["by_position"] = by_position()
+    if by_entropy is not None:
+        stats["by_entropy"] = by_entropy()
+    stats["sequence"] = sequence()
+    stats["top"] = top()
     return stats
 
 
-def _summary(values: torch.Tensor) -> dict[str, float]:
+_NO_VERL = {"valid": 0, "probs_diff_max": math.nan, "probs_diff_mean": math.nan}
+_NO_VERL |= {"probs_diff_std": math.nan, "pearson_corr": math.nan}
+
+
+def _summaries(both: torch.Tensor, reads: Reads) -> Callable[[], tuple[dict[str, float], dict[str, float]]]:
+    """Mean, quantiles and max of each row of ``both`` (|Δ log p| and |Δ p| of the kept tokens)."""
     import torch
 
-    levels = torch.tensor(list(QUANTILES.values()), dtype=values.dtype, device=values.device)
-    quantiles = torch.quantile(values, levels).tolist()
-    return {
-        "mean": float(values.mean()),
-        **dict(zip(QUANTILES, quantiles, strict=True)),
-        "max": float(values.max()),
-    }
+    levels = torch.tensor(list(QUANTILES.values()), dtype=both.dtype, device=both.device)
+    # quantile's result is [level, row]: transposed so that each row's numbers are together.
+    numbers = reads.add(
+        torch.cat([both.mean(dim=1)[:, None], torch.quantile(both, levels, dim=1).T, both.amax(dim=1)[:, None]], dim=1)
+    )
+
+    def summaries() -> tuple[dict[str, float], dict[str, float]]:
+        values = numbers()
+        width = len(QUANTILES) + 2
+        return _summary(values[:width]), _summary(values[width:])
+
+    return summaries
 
 
-def _verl(step: StepTokens) -> dict[str, float]:
-    """verl's ``training/rollout_*`` numbers (verl.utils.debug.metrics.calculate_debug_metrics)."""
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"mean": values[0], **dict(zip(QUANTILES, values[1:-1], strict=True)), "max": values[-1]}
+
+
+def _verl(step: StepTokens, reads: Reads) -> Callable[[], dict[str, float]]:
+    """verl's ``training/rollout_*`` numbers (verl.utils.debug.metrics.calculate_debug_metrics),
+    for a mask with at least one token."""
     import torch
 
     mask = step.verl_mask
-    if not bool(mask.any()):
-        nan = math.nan
-        return {"valid": 0, "probs_diff_max": nan, "probs_diff_mean": nan, "probs_diff_std": nan, "pearson_corr": nan}
-    old, rollout = step.old.float().exp(), step.rollout.float().exp()
-    diff = (old - rollout).abs()[mask]
-    pearson = torch.corrcoef(torch.stack([old[mask], rollout[mask]]))[0][1]
-    return {
-        "valid": 1,
-        "probs_diff_max": float(diff.max()),
-        "probs_diff_mean": float(diff.mean()),
-        "probs_diff_std": float(diff.std()),
-        "pearson_corr": float(pearson),
-    }
+    old, rollout = step.old.float().exp()[mask], step.rollout.float().exp()[mask]
+    diff = (old - rollout).abs()
+    # verl's Pearson correlation is torch.corrcoef's; its covariance matrix is a matrix product,
+    # which on a CPU with several threads waits for the BLAS library's threads to wake
+    # (milliseconds on a busy machine) for two numbers.  Here: its sums of products, in float64
+    # (verl's float32 figure is within its own rounding of this one), divided on the host.
+    both = torch.stack([old, rollout]).double()
+    centred = both - both.mean(dim=1, keepdim=True)
+    products = (centred[:, None, :] * centred[None, :, :]).sum(dim=2).reshape(-1)  # xx, xy, yx, yy
+    numbers = reads.add(torch.cat([torch.stack([diff.max(), diff.mean(), diff.std()]).double(), products]))
+    count = int(old.shape[0])
+
+    def verl() -> dict[str, float]:
+        high, mean, std, xx, xy, _, yy = numbers()
+        return {
+            "valid": 1,
+            "probs_diff_max": high,
+            "probs_diff_mean": mean,
+            "probs_diff_std": std,
+            "pearson_corr": _pearson(xy, xx, yy, count),
+        }
+
+    return verl
 
 
-def _by_position(gap: torch.Tensor, keep: torch.Tensor) -> list[dict[str, Any]]:
-    width = gap.shape[1]
-    bins = min(POSITION_BINS, width)
-    edges = [round(i * width / bins) for i in range(bins + 1)]
-    rows = []
-    for start, end in zip(edges, edges[1:], strict=False):
-        rows.append(_bin({"start": start, "end": end}, gap[:, start:end], keep[:, start:end]))
-    return rows
+def _pearson(xy: float, xx: float, yy: float, count: int) -> float:
+    """What ``torch.corrcoef`` makes of the centred sums of products of ``count`` pairs:
+    covariances over ``count - 1``, divided by both standard deviations, clipped to [-1, 1];
+    NaN where torch divides zero by zero."""
+    if count < 2 or xx == 0 or yy == 0:
+        return math.nan
+    correlation = (xy / (count - 1)) / math.sqrt(xx / (count - 1)) / math.sqrt(yy / (count - 1))
+    return correlation if math.isnan(correlation) else max(-1.0, min(1.0, correlation))
 
 
-def _by_entropy(gap: torch.Tensor, keep: torch.Tensor, entropy: torch.Tensor) -> list[dict[str, Any]]:
-    rows = []
-    for low, high in zip(ENTROPY_EDGES, ENTROPY_EDGES[1:], strict=False):
-        inside = keep & (entropy >= low) & (entropy < high)
-        rows.append(_bin({"low": low, "high": high if math.isfinite(high) else None}, gap, inside))
-    return rows
-
-
-def _bin(place: dict[str, Any], gap: torch.Tensor, keep: torch.Tensor) -> dict[str, Any]:
-    count = int(keep.sum())
-    values = gap[keep]
-    return {
-        **place,
-        "tokens": count,
-        "mean": float(values.mean()) if count else None,
-        "max": float(values.max()) if count else None,
-    }
-
-
-def _top(step: StepTokens, gap: torch.Tensor, keep: torch.Tensor, k: int) -> list[dict[str, Any]]:
+def _by_position(gap: torch.Tensor, keep: torch.Tensor, reads: Reads) -> Callable[[], list[dict[str, Any]]]:
     import torch
 
-    if k == 0:
-        return []
-    ranked = torch.where(keep, gap, -1.0).flatten()
-    count = min(k, int(keep.sum()))
-    width = gap.shape[1]
-    top = []
-    for flat in torch.topk(ranked, count).indices.tolist():
-        row, column = divmod(flat, width)
-        top.append(
-            {
-                "sample": row,
-                "position": column,
-                "token": None if step.tokens is None else int(step.tokens[row, column]),
-                "old": float(step.old[row, column]),
-                "rollout": float(step.rollout[row, column]),
-                "entropy": None if step.entropy is None else float(step.entropy[row, column]),
-            }
+    in_bin, places = _position_bins(gap.shape[1], gap.device)
+    # Each column's count, sum and max first, then the columns of each bin together.
+    counts = keep.sum(dim=0)[:, None]
+    numbers = reads.add(
+        torch.stack(
+            [
+                torch.where(in_bin, counts, 0).sum(dim=0),
+                torch.where(in_bin, gap.sum(dim=0)[:, None], 0.0).sum(dim=0),
+                torch.where(in_bin, torch.where(keep, gap, -math.inf).amax(dim=0)[:, None], -math.inf).amax(dim=0),
+            ]
         )
+    )
+    return lambda: _bins(places, numbers())
+
+
+@functools.lru_cache(maxsize=16)
+def _position_bins(width: int, device: torch.device) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """Which of the at most :data:`POSITION_BINS` equal bins holds each of ``width`` columns
+    (``[width, bins]``, bool), and each bin's start and end."""
+    import torch
+
+    bins = min(POSITION_BINS, width)
+    edges = [round(i * width / bins) for i in range(bins + 1)]
+    inner = torch.tensor(edges[1:-1], dtype=torch.long, device=device)
+    column_bin = torch.bucketize(torch.arange(width, device=device), inner, right=True)
+    places = [{"start": start, "end": end} for start, end in zip(edges, edges[1:], strict=False)]
+    return column_bin[:, None] == torch.arange(bins, device=device), places
+
+
+def _by_entropy(
+    gap: torch.Tensor, keep: torch.Tensor, entropy: torch.Tensor, reads: Reads
+) -> Callable[[], list[dict[str, Any]]]:
+    import torch
+
+    entropy = entropy.double()
+    lows, highs = _entropy_edges(gap.device)
+    # [batch, response, bin]: each kept token with a finite entropy in the bin holding it.
+    inside = (keep & torch.isfinite(entropy))[..., None] & (entropy[..., None] >= lows) & (entropy[..., None] < highs)
+    values = gap[..., None]
+    numbers = reads.add(
+        torch.stack(
+            [
+                inside.sum(dim=(0, 1)),
+                torch.where(inside, values, 0.0).sum(dim=(0, 1)),
+                torch.where(inside, values, -math.inf).amax(dim=(0, 1)),
+            ]
+        )
+    )
+    return lambda: _bins(_ENTROPY_PLACES, numbers())
+
+
+_ENTROPY_PLACES = [
+    {"low": low, "high": high if math.isfinite(high) else None}
+    for low, high in zip(ENTROPY_EDGES, ENTROPY_EDGES[1:], strict=False)
+]
+
+
+@functools.lru_cache(maxsize=4)
+def _entropy_edges(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each entropy bin's low and high edge, on ``device``."""
+    import torch
+
+    return (
+        torch.tensor(ENTROPY_EDGES[:-1], dtype=torch.float64, device=device),
+        torch.tensor(ENTROPY_EDGES[1:], dtype=torch.float64, device=device),
+    )
+
+
+def _bins(places: list[dict[str, Any]], numbers: list[float]) -> list[dict[str, Any]]:
+    """Each bin's place, token count, mean and max (None for an empty bin) from the
+    counts, sums and maxima of every bin, in that order."""
+    size = len(places)
+    rows = []
+    for place, count, total, top in zip(
+        places, numbers[:size], numbers[size : 2 * size], numbers[2 * size :], strict=True
+    ):
+        tokens = int(count)
+        rows.append(
+            {**place, "tokens": tokens, "mean": total / tokens if tokens else None, "max": top if tokens else None}
+        )
+    return rows
+
+
+def _sequence(delta: torch.Tensor, keep: torch.Tensor, reads: Reads) -> Callable[[], dict[str, Any]]:
+    """The per-sequence sums of Δ log p over the rows with a kept token (there is one)."""
+    import torch
+
+    sums = delta.sum(dim=1)
+    rows = keep.any(dim=1)
+    magnitude = sums.abs()
+    numbers = reads.add(
+        torch.stack(
+            [
+                torch.where(rows, sums, math.inf).min(),
+                torch.where(rows, sums, -math.inf).max(),
+                torch.where(rows, magnitude, 0.0).sum() / rows.sum(),
+                torch.where(rows, magnitude, -1.0).argmax(),
+            ]
+        )
+    )
+
+    def sequence() -> dict[str, Any]:
+        low, high, mean_abs, worst = numbers()
+        return {"min": low, "max": high, "mean_abs": mean_abs, "worst": int(worst)}
+
+    return sequence
+
+
+def _top(
+    step: StepTokens,
+    old: torch.Tensor,
+    rollout: torch.Tensor,
+    gap: torch.Tensor,
+    keep: torch.Tensor,
+    count: int,
+    reads: Reads,
+) -> Callable[[], list[dict[str, Any]]]:
+    """The ``count`` kept tokens with the largest |Δ log p|, largest first."""
+    import torch
+
+    if count == 0:
+        return lambda: []
+    flat = torch.topk(torch.where(keep, gap, -1.0).flatten(), count).indices
+    columns = [flat, old.flatten()[flat], rollout.flatten()[flat]]
+    if step.entropy is not None:
+        columns.append(step.entropy.flatten()[flat])
+    if step.tokens is not None:
+        columns.append(step.tokens.flatten()[flat])  # ids far below 2**53: exact as float64
+    numbers = reads.add(torch.stack([column.double() for column in columns], dim=1))
+    width = gap.shape[1]
+
+    def top() -> list[dict[str, Any]]:
+        values, fields = numbers(), len(columns)
+        rows = []
+        for at in range(0, len(values), fields):
+            flat_index, old_value, rollout_value, *rest = values[at : at + fields]
+            row, column = divmod(int(flat_index), width)
+            entropy = rest.pop(0) if step.entropy is not None else None
+            rows.append(
+                {
+                    "sample": row,
+                    "position": column,
+                    "token": int(rest[0]) if step.tokens is not None else None,
+                    "old": old_value,
+                    "rollout": rollout_value,
+                    "entropy": entropy,
+                }
+            )
+        return rows
+
     return top

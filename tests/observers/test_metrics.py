@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.metric.utils import Metric
 from verl.workers.utils.padding import no_padding_2_padding
 
-from verl_events.observers.metrics import GAP_MAX, GAP_MEAN, extract_metrics
+from verl_events.observers.metrics import GAP_MAX, GAP_MEAN, as_batch, extract_metrics
 
 from .verl_batches import engine_inputs, nested_like, padded_batch
 
@@ -207,6 +208,19 @@ def test_a_nested_tensor_without_response_lengths_counts_every_element() -> None
     found = extract_metrics("ref_compute_log_prob", result, None)
 
     assert found == {"ref_log_prob/nonfinite_count": 1.0, "ref_log_prob/abs_max": 4.0, "ref_log_prob/mean": 1.0}
+
+
+def test_a_batch_read_in_a_process_that_never_imported_torch_holds_no_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mismatch observer asks for tensors whatever the stage returned: without torch
+    imported nothing can be a tensor, which is not an error."""
+    batch = as_batch({"rollout_log_probs": [-1.0, -2.0]})
+    assert batch is not None
+    monkeypatch.delitem(sys.modules, "torch")  # as in a process that never imported it
+
+    assert batch.tensor("rollout_log_probs") is None
+    assert batch.tensor("absent") is None
 
 
 # -- odd inputs never raise ------------------------------------------------------------
