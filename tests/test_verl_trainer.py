@@ -187,11 +187,13 @@ def test_verls_trainer_runs_healthy_steps_without_an_anomaly_or_a_passed_deadlin
     assert verl_events_main(["mismatch", str(save_path), "--json"]) == 0
     trend = json.loads(capsys.readouterr().out)["trend"]
     assert [row["step"] for row in trend] == list(range(1, 13))
-    print("verl, bf16 trainer against a float32 rollout: mean |Δ log p| per step", [f"{r['mean']:.3g}" for r in trend])
-    # How the run ended (docs/postmortem.md): no rank raised, was signalled or stopped beating.
+    # How the run ended (docs/postmortem.md): no rank raised, was signalled or stopped beating; Ray's
+    # SIGTERM to the workers once the driver ended normally is teardown.
     assert verl_events_main(["diagnose", str(save_path), "--json"]) == 0
     diagnosis = json.loads(capsys.readouterr().out)
     assert (diagnosis["verdict"], diagnosis["first"], diagnosis["cascade"]) == ("healthy", None, []), diagnosis
+    assert all((t["kind"], t["detail"]) == ("signal", "SIGTERM") for t in diagnosis["teardown"]), diagnosis
+    print("verl, bf16 trainer against a float32 rollout: mean |Δ log p| per step", [f"{r['mean']:.3g}" for r in trend])
 
 
 def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step_only(
