@@ -192,7 +192,7 @@ def test_verls_trainer_runs_healthy_steps_without_an_anomaly_or_a_passed_deadlin
     assert verl_events_main(["diagnose", str(save_path), "--json"]) == 0
     diagnosis = json.loads(capsys.readouterr().out)
     assert (diagnosis["verdict"], diagnosis["first"], diagnosis["cascade"]) == ("healthy", None, []), diagnosis
-    assert all((t["kind"], t["detail"]) == ("signal", "SIGTERM") for t in diagnosis["teardown"]), diagnosis
+    assert diagnosis["teardown"] and all(t["kind"] in ("signal", "killed") for t in diagnosis["teardown"]), diagnosis
     print("verl, bf16 trainer against a float32 rollout: mean |Δ log p| per step", [f"{r['mean']:.3g}" for r in trend])
 
 
