@@ -37,6 +37,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -62,6 +63,14 @@ logger = logging.getLogger("verl_events.watchdog")
 TERMINATING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 _TRACEBACK_LIMIT = 20000  # characters of a formatted traceback a record keeps
 _LOCK_WAIT_S = 0.5  # a signal handler runs on the main thread, which may hold the table's lock
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _plain(text: str) -> str:
+    """``text`` without terminal colour codes (Ray colours the errors it forwards)."""
+    return _ANSI.sub("", text)
 
 
 def _frames_of(frames: list[tuple[FrameType, int]]) -> list[tuple[str, str, int, str, str]]:
@@ -203,7 +212,7 @@ class Endings:
             return {"how": "signal", "detail": self._signal}
         error = sys.exc_info()[1] or getattr(sys, "last_value", None)
         if error is not None and not isinstance(error, SystemExit):
-            return {"how": "exception", "detail": f"{type(error).__name__}: {error}"[:500]}
+            return {"how": "exception", "detail": _plain(f"{type(error).__name__}: {error}")[:500]}
         return {"how": "normal", "detail": None}
 
     # -- a stage raised -------------------------------------------------------------
@@ -220,7 +229,7 @@ class Endings:
         frames = _frames_of(list(traceback.walk_tb(error.__traceback__)))
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         try:
-            message = str(error)
+            message = _plain(str(error))
         except Exception as exc:
             message = f"<str() of the exception failed: {type(exc).__name__}>"
         self._append(

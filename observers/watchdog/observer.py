@@ -48,10 +48,10 @@ from typing import Literal
 
 from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
 
-from .crash import crash_dir, crash_log_files, ends_log_path, fatal_files
+from .crash import crash_dir
 from .endings import Endings
 from .monitor import ABORT_EXIT_CODE, Monitor, MonitorSettings, OpenStage, RankState, WatchTable
-from .record import hangs_log_path, heartbeat_dir, heartbeat_files, report_dir, report_files
+from .record import heartbeat_dir, report_dir, watchdog_files
 
 __all__ = ["ABORT_EXIT_CODE", "WatchdogObserver"]
 
@@ -110,11 +110,7 @@ class WatchdogObserver(Observer):
 
     def outputs(self, save_path: Path) -> list[Path]:
         """The heartbeats, the reports, hangs.jsonl and the crash records under ``save_path``."""
-        log = hangs_log_path(save_path)
-        # An empty fatal dump is a live process's, this one's included (it is opened at setup).
-        crashes = [path for _, path in crash_log_files(save_path)] + fatal_files(save_path, written=True)
-        crashes += [ends_log_path(save_path)] if ends_log_path(save_path).exists() else []
-        return [*heartbeat_files(save_path), *report_files(save_path), *([log] if log.exists() else []), *crashes]
+        return watchdog_files(save_path)
 
     def describe(self) -> str:
         if self.timeout_s is not None:

@@ -53,6 +53,8 @@ from typing import Any
 
 from verl_events.layout import step_dir_name
 
+from .crash import crash_log_files, ends_log_path, fatal_files
+
 __all__ = [
     "HANGS_LOG",
     "HEARTBEAT_DIR",
@@ -72,6 +74,7 @@ __all__ = [
     "read_heartbeat",
     "report_dir",
     "report_files",
+    "watchdog_files",
     "write_heartbeat",
 ]
 
@@ -116,6 +119,15 @@ def heartbeat_files(save_path: Path) -> list[Path]:
 def report_files(save_path: Path) -> list[Path]:
     """Every hang report of a run, by name."""
     return sorted(report_dir(save_path).glob("*.txt"))
+
+
+def watchdog_files(save_path: Path) -> list[Path]:
+    """Every file the watchdog wrote under ``save_path``: heartbeats, hang reports,
+    ``hangs.jsonl``, and how processes ended (crash records, the fatal dumps written
+    to, ``ends.jsonl``; :mod:`.crash`).  An empty dump is a live process's: not listed."""
+    found = [*heartbeat_files(save_path), *report_files(save_path)]
+    found += [path for path in (hangs_log_path(save_path), ends_log_path(save_path)) if path.exists()]
+    return found + [path for _, path in crash_log_files(save_path)] + fatal_files(save_path, written=True)
 
 
 def new_report_path(save_path: Path, step: int | None, stage: str, rank: int) -> Path:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .formats import hang_record
-from .jsonl import numbered_lines
+from .jsonl import read_log
 from .liveness import Liveness, liveness
 
 HangRecord = hang_record.HangRecord
@@ -163,16 +163,14 @@ def _alive(position: RankPosition, state: Liveness) -> RankPosition:
 
 def _read_records(path: Path, warnings: list[str]) -> list[HangRecord]:
     try:
-        lines = numbered_lines(path)
+        log = read_log(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise HangsInputError(f"{path} cannot be read: {exc}") from exc
-    records = []
-    for number, line in lines:
-        try:
-            records.append(HangRecord.from_json(line))
-        except ValueError as exc:
-            warnings.append(f"{path}:{number} was skipped: {exc}")
-    return records
+
+    def skipped(number: int, exc: Exception) -> None:
+        warnings.append(f"{path}:{number} was skipped: {exc}")
+
+    return [record for _, record in log.records(HangRecord.from_json, skipped)]
 
 
 def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> RankPosition:

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .formats import anomaly_record, crash_record, hang_record, mismatch_record, msprobe_layout, timing_log
+from .formats import anomaly_record, hang_record, mismatch_record, msprobe_layout, timing_log
 
 __all__ = ["TOOLS", "Holding", "Tool", "add_commands", "command_module", "run_holds"]
 
@@ -48,16 +48,6 @@ class Tool:
     owner: ModuleType | None = None
     noun: str = ""
     files: Callable[[Path], list[Path]] | None = None
-
-
-def _watchdog_files(save_path: Path) -> list[Path]:
-    """The watchdog's files under ``save_path``, as its observer's ``outputs`` lists them:
-    heartbeats, hang reports, ``hangs.jsonl``, crash records and the fatal dumps written."""
-    log = hang_record.hangs_log_path(save_path)
-    found = [*hang_record.heartbeat_files(save_path), *hang_record.report_files(save_path)]
-    found += [log] if log.exists() else []
-    found += [path for _, path in crash_record.crash_log_files(save_path)]
-    return found + crash_record.fatal_files(save_path, written=True)
 
 
 #: Every command, in the order ``verl-events --help`` lists them.
@@ -83,7 +73,7 @@ TOOLS: tuple[Tool, ...] = (
         "anomaly record file(s)",
         anomaly_record.record_files,
     ),
-    Tool("hangs", "verl_events.apps.hangs", "watchdog", hang_record, "watchdog file(s)", _watchdog_files),
+    Tool("hangs", "verl_events.apps.hangs", "watchdog", hang_record, "watchdog file(s)", hang_record.watchdog_files),
     Tool(
         "mismatch",
         "verl_events.apps.mismatch.command",

@@ -12,7 +12,7 @@ from verl_events.frames import is_library_file
 
 from ..formats import hang_record
 from ..liveness import liveness
-from .record import LAUNCHER_SIGNALS, Evidence, Failure, lines_of, of_this_run, relative
+from .record import LAUNCHER_SIGNALS, Evidence, Failure, of_this_run, records_of, relative
 
 if TYPE_CHECKING:
     from observers.watchdog import crash
@@ -26,15 +26,7 @@ __all__ = ["crash_records", "fatal_dumps", "process_ends", "read_heartbeats", "s
 
 def crash_records(evidence: Evidence) -> None:
     for _, path in crash.crash_log_files(evidence.run):
-        for number, line in lines_of(evidence, path):
-            where = f"{path}:{number}"
-            try:
-                record = crash.CrashRecord.from_json(line)
-            except ValueError as exc:
-                evidence.warnings.append(f"{where} was skipped: {exc}")
-                continue
-            if not of_this_run(evidence, record.run, where):
-                continue
+        for _, record in records_of(evidence, path, crash.CrashRecord.from_json):
             in_stage = record.kind == "exception" or record.stage is not None
             detail = f"{record.error_type}: {record.message}" if record.kind == "exception" else str(record.signal)
             evidence.failures.append(
@@ -117,14 +109,7 @@ def fatal_dumps(evidence: Evidence) -> None:
 def process_ends(evidence: Evidence) -> None:
     """How each process ended; a process without ranks (verl's driver) that raised is a failure too."""
     path = crash.ends_log_path(evidence.run)
-    for number, line in lines_of(evidence, path):
-        try:
-            end = crash.ProcessEnd.from_json(line)
-        except ValueError as exc:
-            evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
-            continue
-        if not of_this_run(evidence, end.run, f"{path}:{number}"):
-            continue
+    for _, end in records_of(evidence, path, crash.ProcessEnd.from_json):
         evidence.ends.append(end)
         if not end.ranks and end.how == "exception":
             evidence.failures.append(

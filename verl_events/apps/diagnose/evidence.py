@@ -25,7 +25,7 @@ from verl_events.layout import owner_of
 
 from ..formats import anomaly_record, hang_record, timing_log
 from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
-from .record import LAUNCHER_SIGNALS, Evidence, Failure, lines_of, of_this_run, relative
+from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
 
 __all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "gather"]
 
@@ -47,14 +47,7 @@ def gather(run: Path) -> Evidence:
 
 def _hangs(evidence: Evidence) -> None:
     path = hang_record.hangs_log_path(evidence.run)
-    for number, line in lines_of(evidence, path):
-        try:
-            record = hang_record.HangRecord.from_json(line)
-        except ValueError as exc:
-            evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
-            continue
-        if not of_this_run(evidence, record.run, f"{path}:{number}"):
-            continue
+    for _, record in records_of(evidence, path, hang_record.HangRecord.from_json):
         if record.kind == "late":
             evidence.late_records += 1
             continue
@@ -84,15 +77,10 @@ def _timing(evidence: Evidence) -> None:
     files = timing_log.timing_log_files(evidence.run)
     evidence.timing_ranks = len(files)
     for path in files:
-        for number, line in lines_of(evidence, path):
-            try:
-                record = timing_log.TimingRecord.from_json(line)
-            except ValueError as exc:
-                evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
-                continue
+        for _, record in records_of(evidence, path, timing_log.TimingRecord.from_json):
             evidence.timing_records += 1
             evidence.timing.append(record)
-            if record.error is None or not of_this_run(evidence, record.run, f"{path}:{number}"):
+            if record.error is None:
                 continue
             evidence.timing_errors += 1
             # The exception leaves every enclosing stage too: keep the innermost.
@@ -119,14 +107,7 @@ def _timing(evidence: Evidence) -> None:
 
 def _anomalies(evidence: Evidence) -> None:
     path = anomaly_record.anomaly_log_path(evidence.run)
-    for number, line in lines_of(evidence, path):
-        try:
-            record = anomaly_record.AnomalyRecord.from_json(line)
-        except ValueError as exc:
-            evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
-            continue
-        if not of_this_run(evidence, record.run, f"{path}:{number}"):
-            continue
+    for _, record in records_of(evidence, path, anomaly_record.AnomalyRecord.from_json):
         evidence.failures.append(
             Failure(
                 "anomaly",

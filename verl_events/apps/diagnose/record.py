@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..formats import hang_record
-from ..jsonl import numbered_lines
+from ..jsonl import read_log
 
-__all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "lines_of", "of_this_run", "relative"]
+__all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "records_of", "of_this_run", "relative"]
+
+R = TypeVar("R")
 
 #: Signals a launcher sends to end a job's processes.
 LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
@@ -77,9 +80,19 @@ def of_this_run(evidence: Evidence, run: str | None, where: str) -> bool:
     return False
 
 
-def lines_of(evidence: Evidence, path: Path) -> list[tuple[int, str]]:
+def records_of(evidence: Evidence, path: Path, parse: Callable[[str], R]) -> Iterator[tuple[int, R]]:
+    """Each record of the JSON-lines log ``path`` of this run (the shared reader,
+    :func:`~verl_events.apps.jsonl.read_log`), with its line number; an unreadable
+    log, a line that is not a record and a record of another run are warnings."""
     try:
-        return numbered_lines(path)
+        log = read_log(path)
     except (OSError, UnicodeDecodeError) as exc:
         evidence.warnings.append(f"{path} cannot be read: {exc}")
-        return []
+        return
+
+    def skipped(number: int, exc: Exception) -> None:
+        evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
+
+    for number, record in log.records(parse, skipped):
+        if of_this_run(evidence, getattr(record, "run", None), f"{path}:{number}"):
+            yield number, record
