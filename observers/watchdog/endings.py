@@ -35,6 +35,7 @@ while it lives, stops (:mod:`.monitor`).
 from __future__ import annotations
 
 import faulthandler
+import linecache
 import logging
 import os
 import re
@@ -63,8 +64,6 @@ logger = logging.getLogger("verl_events.watchdog")
 TERMINATING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 _TRACEBACK_LIMIT = 20000  # characters of a formatted traceback a record keeps
 _LOCK_WAIT_S = 0.5  # a signal handler runs on the main thread, which may hold the table's lock
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -75,8 +74,6 @@ def _plain(text: str) -> str:
 
 def _frames_of(frames: list[tuple[FrameType, int]]) -> list[tuple[str, str, int, str, str]]:
     """(module, file, line, function, code) of (frame, line) pairs, outermost first."""
-    import linecache
-
     return [
         (
             str(frame.f_globals.get("__name__", "")),
@@ -211,7 +208,9 @@ class Endings:
         if self._signal is not None:
             return {"how": "signal", "detail": self._signal}
         error = sys.exc_info()[1] or getattr(sys, "last_value", None)
-        if error is not None and not isinstance(error, SystemExit):
+        if isinstance(error, SystemExit) and error.code in (None, 0):
+            error = None  # sys.exit() and sys.exit(0) are a normal end
+        if error is not None:
             return {"how": "exception", "detail": _plain(f"{type(error).__name__}: {error}")[:500]}
         return {"how": "normal", "detail": None}
 
