@@ -196,3 +196,14 @@ lock.acquire()  # blocks in C for ever
         (str(tmp_path / "dying.py"), 12) in [(file, line) for file, line, _ in frames]
         for frames in dump.threads.values()
     )
+
+
+@pytest.mark.parametrize(("code", "how"), [(0, "normal"), (None, "normal"), (3, "exception")])
+def test_sys_exit_is_a_normal_end_only_with_a_zero_code(tmp_path: Path, code: int | None, how: str) -> None:
+    with pytest.raises(SystemExit), verl_events.install(config(tmp_path)):
+        with verl_events.stage("actor_update", step=1):
+            pass
+        sys.exit(code)
+    (end,) = [ProcessEnd.from_json(line) for line in ends_log_path(tmp_path).read_text().splitlines()]
+    assert end.how == how and (end.detail == "SystemExit: 3" if code == 3 else end.detail is None)
+    assert read_heartbeat(heartbeat_path(tmp_path, 0)).exit == {"how": how, "detail": end.detail}
