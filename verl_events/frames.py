@@ -27,7 +27,14 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["LIBRARY_PACKAGES", "USER_INSIDE", "is_library_file", "is_library_module", "user_frame_of_traceback"]
+__all__ = [
+    "LIBRARY_PACKAGES",
+    "USER_INSIDE",
+    "is_library_file",
+    "is_library_frame",
+    "is_library_module",
+    "user_frame_of_traceback",
+]
 
 LIBRARY_PACKAGES = frozenset({"torch", "torch_npu", "msprobe", "ray", "blinker", "verl_events"})
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
@@ -73,11 +80,17 @@ def _own_folders() -> tuple[str, ...]:
     return tuple(str(folder).replace("\\", "/") + "/" for folder in folders)
 
 
+def is_library_frame(module: str, file: str) -> bool:
+    """Both spellings at once, for a live frame: by its module, except a script run as
+    ``__main__`` (Ray's ``default_worker.py``), whose module says nothing: by its file."""
+    return is_library_file(file) if module == "__main__" else is_library_module(module)
+
+
 def user_frame_of_traceback(frames: Iterable[tuple[str, str, int, str, str]]) -> dict[str, Any] | None:
     """The innermost user frame of ``frames`` (module, file, line, function, code;
     outermost first) as ``{"file", "line", "function", "code"}``, or None."""
     found = None
     for module, file, line, function, code in frames:
-        if not is_library_module(module):
+        if not is_library_frame(module, file):
             found = {"file": file, "line": line, "function": function, "code": code}
     return found

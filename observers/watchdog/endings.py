@@ -274,14 +274,17 @@ class Endings:
         finally:
             if locked:
                 self.table.lock.release()
-        frames = _frames_of(list(traceback.walk_stack(frame))[::-1]) if frame is not None else []
-        where = user_frame_of_traceback(frames)
+        current = sys._current_frames()
         now = time.time()
         if not ranks:  # no stage ran: no rank to file it under (its end is in ends.jsonl)
             logger.debug("%s arrived before any stage ran", name)
         for rank in ranks:
             mine = [e for e in opened if e.event.rank == rank]
             inner = mine[-1].event if mine else None
+            # The line: in the innermost open stage's thread (Ray runs actor tasks off the main
+            # thread, where the handler runs), else where the handler interrupted the main thread.
+            at = current.get(mine[-1].thread) if mine else frame
+            where = user_frame_of_traceback(_frames_of(list(traceback.walk_stack(at))[::-1])) if at else None
             self._append(
                 CrashRecord(
                     kind="signal",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from verl_events.frames import LIBRARY_PACKAGES, is_library_module
+from verl_events.frames import LIBRARY_PACKAGES, is_library_frame, is_library_module
 
 __all__ = ["LIBRARY_PACKAGES", "ThreadStack", "collective_info", "is_library_module", "thread_stacks"]
 
@@ -41,7 +41,7 @@ class ThreadStack:
     def user_index(self) -> int | None:
         """The index in ``frames`` of the innermost user frame, or None."""
         for index in range(len(self.frames) - 1, -1, -1):
-            if not is_library_module(self.frames[index][0]):
+            if not is_library_frame(self.frames[index][0], self.frames[index][1]):
                 return index
         return None
 

@@ -181,7 +181,9 @@ def _failure_lines(failure: Failure, indent: str) -> list[str]:
     host = f" on {failure.host}" if failure.host else ""
     pid = f", pid {failure.pid}" if failure.pid else ""
     rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process without a rank (the driver)"
-    detail = failure.detail if len(failure.detail) <= _SHOWN else failure.detail[: _SHOWN - 1] + "…"  # --json: whole
+    detail = failure.detail.strip().split("\n")[0]  # --json keeps it whole
+    if len(detail) > _SHOWN or detail != failure.detail.strip():
+        detail = detail[: _SHOWN - 1] + "…"
     lines = [f"{indent}{rank}{host}{pid}: {at}: {failure.kind}: {detail}"]
     where = failure.where
     if where is not None:
