@@ -136,3 +136,16 @@ def test_a_crash_record_of_another_run_is_skipped_with_a_warning(
     code, result, err = as_json(capsys, tmp_path / "this")
     assert code == 0 and result["verdict"] == "healthy"
     assert "rank0.jsonl:1 was skipped: it belongs to run 'the-earlier-run', and this folder to run 'this-run'" in err
+
+
+def test_a_rank_on_another_host_is_silent_by_the_other_ranks_clocks_not_the_readers() -> None:
+    from verl_events.apps.liveness import SKEW_S, liveness
+    from verl_events.observers.watchdog.record import Heartbeat
+
+    far = Heartbeat(run="r", rank=1, pid=1, host="another-node", time=1000.0, liveness_s=2.0)
+    assert liveness(far, now=1003.0, newest=1003.0).state == "alive"
+    assert liveness(far, now=1003.0, newest=1010.0).state == "silent"  # 10 s behind rank 0's last beat
+    # a reader whose clock is 30 s ahead of the cluster's does not call a live rank silent ...
+    assert liveness(far, now=1033.0, newest=1003.0).state == "alive"
+    # ... but every rank stopped long ago (the job is gone) is silent by the reader's clock too
+    assert liveness(far, now=1000.0 + SKEW_S + 10, newest=1000.0).state == "silent"

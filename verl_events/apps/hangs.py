@@ -37,7 +37,7 @@ from typing import Any
 
 from .formats import hang_record
 from .jsonl import read_log
-from .liveness import Liveness, liveness
+from .liveness import Liveness, liveness, newest
 
 HangRecord = hang_record.HangRecord
 Heartbeat = hang_record.Heartbeat
@@ -152,7 +152,8 @@ def find_hangs(run: Path) -> Hangs:
     if hung:
         result.stuck = max(hung, key=lambda r: (-1 if r.step is None else r.step, r.begun, r.began))
         result.ranks = [_position(beat, result.stuck, result.records) for beat in heartbeats]
-        result.ranks = [_alive(p, liveness(p.heartbeat, result.now)) for p in result.ranks]
+        last = newest(heartbeats)
+        result.ranks = [_alive(p, liveness(p.heartbeat, result.now, last)) for p in result.ranks]
     return result
 
 
@@ -230,9 +231,9 @@ def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> 
 # -- text --------------------------------------------------------------------------
 
 
-def _rank_state(beat: Heartbeat, now: float) -> str:
+def _rank_state(beat: Heartbeat, now: float, newest_beat: float | None) -> str:
     """A rank with no stuck stage: running, closed (and how), or stopped (and where)."""
-    state = liveness(beat, now)
+    state = liveness(beat, now, newest_beat)
     last = beat.last_ended or {}
     ended = f"last ended {last.get('stage', 'nothing')} at step {last.get('step')}"
     if state.state == "closed":
@@ -269,8 +270,8 @@ def render(result: Hangs) -> str:
     if stuck is None:
         lines.append("no deadline passed")
         for beat in result.heartbeats:
-            lines.append(f"  rank {beat.rank}: {_rank_state(beat, result.now)}")
-        if any(liveness(beat, result.now).stopped for beat in result.heartbeats):
+            lines.append(f"  rank {beat.rank}: {_rank_state(beat, result.now, newest(result.heartbeats))}")
+        if any(liveness(beat, result.now, newest(result.heartbeats)).stopped for beat in result.heartbeats):
             lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
         return "\n".join(lines)
     on = sorted({r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)})

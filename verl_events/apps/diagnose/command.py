@@ -32,7 +32,7 @@ from typing import Any
 
 from ..formats import mismatch_record, msprobe_layout
 from ..jsonl import numbered_lines
-from ..liveness import liveness
+from ..liveness import liveness, newest
 from ..report.stragglers import stragglers
 from ..tools import Holding, run_holds
 from .evidence import Evidence, Failure, gather
@@ -101,7 +101,7 @@ def _files(_: Evidence, holding: Holding) -> str:
 
 
 def _watchdog(evidence: Evidence, _: Holding) -> str:
-    states = [liveness(beat, evidence.now).state for beat in evidence.heartbeats]
+    states = [liveness(beat, evidence.now, newest(evidence.heartbeats)).state for beat in evidence.heartbeats]
     counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
     hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
     late = f", {evidence.late_records} ended late" if evidence.late_records else ""

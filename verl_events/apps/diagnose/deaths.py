@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from verl_events.frames import is_library_file
 
 from ..formats import hang_record
-from ..liveness import liveness
+from ..liveness import liveness, newest
 from .record import LAUNCHER_SIGNALS, Evidence, Failure, of_this_run, records_of, relative
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ def stopped_ranks(evidence: Evidence) -> None:
     for beat in evidence.heartbeats:
         if beat.rank in explained:
             continue
-        state = liveness(beat, evidence.now)
+        state = liveness(beat, evidence.now, newest(evidence.heartbeats))
         source = relative(evidence, hang_record.heartbeat_path(evidence.run, beat.rank))
         step, stage = _position(beat)
         exit = beat.exit or {}
