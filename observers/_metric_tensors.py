@@ -191,18 +191,18 @@ def _read_tensors(
     ``calculate_entropy=False`` in the inputs (verl 0.9's LoRA reference, see
     :mod:`.metrics`) the actor's log-probs are ``ref_log_prob``, with no gap."""
     as_ref = stage == "actor_compute_log_prob" and computes_reference(inputs)
+    response = ResponseView(out, inputs)
     found: dict[str, torch.Tensor] = {}
     for key, name in STAGE_TENSORS[stage]:
         if as_ref and name == "old_log_probs":
             name = "ref_log_prob"
         tensor = out.tensor(key)
-        # dtype, not is_floating_point(): a nested tensor's methods cost a __torch_function__ round trip.
-        if name not in found and tensor is not None and tensor.dtype.is_floating_point:
+        # Asked of the elements: each attribute of a nested tensor costs a __torch_function__ round trip.
+        if name not in found and tensor is not None and response.elements(tensor).dtype.is_floating_point:
             found[name] = tensor  # detached by the view
     gap_stage = stage == "actor_compute_log_prob" and not as_ref
     if not found and not gap_stage:
         return
-    response = ResponseView(out, inputs)
     for name, tensor in found.items():
         try:
             _reduce(name, response.elements(tensor), *response.of(tensor), readings)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ResponseView", "Source", "computes_reference", "first_tensor"]
+__all__ = ["ResponseView", "Source", "computes_reference", "first_tensor", "nested_parts"]
 
 
 class Source(Protocol):
@@ -62,7 +62,8 @@ def first_tensor(key: str, *batches: Source | None) -> torch.Tensor | None:
     return None
 
 
-Picked = tuple["torch.Tensor", "torch.Tensor"]
+Picked = tuple["torch.Tensor", "torch.Tensor"]  # a nested tensor's response part, and where its tokens are
+Plan = tuple["torch.Tensor", "torch.Tensor"]  # where each response token sits in the values, and where they are
 
 
 class ResponseView:
@@ -71,7 +72,7 @@ class ResponseView:
     Everything it returns is detached from autograd.
     """
 
-    __slots__ = ("_flat", "_lengths", "_masks", "batches", "response_mask")
+    __slots__ = ("_flat", "_lengths", "_masks", "_plans", "batches", "response_mask")
 
     def __init__(self, out: Source, inputs: Source | None) -> None:
         self.batches = (inputs, out)
@@ -79,12 +80,14 @@ class ResponseView:
         self.response_mask = mask if mask is not None and not mask.is_nested and mask.dim() == 2 else None
         self._lengths: Any = False  # the tensors the response lengths come from, or None; False: not looked up yet
         self._masks: dict[tuple[Any, ...], torch.Tensor | None] = {}
-        # id(tensor) -> [tensor, its offsets (None: not nested), its values (None: not asked yet)]
-        self._flat: dict[int, list[Any]] = {}
+        # id(tensor) -> (tensor, its values, detached, and offsets when nested, else None)
+        self._flat: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]] = {}
+        self._plans: list[tuple[torch.Tensor, int, Any, Plan | None]] = []  # (offsets, size, device, plan)
 
     def elements(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every element of ``tensor`` (a nested tensor's values), detached."""
-        return tensor.detach() if self._offsets(tensor) is None else self._values(tensor)
+        parts = self._nested(tensor)
+        return tensor.detach() if parts is None else parts[0]
 
     def mask_for(self, padded: torch.Tensor) -> torch.Tensor | None:
         """The response tokens of a padded ``[batch, response]`` tensor: ``response_mask``
@@ -116,7 +119,7 @@ class ResponseView:
         """``tensor`` as ``like``'s padded ``[batch, response]`` and, for a nested one, which
         of its places hold a response token (None: all of them); None when it cannot be."""
         positions: torch.Tensor | None = None
-        if self._offsets(tensor) is not None:
+        if self._nested(tensor) is not None:
             picked = self.response_of_nested(tensor)
             if picked is None or picked[0].shape[1] < like.shape[1]:
                 return None
@@ -129,74 +132,131 @@ class ResponseView:
 
     def of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The tokens of ``tensor`` to reduce and their mask (None: all)."""
-        if self._offsets(tensor) is None:
+        parts = self._nested(tensor)
+        if parts is None:
             plain = tensor.detach()
             return plain, self.mask_for(plain)
         picked = self.response_of_nested(tensor)
-        return picked if picked is not None else (self._values(tensor), None)
+        return picked if picked is not None else (parts[0], None)
 
     def response_of_nested(self, tensor: torch.Tensor) -> Picked | None:
         """A nested (no-padding) tensor's response part, padded ``[batch, response]``,
         and which of its positions are response tokens; None when the lengths are unknown."""
-        offsets = self._offsets(tensor)
-        if offsets is None:
+        parts = self._nested(tensor)
+        if parts is None:
             return None
         if self._lengths is False:
             self._lengths = _length_sources(*self.batches)
         if self._lengths is None:
             return None
+        values, offsets = parts
         sources, mask = self._lengths, self.response_mask
-        # Found already when another observer's view of this stage end picked it: values() not asked again.
-        return _PICKED.get(
-            (tensor, offsets, *sources, mask), lambda: _pick(self._values(tensor), offsets, _lengths(sources), mask)
-        )
 
-    def _offsets(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        """A nested tensor's offsets, None for a plain tensor; asked of the tensor once."""
+        def pick() -> Picked | None:
+            plan = self._plan(values, offsets, sources)
+            return None if plan is None else (values[plan[0]], plan[1])
+
+        # Found already when another observer's view of this stage end picked it.
+        return _PICKED.get((values, offsets, *sources, mask), pick)
+
+    def _plan(self, values: torch.Tensor, offsets: torch.Tensor, sources: tuple[torch.Tensor, ...]) -> Plan | None:
+        """Where each response token sits in ``values``, and which places are response tokens:
+        made once for the nested tensors of this view that share their offsets (verl's log-probs
+        and entropy do, each with its own copy)."""
+        import torch
+
+        size, device = values.shape[0], values.device
+        for known, known_size, known_device, plan in self._plans:
+            if known_size == size and known_device == device and known.device == offsets.device:
+                if known is offsets or (known.shape == offsets.shape and torch.equal(known, offsets)):
+                    return plan
+        plan = _plan(size, device, offsets, _lengths(sources), self.response_mask)
+        self._plans.append((offsets, size, device, plan))
+        return plan
+
+    def _nested(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A nested tensor's values (detached: a tensor that requires grad has them with
+        history) and offsets, None for a plain one; looked up once per tensor."""
         found = self._flat.get(id(tensor))
         if found is None:
-            offsets = tensor.offsets() if tensor.is_nested else None  # type: ignore[attr-defined]  # jagged's
-            found = self._flat[id(tensor)] = [tensor, offsets, None]  # the tensor kept: its id stays its own
-        offsets_found: torch.Tensor | None = found[1]
-        return offsets_found
-
-    def _values(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A nested tensor's values, detached (those of a tensor that requires grad are a view with
-        history); asked of the tensor once."""
-        found = self._flat[id(tensor)]
-        if found[2] is None:
-            found[2] = tensor.values().detach()
-        values: torch.Tensor = found[2]
-        return values
+            parts = nested_parts(tensor)
+            found = (tensor, None if parts is None else (parts[0].detach(), parts[1]))
+            self._flat[id(tensor)] = found  # the tensor kept: its id stays its own
+        return found[1]
 
 
-def _pick(
-    values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, mask: torch.Tensor | None
-) -> Picked | None:
+#: torch's jagged NestedTensor class; None: this torch has none; False: not looked up yet.
+_JAGGED: Any = False
+
+
+def nested_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A nested ``[batch, jagged]`` tensor's values and offsets, None for a plain tensor.
+
+    A jagged NestedTensor (verl 0.9's no-padding model outputs) is a Python subclass that
+    answers every attribute and method through ``__torch_function__``: 10-90 us each on a
+    warm CPU core, and about ten times that just after a model's forward has pushed torch's
+    Python code out of the caches.  Its values and offsets are the attributes it keeps them
+    in (``_values``, ``_offsets``, torch 2.1 to 2.13 at least, read as plain attributes);
+    any other nested tensor, or a torch without them, goes through the public
+    ``is_nested``, ``values()`` and ``offsets()``.
+    """
+    import torch
+
+    kind = type(tensor)
+    if kind is torch.Tensor and not tensor.is_nested:
+        return None
+    jagged = _jagged_class()
+    if jagged is not None and kind is jagged and getattr(tensor, "_ragged_idx", None) == 1:
+        values, offsets = getattr(tensor, "_values", None), getattr(tensor, "_offsets", None)
+        if getattr(tensor, "_lengths", True) is None and isinstance(values, torch.Tensor) and values.dim() == 1:
+            if isinstance(offsets, torch.Tensor):
+                return values, offsets
+    if not tensor.is_nested:
+        return None
+    return tensor.values(), tensor.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor's
+
+
+def _jagged_class() -> Any:
+    global _JAGGED
+    if _JAGGED is False:
+        try:
+            from torch.nested._internal.nested_tensor import NestedTensor
+        except ImportError:
+            _JAGGED = None
+        else:
+            _JAGGED = NestedTensor
+    return _JAGGED
+
+
+def _plan(
+    size: int, device: torch.device, offsets: torch.Tensor, lengths: torch.Tensor, mask: torch.Tensor | None
+) -> Plan | None:
+    """For values of ``size`` elements on ``device``: the index of each response token, padded
+    ``[batch, response]``, and which places hold one; None when the lengths do not fit."""
     import torch
 
     if lengths.shape[0] != offsets.shape[0] - 1 or lengths.shape[0] == 0:
         return None
-    lengths = lengths.to(device=values.device, dtype=torch.long)
+    lengths = lengths.to(device=device, dtype=torch.long)
     width = int(mask.shape[1]) if mask is not None and mask.shape[0] == lengths.shape[0] else int(lengths.max())
-    columns = torch.arange(width, device=values.device)
+    columns = torch.arange(width, device=device)
     valid = columns[None, :] < lengths[:, None]
     # As no_padding_2_padding: the output for response token j of a sequence
     # ending at offset e sits at e - length - 1 + j (a model predicts the next token).
-    index = offsets[1:].to(device=values.device, dtype=torch.long)[:, None] - lengths[:, None] - 1 + columns[None, :]
-    index = torch.where(valid, index, 0).clamp(0, values.shape[0] - 1)
+    index = offsets[1:].to(device=device, dtype=torch.long)[:, None] - lengths[:, None] - 1 + columns[None, :]
+    index = torch.where(valid, index, 0).clamp(0, size - 1)
     if mask is not None and tuple(mask.shape) == tuple(valid.shape):
-        valid = valid & mask.to(device=values.device, dtype=torch.bool)
-    return values[index], valid
+        valid = valid & mask.to(device=device, dtype=torch.bool)
+    return index, valid
 
 
 def _length_sources(*batches: Source | None) -> tuple[torch.Tensor, ...] | None:
     """What each sequence's response length is read from, as no_padding_2_padding reads it:
     the offsets of nested ``responses``, else padded ``prompts`` and ``attention_mask``."""
     responses = first_tensor("responses", *batches)
-    if responses is not None and responses.is_nested:
-        offsets: torch.Tensor = responses.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor's
-        return (offsets,)
+    parts = None if responses is None else nested_parts(responses)
+    if parts is not None:
+        return (parts[1],)
     prompts = first_tensor("prompts", *batches)
     attention = first_tensor("attention_mask", *batches)
     if prompts is None or attention is None or prompts.is_nested or attention.is_nested or attention.dim() != 2:
