@@ -149,3 +149,38 @@ def test_a_rank_on_another_host_is_silent_by_the_other_ranks_clocks_not_the_read
     assert liveness(far, now=1033.0, newest=1003.0).state == "alive"
     # ... but every rank stopped long ago (the job is gone) is silent by the reader's clock too
     assert liveness(far, now=1000.0 + SKEW_S + 10, newest=1000.0).state == "silent"
+
+
+# -- the order rules alone (the deaths themselves are real in tests/test_postmortem.py) ----------
+
+
+def failure(kind: str, rank: int, time: float, detail: str, window: float = 0.0) -> Any:
+    from verl_events.apps.diagnose.record import Failure
+
+    return Failure(kind, rank, time, detail, step=2, stage="actor_update", window=window)
+
+
+def test_a_launchers_sigterm_after_errors_that_all_name_a_peer_is_never_first() -> None:
+    from verl_events.apps.diagnose.verdict import judge
+
+    nccl = failure("exception", 1, 100.0, "RuntimeError: NCCL error: unhandled cuda error")
+    closed = failure("exception", 0, 101.0, "RuntimeError: Connection closed by peer")
+    stopped = failure("signal", 0, 103.0, "SIGTERM")
+    driver = failure("exception", -1, 104.0, "RayTaskError(RuntimeError): ray::TaskRunner.run()")
+    verdict = judge([stopped, closed, driver, nccl])
+    assert verdict.first is nccl
+    whys = {f.rank: why for f, why in verdict.cascade if f.kind == "signal" or f.rank < 0}
+    assert "launcher" in whys[0] and "driver" in whys[-1]
+
+
+def test_an_error_within_a_killed_ranks_last_beat_window_is_preferred_and_the_order_called_unclear() -> None:
+    from verl_events.apps.diagnose.verdict import judge
+
+    killed = failure("killed", 1, 100.0, "stopped beating", window=2.0)
+    raised = failure("exception", 0, 101.5, "ValueError: advantages are NaN")
+    verdict = judge([killed, raised])
+    assert verdict.first is raised
+    ((other, why),) = verdict.cascade
+    assert other is killed and "which came first cannot be told" in why
+    later = failure("exception", 0, 103.0, "ValueError: advantages are NaN")
+    assert judge([killed, later]).first is killed  # after the window: the death came first

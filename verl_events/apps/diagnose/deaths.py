@@ -176,6 +176,7 @@ def stopped_ranks(evidence: Evidence) -> None:
                     beat.pid,
                     source=source,
                     in_stage=bool(beat.open),
+                    window=beat.liveness_s or 0.0,
                 )
             )
         elif state.state == "closed" and exit.get("how") == "exception":

@@ -38,6 +38,7 @@ class Failure:
     waiting_in: str | None = None  # a hang: the torch.distributed call it waits in
     in_stage: bool = True  # False: between stages (step and stage are the last that ended)
     parent: str | None = None  # the stage enclosing ``stage``
+    window: float = 0.0  # killed: it died within this many seconds after ``time``
 
     def as_json(self) -> dict[str, Any]:
         keys = ("rank", "host", "pid", "step", "stage", "parent", "kind", "detail", "where", "time", "source")

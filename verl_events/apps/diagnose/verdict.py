@@ -8,10 +8,13 @@ So:
 
 * **consequences** by their kind: an exception whose type or message has one
   of :data:`PEER_WORDS`, a hang waiting in a ``torch.distributed`` call;
-* **the first failure** is the earliest one that is not a consequence by its
-  kind (a rank SIGKILLed first counts from its last heartbeat, which is
-  before its death and so before anything its death caused); when every
-  failure is a consequence, the earliest;
+* **consequences** by their order too: a launcher's SIGTERM (SIGINT,
+  SIGHUP), or the driver's error, after another failure;
+* **the first failure** is the earliest one that is not a consequence (a
+  rank SIGKILLed first counts from its last heartbeat, which is before its
+  death and so before anything its death caused; but a failure of another
+  kind within one beat after that heartbeat may have come first, and is
+  preferred); when every failure is a consequence, the earliest;
 * **the cascade** is every other failure of the run, each with why.
 
 Anomalies are findings, not deaths: the first of them is "first" only in a
@@ -63,6 +66,15 @@ def _peer_words(failure: Failure) -> str | None:
     return None
 
 
+def _follows(failure: Failure, fatal: list[Failure]) -> bool:
+    """Whether ``failure`` is a consequence: by its words, or a launcher's signal or the driver's
+    error that came after another failure (a launcher stops the survivors; the driver reports)."""
+    if _peer_words(failure) is not None:
+        return True
+    reporter = (failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS) or failure.rank < 0
+    return reporter and any(other.time < failure.time for other in fatal if other is not failure)
+
+
 def judge(failures: list[Failure]) -> Verdict:
     """The verdict over ``failures`` (see the module docstring)."""
     fatal = sorted((f for f in failures if f.kind != "anomaly"), key=lambda f: (f.time, f.rank))
@@ -71,7 +83,13 @@ def judge(failures: list[Failure]) -> Verdict:
         if not anomalies:
             return Verdict("healthy", None)
         return Verdict("anomalous", anomalies[0], [(a, "a later anomaly") for a in anomalies[1:]])
-    first = next((f for f in fatal if _peer_words(f) is None), fatal[0])
+    causes = [f for f in fatal if not _follows(f, fatal)]
+    first = causes[0] if causes else fatal[0]
+    if first.kind == "killed" and first.window:
+        # A killed rank died within ``window`` after its last beat: a failure of another kind in
+        # that window may have come first, and it says more than a silent death.
+        rival = next((f for f in causes if f.kind != "killed" and f.time <= first.time + first.window), None)
+        first = rival or first
     verdict = "failed" if any(f.kind in _DEATHS for f in fatal) else "hung"
     cascade = [(f, _why(f, first)) for f in fatal if f is not first]
     return Verdict(verdict, first, cascade)
@@ -81,15 +99,20 @@ _NOUNS = {"exception": "exception", "signal": "signal", "killed": "death", "hang
 
 
 def _why(failure: Failure, first: Failure) -> str:
-    after = f"rank {first.rank}'s {_NOUNS.get(first.kind, first.kind)}"
+    who = f"rank {first.rank}'s" if first.rank >= 0 else "the driver's"
+    after = f"{who} {_NOUNS.get(first.kind, first.kind)}"
     later = failure.time >= first.time
-    if failure.rank == first.rank:
+    if failure.kind == "killed" and failure.window and failure.time <= first.time <= failure.time + failure.window:
+        return f"killed within {failure.window:g} s of {after}: which came first cannot be told"
+    if failure.rank == first.rank and failure.rank >= 0:
         return f"the same rank, {'after' if later else 'before'} its {first.kind}"
     words = _peer_words(failure)
     if words:
         return f"{words}, {'after' if later else 'around'} {after}"
     if failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS:
         return f"a launcher stopping the survivors ({failure.detail}) after {after}"
+    if failure.rank < 0:
+        return f"the driver's error, after {after}: what the ranks' records explain"
     if failure.kind == "killed":
         return f"killed after {after}: a launcher ending the job, or the same cause"
     return f"later than {after}" if later else f"about when {after} happened"
