@@ -184,3 +184,23 @@ def test_an_error_within_a_killed_ranks_last_beat_window_is_preferred_and_the_or
     assert other is killed and "which came first cannot be told" in why
     later = failure("exception", 0, 103.0, "ValueError: advantages are NaN")
     assert judge([killed, later]).first is killed  # after the window: the death came first
+
+
+def test_a_signal_the_process_lived_through_is_no_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A handler that saves a checkpoint and carries on: the process's last word is a normal end."""
+    import os
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: None)
+    try:
+        with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "watchdog"}]}):
+            with verl_events.stage("actor_update", step=1):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+            with verl_events.stage("actor_update", step=2):
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (tmp_path / "crashes/rank0.jsonl").exists()  # the signal was recorded ...
+    code, result, _ = as_json(capsys, tmp_path)
+    assert code == 0 and result["verdict"] == "healthy"  # ... and lived through

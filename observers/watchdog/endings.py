@@ -111,7 +111,9 @@ class Endings:
         self._fatal_was_on = False
         self._ended = False
         self._previous: dict[int, Any] = {}
-        self._signal: str | None = None  # the last terminating signal recorded
+        self._signal: str | None = None  # the terminating signal the process is ending by
+        self._closed = False  # after stop(): our handler, if someone chained to it, only passes signals on
+        self._earlier_error = getattr(sys, "last_value", None)  # an interactive session's, before us
         self._last_error: tuple[int, int, int] | None = None  # (id, depth, thread) of the last recorded exception
 
     # -- start and stop ------------------------------------------------------------
@@ -158,11 +160,13 @@ class Endings:
         """Record how the process ends (``exit``); put back the signal handlers (where ours is
         still set) and faulthandler's state; remove the dumps nothing was written to."""
         self._end(exit)
+        self._closed = True
         if threading.current_thread() is threading.main_thread():
-            for number, previous in self._previous.items():
+            for number, previous in list(self._previous.items()):
                 if signal.getsignal(number) == self._on_signal:
                     signal.signal(number, previous)
-        self._previous.clear()
+                    del self._previous[number]
+        # A handler set after ours may call ours: it still passes the signal on (``_previous`` kept).
         for number in TERMINATING_SIGNALS:
             # A Python handler set since replaced faulthandler's; unregistering would put back the default.
             if signal.Signals(number).name in self._dumps and signal.getsignal(number) == signal.SIG_DFL:
@@ -207,7 +211,8 @@ class Endings:
         being handled or left uncaught, else a normal exit."""
         if self._signal is not None:
             return {"how": "signal", "detail": self._signal}
-        error = sys.exc_info()[1] or getattr(sys, "last_value", None)
+        last = getattr(sys, "last_value", None)
+        error = sys.exc_info()[1] or (last if last is not self._earlier_error else None)
         if isinstance(error, SystemExit) and error.code in (None, 0):
             error = None  # sys.exit() and sys.exit(0) are a normal end
         if error is not None:
@@ -253,6 +258,11 @@ class Endings:
     # -- a terminating signal --------------------------------------------------------
 
     def _on_signal(self, number: int, frame: FrameType | None) -> None:
+        previous = self._previous.get(number)
+        if self._closed:
+            if callable(previous):
+                previous(number, frame)
+            return
         name = signal.Signals(number).name
         self._signal = name
         try:
@@ -262,9 +272,22 @@ class Endings:
             self._end({"how": "signal", "detail": name})
         except Exception:  # the previous handler runs whatever happened here
             logger.exception("the watchdog could not record %s", name)
-        previous = self._previous.get(number)
         if callable(previous):
-            previous(number, frame)
+            previous(number, frame)  # raises (KeyboardInterrupt, SystemExit) or ends the process, mostly
+        # It returned: the process lives on (a handler that saves a checkpoint, then carries on).
+        self._signal = None
+        self._ended = False
+        self._reopen()
+
+    def _reopen(self) -> None:
+        """The process went on after a signal: its heartbeats are rewritten open at the next beat."""
+        locked = self.table.lock.acquire(timeout=_LOCK_WAIT_S)
+        try:
+            for state in self.table.ranks.values():
+                state.changed = True
+        finally:
+            if locked:
+                self.table.lock.release()
 
     def _record_signal(self, name: str, frame: FrameType | None) -> None:
         locked = self.table.lock.acquire(timeout=_LOCK_WAIT_S)

@@ -153,19 +153,19 @@ class WatchdogObserver(Observer):
             self._open[event.seq] = entry
 
     def on_stage_end(self, event: StageEnd) -> None:
-        if event.error is not None and self._endings is not None:
-            self._endings.exception(event)
         ended = _time()
         with self._lock:
             entry = self._open.pop(event.seq, None)
-            if entry is None:
-                return
-            state = self._ranks[event.rank]
-            state.ended[event.stage] = (event.step, ended)
-            state.last_ended = (event.stage, event.step, ended)
-            state.changed = True
-            fired = entry.fired
-        if fired:
+            if entry is not None:
+                state = self._ranks[event.rank]
+                state.ended[event.stage] = (event.step, ended)
+                state.last_ended = (event.stage, event.step, ended)
+                state.changed = True
+        if event.error is not None and self._endings is not None:
+            self._endings.exception(event)  # after the table: were this to fail, no stage is left open
+        if entry is None:
+            return
+        if entry.fired:
             assert self._monitor is not None
             self._monitor.late(entry, event.elapsed_s)
         elif self.timeout_s is None and event.error is None and event.elapsed_s > self._longest.get(event.stage, 0.0):

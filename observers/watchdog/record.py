@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -264,7 +265,8 @@ class Heartbeat:
 def write_heartbeat(save_path: Path, heartbeat: Heartbeat) -> None:
     """Replace a rank's heartbeat whole: a temporary file beside it, then ``os.replace``."""
     path = heartbeat_path(save_path, heartbeat.rank)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One temporary file per writing thread: the monitor and a signal handler may write at once.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     temporary.write_text(heartbeat.to_json(), encoding="utf-8")
     os.replace(temporary, path)
 

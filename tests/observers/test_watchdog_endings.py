@@ -124,9 +124,31 @@ def test_sigterm_is_recorded_then_the_users_handler_runs_and_is_put_back(tmp_pat
     (record,) = crash_records(tmp_path)
     assert (record.kind, record.signal, record.step, record.stage) == ("signal", "SIGTERM", 3, "actor_update")
     assert [item["stage"] for item in record.open] == ["actor_update"]
-    assert read_heartbeat(heartbeat_path(tmp_path, 0)).exit == {"how": "signal", "detail": "SIGTERM"}
-    (end,) = [ProcessEnd.from_json(line) for line in ends_log_path(tmp_path).read_text().splitlines()]
-    assert (end.how, end.detail) == ("signal", "SIGTERM")  # once: not again at close
+    # The user's handler returned and the process went on to a normal end: its last word says so.
+    assert read_heartbeat(heartbeat_path(tmp_path, 0)).exit == {"how": "normal", "detail": None}
+    ends = [ProcessEnd.from_json(line) for line in ends_log_path(tmp_path).read_text().splitlines()]
+    assert [(end.how, end.detail) for end in ends] == [("signal", "SIGTERM"), ("normal", None)]
+
+
+def test_a_handler_set_after_ours_that_chains_to_it_still_gets_ctrl_c_after_close(tmp_path: Path) -> None:
+    """Closing must not leave a library that chained to our handler with a Ctrl-C that does nothing."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with verl_events.install(config(tmp_path)):
+            with verl_events.stage("actor_update", step=1):
+                pass
+            ours = signal.getsignal(signal.SIGINT)
+            assert callable(ours)
+
+            def library_handler(number: int, frame: FrameType | None) -> None:
+                ours(number, frame)  # a library that chains to whatever was there before it
+
+            signal.signal(signal.SIGINT, library_handler)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler runs between bytecodes of this thread
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 DYING = """\

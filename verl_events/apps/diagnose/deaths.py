@@ -21,12 +21,22 @@ else:
 
 Heartbeat = hang_record.Heartbeat
 
+#: A launcher's signal at most this long before the driver's normal end can be the shutdown's (a
+#: killed rank's time is its last beat, up to a beat before its death; atexit order varies).
+TEARDOWN_S = 10.0
+
 __all__ = ["crash_records", "fatal_dumps", "process_ends", "read_heartbeats", "stopped_ranks", "teardown"]
 
 
 def crash_records(evidence: Evidence) -> None:
+    """Stages that raised, and signals, except a signal the process lived through: its
+    handler returned and the process's last word (``ends.jsonl``) is a normal end."""
+    last_end = {end.pid: end for end in sorted(evidence.ends, key=lambda end: end.time)}
     for _, path in crash.crash_log_files(evidence.run):
         for _, record in records_of(evidence, path, crash.CrashRecord.from_json):
+            end = last_end.get(record.pid)
+            if record.kind == "signal" and end is not None and end.how == "normal" and end.time > record.time:
+                continue
             in_stage = record.kind == "exception" or record.stage is not None
             detail = f"{record.error_type}: {record.message}" if record.kind == "exception" else str(record.signal)
             evidence.failures.append(
@@ -107,10 +117,13 @@ def fatal_dumps(evidence: Evidence) -> None:
 
 
 def process_ends(evidence: Evidence) -> None:
-    """How each process ended; a process without ranks (verl's driver) that raised is a failure too."""
+    """How each process ended (its last line: a process that lived through a signal says so
+    again at its real end); a process without ranks (verl's driver) that raised is a failure too."""
     path = crash.ends_log_path(evidence.run)
     for _, end in records_of(evidence, path, crash.ProcessEnd.from_json):
         evidence.ends.append(end)
+    last = {end.pid: end for end in sorted(evidence.ends, key=lambda end: end.time)}
+    for end in last.values():
         if not end.ranks and end.how == "exception":
             evidence.failures.append(
                 Failure(
@@ -130,12 +143,15 @@ def process_ends(evidence: Evidence) -> None:
 def teardown(evidence: Evidence) -> None:
     """A process without ranks (verl's driver) that ended normally means the run finished:
     a launcher's signal, or a kill, that then found a rank between stages is the launcher
-    ending the job's workers (Ray does so at every shutdown), not a failure."""
-    if not any(not end.ranks and end.how == "normal" for end in evidence.ends):
+    ending the job's workers (Ray does so at every shutdown), not a failure.  The normal end
+    comes first, within :data:`TEARDOWN_S` (a kill long before it is no shutdown)."""
+    finished = [end.time for end in evidence.ends if not end.ranks and end.how == "normal"]
+    if not finished:
         return
     for failure in list(evidence.failures):
         launcher = failure.kind == "killed" or (failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS)
-        if launcher and not failure.in_stage:
+        after = any(at - TEARDOWN_S <= failure.time for at in finished)
+        if launcher and not failure.in_stage and after:
             evidence.failures.remove(failure)
             evidence.teardown.append(failure)
 
