@@ -204,3 +204,13 @@ def test_a_signal_the_process_lived_through_is_no_failure(tmp_path: Path, capsys
     assert (tmp_path / "crashes/rank0.jsonl").exists()  # the signal was recorded ...
     code, result, _ = as_json(capsys, tmp_path)
     assert code == 0 and result["verdict"] == "healthy"  # ... and lived through
+
+
+def test_a_run_whose_ranks_still_beat_is_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "watchdog", "heartbeat_s": 0.05}]}):
+        with verl_events.stage("actor_update", step=1):
+            time.sleep(0.2)  # its heartbeat is on disk, open
+            code, result, _ = as_json(capsys, tmp_path)
+    assert code == 0 and result["verdict"] == "running" and result["first"] is None
+    code, result, _ = as_json(capsys, tmp_path)
+    assert code == 0 and result["verdict"] == "healthy"  # closed now

@@ -177,6 +177,11 @@ def test_sigterm_is_recorded_and_first(tmp_path: Path, two_ranks: Any) -> None:
     script = tmp_path / "ranks.py"
     assert first["where"]["line"] == line_of(script, "os.kill(os.getpid(), signal.SIGTERM)")
     assert_rank_0_followed(result)
+    # A copy that did not keep the dump's time (a download): the heartbeat bounds it, rank 1 stays first.
+    dump = tmp_path / "run/crashes/rank1.SIGTERM.txt"
+    os.utime(dump, (first["time"] + 600, first["time"] + 600))
+    _, copied, _ = diagnose(tmp_path / "run")
+    assert copied["first"]["rank"] == 1 and copied["first"]["time"] <= first["time"]
 
 
 def test_a_launcher_stopping_the_survivor_after_an_exception_is_cascade(tmp_path: Path, two_ranks: Any) -> None:
@@ -250,7 +255,7 @@ def test_the_launchers_sigterm_after_the_driver_ended_normally_is_teardown_not_a
         assert (result["first"]["rank"], result["first"]["detail"]) == (-1, "RuntimeError: ray.get failed")
         (cascade,) = result["cascade"]
         assert (cascade["rank"], cascade["detail"]) == (0, "SIGTERM") and "launcher" in cascade["why"]
-        assert "a process without a rank (the driver)" in text
+        assert "a process without a rank (verl's driver, a launcher)" in text
     else:
         assert code == 0 and result["verdict"] == "healthy" and result["cascade"] == []
         assert [(t["rank"], t["detail"]) for t in result["teardown"]] == [(0, "SIGTERM")]

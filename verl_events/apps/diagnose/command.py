@@ -17,7 +17,8 @@ enclosing it, if any), ``kind``, ``detail``,
 ``where`` (``file``, ``line``, ``function``, ``code``), ``time`` and
 ``source`` (a cascade item adds ``why``).
 
-Exit codes: 0 nothing went wrong, 1 a failure or an anomaly was found,
+Exit codes: 0 nothing went wrong (``healthy``, or ``running``: no failure
+yet and a rank still beats), 1 a failure, a hang or an anomaly was found,
 2 bad input (RUN is not a folder, or holds nothing an observer writes).
 """
 
@@ -81,7 +82,9 @@ def diagnose(run: Path) -> Diagnosis:
             f"{run} holds nothing an observer writes (no heartbeats, timing logs, crash records, hang, "
             "anomaly or mismatch logs, msprobe dumps); pass the save_path of a run"
         )
-    return Diagnosis(evidence, judge(evidence.failures), tools, unseen)
+    last = newest(evidence.heartbeats)
+    running = any(liveness(beat, evidence.now, last).state == "alive" for beat in evidence.heartbeats)
+    return Diagnosis(evidence, judge(evidence.failures, running), tools, unseen)
 
 
 def _tools(evidence: Evidence) -> list[dict[str, str]]:
@@ -180,7 +183,7 @@ def _failure_lines(failure: Failure, indent: str) -> list[str]:
         at = f"between stages, after step {failure.step}'s {failure.stage}"
     host = f" on {failure.host}" if failure.host else ""
     pid = f", pid {failure.pid}" if failure.pid else ""
-    rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process without a rank (the driver)"
+    rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process without a rank (verl's driver, a launcher)"
     detail = failure.detail.strip().split("\n")[0]  # --json keeps it whole
     if len(detail) > _SHOWN or detail != failure.detail.strip():
         detail = detail[: _SHOWN - 1] + "…"
@@ -244,4 +247,4 @@ def command(args: Any) -> int:
     for line in diagnosis.evidence.warnings:
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(diagnosis.as_json(), indent=1) if args.json else render(diagnosis))
-    return 0 if diagnosis.verdict.verdict == "healthy" else 1
+    return 0 if diagnosis.verdict.verdict in ("healthy", "running") else 1

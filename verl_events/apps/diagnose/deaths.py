@@ -84,6 +84,15 @@ def _dump_where(dump: Any, beat: Heartbeat | None) -> dict[str, Any] | None:
     return None
 
 
+def _dump_time(written: float, beat: Heartbeat | None) -> float:
+    """When the signal came: the dump's modification time, unless the file was copied since
+    (a copy without times, a download) and that time falls outside the window the rank's
+    heartbeat allows (its last beat, and one liveness beat after): then the last beat."""
+    if beat is None or not beat.liveness_s:
+        return written
+    return written if beat.time - 1.0 <= written <= beat.time + beat.liveness_s + 1.0 else beat.time
+
+
 def fatal_dumps(evidence: Evidence) -> None:
     by_rank = {beat.rank: beat for beat in evidence.heartbeats}
     for path in crash.fatal_files(evidence.run, written=True):
@@ -103,7 +112,7 @@ def fatal_dumps(evidence: Evidence) -> None:
             Failure(
                 "signal",
                 beat.rank if beat is not None else (-1 if dump.rank is None else dump.rank),
-                dump.time,
+                _dump_time(dump.time, beat),
                 f"{dump.signal} ({dump.error})" if named else (dump.signal or dump.error),
                 step,
                 stage,

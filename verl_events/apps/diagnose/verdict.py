@@ -20,7 +20,7 @@ So:
 Anomalies are findings, not deaths: the first of them is "first" only in a
 run where nothing failed.  Verdicts: ``failed`` (an exception, a signal, a
 rank killed), ``hung`` (a deadline passed, nothing died), ``anomalous``,
-``healthy``.
+``running`` (nothing went wrong yet, and a rank still beats), ``healthy``.
 """
 
 from __future__ import annotations
@@ -75,13 +75,14 @@ def _follows(failure: Failure, fatal: list[Failure]) -> bool:
     return reporter and any(other.time < failure.time for other in fatal if other is not failure)
 
 
-def judge(failures: list[Failure]) -> Verdict:
-    """The verdict over ``failures`` (see the module docstring)."""
+def judge(failures: list[Failure], running: bool = False) -> Verdict:
+    """The verdict over ``failures`` (see the module docstring); ``running``: some rank's
+    heartbeat is alive and not closed, so a run with no failure yet is ``running``."""
     fatal = sorted((f for f in failures if f.kind != "anomaly"), key=lambda f: (f.time, f.rank))
     anomalies = sorted((f for f in failures if f.kind == "anomaly"), key=lambda f: (f.time, f.rank))
     if not fatal:
         if not anomalies:
-            return Verdict("healthy", None)
+            return Verdict("running" if running else "healthy", None)
         return Verdict("anomalous", anomalies[0], [(a, "a later anomaly") for a in anomalies[1:]])
     causes = [f for f in fatal if not _follows(f, fatal)]
     first = causes[0] if causes else fatal[0]
