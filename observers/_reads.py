@@ -33,7 +33,7 @@ class Reads:
         import torch
 
         index = len(self._parts)
-        flat = tensor.reshape(-1)
+        flat = tensor if tensor.dim() == 1 else tensor.reshape(-1)
         self._parts.append(flat if flat.dtype == torch.float64 else flat.double())
         return lambda: self._values[index]
 

@@ -8,18 +8,21 @@ sequence, prompt and response together, shifted by one) and its response
 part is picked out as ``verl.workers.utils.padding.no_padding_2_padding``
 does.  Verified against verl 0.9.1 (``verl/workers/utils/padding.py``).
 
-Cost: a nested tensor is a Python subclass, so every one of its attributes
-and operations is a ``__torch_function__`` round trip (10-90 us each on a
-CPU core, against 1-3 us for a plain tensor's).  A :class:`ResponseView`
-therefore touches each nested tensor once (its ``values()`` and
-``offsets()``) and works on plain tensors from there; and the response part
-it picks is kept (:data:`_PICKED`, a few entries) for the next view of the
-same stage end: the sentinel and the mismatch observer both align the
-actor's ``old_log_probs`` at ``actor_compute_log_prob``, and the second one
-finds the first one's.  An entry is reused only while every tensor it was
-computed from is the same object at the same version (``_version``, which
-an in-place write bumps); it goes when the nested tensor does.  What a view
-returns may be shared with another observer: read it, never write to it.
+Cost: a jagged nested tensor is a Python subclass, so every one of its
+attributes and operations is a ``__torch_function__`` round trip (10-90 us
+each on a warm CPU core, ten times that just after a model's forward, against
+1-3 us for a plain tensor's).  A :class:`ResponseView` therefore reads each
+nested tensor's values and offsets once (:func:`nested_parts`) and works on
+plain tensors from there.  The gather of the response tokens is planned
+once for the nested tensors that share their offsets (the log-probs and the
+entropy), and the response part it picks is kept (:data:`_PICKED`, a few
+entries) for the next view of the same stage end: the sentinel and the
+mismatch observer both align the actor's ``old_log_probs`` and ``entropy``
+at ``actor_compute_log_prob``, and the second one finds the first one's.
+An entry is reused only while every tensor it was computed from is the same
+object at the same version (``_version``, which an in-place write bumps); it
+goes when one of them does.  What a view returns may be shared with another
+observer: read it, never write to it.
 
 Thread safety: the kept entries are guarded by a lock; a view is used by
 one thread (it is made per call).
@@ -36,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ResponseView", "Source", "computes_reference", "first_tensor", "nested_parts"]
+__all__ = ["ResponseView", "Source", "as_on", "computes_reference", "first_tensor", "nested_parts"]
 
 
 class Source(Protocol):
@@ -80,8 +83,8 @@ class ResponseView:
         self.response_mask = mask if mask is not None and not mask.is_nested and mask.dim() == 2 else None
         self._lengths: Any = False  # the tensors the response lengths come from, or None; False: not looked up yet
         self._masks: dict[tuple[Any, ...], torch.Tensor | None] = {}
-        # id(tensor) -> (tensor, its values, detached, and offsets when nested, else None)
-        self._flat: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]] = {}
+        # id(tensor) -> (tensor, its values detached, offsets and values kept when nested, else None)
+        self._flat: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]] = {}
         self._plans: list[tuple[torch.Tensor, int, Any, Plan | None]] = []  # (offsets, size, device, plan)
 
     def elements(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -102,7 +105,7 @@ class ResponseView:
 
         mask = self.response_mask
         if mask is not None and tuple(mask.shape) == tuple(padded.shape):
-            return mask.to(device=padded.device, dtype=torch.bool)
+            return as_on(mask, padded.device, torch.bool)
         attention = first_tensor("attention_mask", *self.batches)
         if (
             attention is not None
@@ -112,7 +115,7 @@ class ResponseView:
             and attention.shape[0] == padded.shape[0]
             and attention.shape[1] >= padded.shape[1]
         ):
-            return attention[:, attention.shape[1] - padded.shape[1] :].to(device=padded.device, dtype=torch.bool)
+            return as_on(attention[:, attention.shape[1] - padded.shape[1] :], padded.device, torch.bool)
         return None
 
     def aligned(self, tensor: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -149,7 +152,7 @@ class ResponseView:
             self._lengths = _length_sources(*self.batches)
         if self._lengths is None:
             return None
-        values, offsets = parts
+        values, offsets, kept = parts
         sources, mask = self._lengths, self.response_mask
 
         def pick() -> Picked | None:
@@ -157,7 +160,7 @@ class ResponseView:
             return None if plan is None else (values[plan[0]], plan[1])
 
         # Found already when another observer's view of this stage end picked it.
-        return _PICKED.get((values, offsets, *sources, mask), pick)
+        return _PICKED.get((kept, offsets, *sources, mask), pick)
 
     def _plan(self, values: torch.Tensor, offsets: torch.Tensor, sources: tuple[torch.Tensor, ...]) -> Plan | None:
         """Where each response token sits in ``values``, and which places are response tokens:
@@ -174,13 +177,14 @@ class ResponseView:
         self._plans.append((offsets, size, device, plan))
         return plan
 
-    def _nested(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _nested(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """A nested tensor's values (detached: a tensor that requires grad has them with
-        history) and offsets, None for a plain one; looked up once per tensor."""
+        history), its offsets, and the values as it keeps them (the same object each time,
+        which the picked parts are kept by); None for a plain one. Looked up once per tensor."""
         found = self._flat.get(id(tensor))
         if found is None:
             parts = nested_parts(tensor)
-            found = (tensor, None if parts is None else (parts[0].detach(), parts[1]))
+            found = (tensor, None if parts is None else (parts[0].detach(), parts[1], parts[0]))
             self._flat[id(tensor)] = found  # the tensor kept: its id stays its own
         return found[1]
 
@@ -237,17 +241,26 @@ def _plan(
 
     if lengths.shape[0] != offsets.shape[0] - 1 or lengths.shape[0] == 0:
         return None
-    lengths = lengths.to(device=device, dtype=torch.long)
+    lengths = as_on(lengths, device, torch.long)
     width = int(mask.shape[1]) if mask is not None and mask.shape[0] == lengths.shape[0] else int(lengths.max())
     columns = torch.arange(width, device=device)
     valid = columns[None, :] < lengths[:, None]
     # As no_padding_2_padding: the output for response token j of a sequence
     # ending at offset e sits at e - length - 1 + j (a model predicts the next token).
-    index = offsets[1:].to(device=device, dtype=torch.long)[:, None] - lengths[:, None] - 1 + columns[None, :]
+    starts = as_on(offsets[1:], device, torch.long) - lengths - 1
+    index = starts[:, None] + columns[None, :]
     index = torch.where(valid, index, 0).clamp(0, size - 1)
     if mask is not None and tuple(mask.shape) == tuple(valid.shape):
-        valid = valid & mask.to(device=device, dtype=torch.bool)
+        valid = valid & as_on(mask, device, torch.bool)
     return index, valid
+
+
+def as_on(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``tensor`` on ``device`` (and of ``dtype``): itself when it already is, without a call
+    into torch (which costs more than the copy on a small tensor)."""
+    if tensor.device == device and (dtype is None or tensor.dtype == dtype):
+        return tensor
+    return tensor.to(device=device, dtype=dtype)
 
 
 def _length_sources(*batches: Source | None) -> tuple[torch.Tensor, ...] | None:

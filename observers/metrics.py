@@ -177,9 +177,20 @@ class _Batch:
     """One result or input, seen the same way whatever carried it."""
 
     tensors: Any  # has .get(key, None): a dict, a TensorDict, or None
-    metrics: Mapping[str, Any] | None
+    found_metrics: Any  # Mapping[str, Any] | None; _UNREAD: a TensorDict's, read when first asked for
     kind: str  # "dataproto", "tensordict", "record" or "mapping"
     flags: Any = None  # a TensorDict whose non-tensor entries are the call's flags
+
+    @property
+    def metrics(self) -> Mapping[str, Any] | None:
+        """The metrics it carries; a TensorDict's are read at the first call (the mismatch
+        observer never asks for them)."""
+        if self.found_metrics is _UNREAD:
+            value = self.tensors
+            metrics = _unwrap(value.get("metrics", None)) if "metrics" in value.keys() else None
+            self.found_metrics = _mapping(metrics)
+        found: Mapping[str, Any] | None = self.found_metrics
+        return found
 
     def tensor(self, key: str) -> torch.Tensor | None:
         """The tensor under ``key``, or None (also when torch was never imported: then
@@ -206,8 +217,7 @@ def as_batch(value: Any) -> _Batch | None:
         info = value.meta_info
         return _Batch(value.batch, _mapping(info.get("metrics")) if isinstance(info, Mapping) else None, kind)
     if kind == "tensordict":
-        metrics = _unwrap(value.get("metrics", None)) if "metrics" in value.keys() else None
-        return _Batch(value, _mapping(metrics), kind, flags=value)
+        return _Batch(value, _UNREAD, kind, flags=value)
     if kind == "mapping":
         return _Batch(value, value, kind)
     tensors, info = getattr(value, "tensors", None), getattr(value, "meta_info", None)
@@ -215,6 +225,8 @@ def as_batch(value: Any) -> _Batch | None:
         return _Batch(tensors, _mapping(info.get("metrics")), "record")
     return None
 
+
+_UNREAD = object()  # a TensorDict's metrics, not read yet
 
 # A result's kind by its type, found once: isinstance against ABCs is slow.
 _KINDS: dict[type, str] = {}

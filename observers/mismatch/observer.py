@@ -103,6 +103,7 @@ class MismatchObserver(Observer):
         self.prefill_replays = prefill_replays
         self._prefill: Prefill | None = None
         self._root = Path()
+        self._run: str | None = None
 
     def outputs(self, save_path: Path) -> list[Path]:
         """The run's mismatch log, when there is one."""
@@ -142,8 +143,12 @@ class MismatchObserver(Observer):
             self._ask_engine(event)
 
     def _record(self, event: StageEnd, **found: Any) -> MismatchRecord:
+        if self._run is None:
+            # The installation claimed the save_path for this run before this observer's first
+            # stage began; asked once (in a Ray worker it is a call into Ray's runtime context).
+            self._run = run_id()
         return MismatchRecord(
-            run=run_id(), step=event.step, stage=event.stage, rank=event.rank, time=time.time(), **found
+            run=self._run, step=event.step, stage=event.stage, rank=event.rank, time=time.time(), **found
         )
 
     def _ask_engine(self, event: StageEnd) -> None:

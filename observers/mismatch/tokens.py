@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._metric_tensors import keys_for
 from .._reads import Reads
-from .._response import ResponseView, computes_reference, first_tensor
+from .._response import ResponseView, as_on, computes_reference, first_tensor
 from ..metrics import as_batch
 from .record import TRAINER_STAGE
 
@@ -106,17 +106,17 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
         return "old_log_probs and rollout_log_probs do not cover the same response tokens"
     old, positions = aligned
     device = old.device
-    rollout = rollout.detach().to(device)
+    rollout = as_on(rollout.detach(), device)
     response_mask = view.mask_for(rollout)
     # calculate_debug_metrics: response_mask, else attention_mask's last columns, else every token.
-    verl_mask = response_mask.to(device) if response_mask is not None else _everywhere(rollout)
+    verl_mask = as_on(response_mask, device) if response_mask is not None else _everywhere(rollout)
     mask = verl_mask if positions is None else positions & verl_mask
     entropy_source = next((t for key in _ENTROPY_KEYS if (t := out.tensor(key)) is not None), None)
     entropy = None if entropy_source is None else _first(view.aligned(entropy_source, rollout))
     tokens = first_tensor("responses", given, out)
     if tokens is not None and (tokens.is_nested or tuple(tokens.shape) != tuple(rollout.shape)):
         tokens = None
-    return StepTokens(old, rollout, mask, verl_mask, entropy, None if tokens is None else tokens.to(device))
+    return StepTokens(old, rollout, mask, verl_mask, entropy, None if tokens is None else as_on(tokens, device))
 
 
 def _everywhere(tensor: torch.Tensor) -> torch.Tensor:
@@ -209,14 +209,14 @@ def _verl(step: StepTokens, reads: Reads) -> Callable[[], dict[str, float]]:
     for a mask with at least one token."""
     import torch
 
-    mask = step.verl_mask
-    old, rollout = step.old.float().exp()[mask], step.rollout.float().exp()[mask]
+    probs = torch.stack([step.old, step.rollout]).float().exp()[:, step.verl_mask]  # [old, rollout]
+    old, rollout = probs
     diff = (old - rollout).abs()
     # verl's Pearson correlation is torch.corrcoef's; its covariance matrix is a matrix product,
     # which on a CPU with several threads waits for the BLAS library's threads to wake
     # (milliseconds on a busy machine) for two numbers.  Here: its sums of products, in float64
     # (verl's float32 figure is within its own rounding of this one), divided on the host.
-    both = torch.stack([old, rollout]).double()
+    both = probs.double()
     centred = both - both.mean(dim=1, keepdim=True)
     products = (centred[:, None, :] * centred[None, :, :]).sum(dim=2).reshape(-1)  # xx, xy, yx, yy
     numbers = reads.add(torch.cat([torch.stack([diff.max(), diff.mean(), diff.std()]).double(), products]))

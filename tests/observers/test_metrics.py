@@ -155,6 +155,26 @@ def test_the_gap_is_read_from_verl_engine_workers_nested_log_probs_as_no_padding
     assert found["mfu"] == 0.5
 
 
+def test_log_probs_written_in_place_after_one_reader_are_read_again_by_the_next() -> None:
+    """The sentinel and the mismatch observer share the response tokens picked out of one
+    stage end's nested log-probs; a write in between must not leave the second with stale ones."""
+    rollout = torch.tensor([[-1.0, -1.0, 0.0, 0.0], [-2.0, -2.0, -2.0, -2.0], [-4.0, 0.0, 0.0, 0.0]])
+    data = engine_inputs(padded_batch(rollout_log_probs=rollout), calculate_entropy=True)
+    total = data["input_ids"].values().shape[0]
+    log_probs = nested_like(data, -torch.arange(total, dtype=torch.float32) / 4)
+    result = tu.get_tensordict(tensor_dict={"log_probs": log_probs}, non_tensor_dict={})
+    first = extract_metrics("actor_compute_log_prob", result, data)
+    assert extract_metrics("actor_compute_log_prob", result, data) == first
+
+    log_probs.values().mul_(2)
+    again = extract_metrics("actor_compute_log_prob", result, data)
+
+    aligned = no_padding_2_padding(log_probs, data)
+    response = data["response_mask"].bool()
+    assert again["old_log_probs/mean"] == pytest.approx(2 * first["old_log_probs/mean"], rel=1e-6)
+    assert again[GAP_MAX] == (aligned - rollout).abs()[response].max().item()
+
+
 def test_the_gap_of_padded_log_probs_uses_attention_masks_response_part_without_a_response_mask() -> None:
     batch = padded_batch()
     inputs = DataProto.from_dict(
