@@ -144,6 +144,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_rank_pair(script: Path, run_id: str) -> list[subprocess.Popen[str]]:
+    """Starts ``script RANK PORT`` as ranks 0 and 1 (a free port on 127.0.0.1, one run id),
+    each a direct child of this process, so each exit code is seen; stdout and stderr are
+    piped together.  :func:`end_processes` ends what is left."""
+    port = str(free_port())
+    env = {**os.environ, "VERL_EVENTS_RUN_ID": f"{run_id}-{port}"}
+    return [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), port],
+            cwd=script.parent,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+
+
+def end_processes(processes: list[subprocess.Popen[str]]) -> None:
+    """Kills, by PID, each of ``processes`` still running, and reaps them all."""
+    for process in processes:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=30)
+
+
 def verl_events_exe() -> str:
     """The ``verl-events`` command installed next to this interpreter."""
     exe = shutil.which("verl-events", path=str(Path(sys.executable).parent))

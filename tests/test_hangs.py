@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -18,7 +15,7 @@ import verl_events
 from verl_events.observers.watchdog import ABORT_EXIT_CODE, HangRecord
 from verl_events.observers.watchdog.record import heartbeat_path
 
-from .support import free_port, verl_events_exe
+from .support import end_processes, start_rank_pair, verl_events_exe
 
 DEADLINE = 2.0  # seconds: the watchdog's timeout_s in the two-rank runs
 
@@ -76,26 +73,11 @@ def gloo_ranks(tmp_path: Path) -> Iterator[object]:
                 body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
             )
         )
-        port = str(free_port())
-        env = {**os.environ, "VERL_EVENTS_RUN_ID": f"hangs-test-{port}"}
-        for rank in (0, 1):
-            started.append(
-                subprocess.Popen(
-                    [sys.executable, str(script), str(rank), port],
-                    cwd=tmp_path,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
+        started.extend(start_rank_pair(script, "hangs-test"))
         return started
 
     yield start
-    for process in started:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGKILL)
-        process.communicate(timeout=30)
+    end_processes(started)
 
 
 def line_of(script: Path, text: str) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .support import free_port, verl_events_exe
+from .support import end_processes, start_rank_pair, verl_events_exe
 
 pytestmark = pytest.mark.slow
 
@@ -69,26 +69,11 @@ def two_ranks(tmp_path: Path) -> Iterator[Any]:
                 fault=textwrap.indent(textwrap.dedent(fault).strip("\n"), " " * 16),
             )
         )
-        port = str(free_port())
-        env = {**os.environ, "VERL_EVENTS_RUN_ID": f"postmortem-{port}"}
-        for rank in (0, 1):
-            started.append(
-                subprocess.Popen(
-                    [sys.executable, str(script), str(rank), port],
-                    cwd=tmp_path,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
+        started.extend(start_rank_pair(script, "postmortem"))
         return started
 
     yield start
-    for process in started:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGKILL)
-        process.communicate(timeout=30)
+    end_processes(started)
 
 
 def finish(processes: list[subprocess.Popen[str]]) -> list[int]:

@@ -27,7 +27,9 @@ While the watchdog is installed:
   Python handlers are set only from the main thread (Python's rule).
 
 Every process, with ranks or none (verl's driver), appends how it ended to
-``crashes/ends.jsonl`` at close or at a chained signal.  A process killed
+``crashes/ends.jsonl`` at close or at a chained signal; one with no rank only
+once a stage of its run has claimed the save_path (``run.json``): an
+installation writes nothing before its run's claim.  A process killed
 with SIGKILL writes nothing: its heartbeat, rewritten every ``liveness_s``
 while it lives, stops (:mod:`.monitor`).
 """
@@ -51,6 +53,7 @@ from typing import IO, Any
 
 from verl_events import StageEnd
 from verl_events.frames import user_frame_of_traceback
+from verl_events.layout import owner_of
 
 from .._lines import append_line
 from .crash import FATAL, CrashRecord, ProcessEnd, crash_log_path, ends_log_path, fatal_path
@@ -200,6 +203,8 @@ class Endings:
         finally:
             if locked:
                 self.table.lock.release()
+        if not ranks and owner_of(self.save_path) != self._run():
+            return  # no stage of this run has claimed the save_path yet: writing would be its first file
         end = ProcessEnd(run=self._run(), time=time.time(), pid=self.pid, host=self.host, ranks=ranks, **exit)
         try:
             append_line(ends_log_path(self.save_path), end.to_json())

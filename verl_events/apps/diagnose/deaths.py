@@ -185,41 +185,22 @@ def stopped_ranks(evidence: Evidence) -> None:
             continue
         state = liveness(beat, evidence.now, newest(evidence.heartbeats))
         source = relative(evidence, hang_record.heartbeat_path(evidence.run, beat.rank))
-        step, stage = _position(beat)
         exit = beat.exit or {}
         if state.stopped:
             detail = f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}"
+            window = beat.liveness_s or 0.0
             evidence.failures.append(
-                Failure(
-                    "killed",
-                    beat.rank,
-                    beat.time,
-                    detail,
-                    step,
-                    stage,
-                    beat.host,
-                    beat.pid,
-                    source=source,
-                    in_stage=bool(beat.open),
-                    window=beat.liveness_s or 0.0,
-                )
+                _of_heartbeat(beat, "killed", detail, source, in_stage=bool(beat.open), window=window)
             )
         elif state.state == "closed" and exit.get("how") == "exception":
             detail = str(exit.get("detail"))
-            evidence.failures.append(
-                Failure(
-                    "exception",
-                    beat.rank,
-                    beat.time,
-                    detail,
-                    step,
-                    stage,
-                    beat.host,
-                    beat.pid,
-                    source=source,
-                    message=detail,
-                )
-            )
+            evidence.failures.append(_of_heartbeat(beat, "exception", detail, source, message=detail))
+
+
+def _of_heartbeat(beat: Heartbeat, kind: str, detail: str, source: str, **more: Any) -> Failure:
+    """A failure that only the rank's heartbeat tells: at its last beat, where it last was."""
+    step, stage = _position(beat)
+    return Failure(kind, beat.rank, beat.time, detail, step, stage, beat.host, beat.pid, source=source, **more)
 
 
 def _position(beat: Heartbeat) -> tuple[int | None, str | None]:
