@@ -283,19 +283,21 @@ def _by_entropy(
     import torch
 
     entropy = entropy.double()
-    lows, highs = _entropy_edges(gap.device)
-    # [batch, response, bin]: each kept token with a finite entropy in the bin holding it.
-    each = entropy[..., None]
-    inside = (keep & torch.isfinite(entropy))[..., None] & (each >= lows) & (each < highs)
-    values = gap[..., None]
+    bins = len(ENTROPY_EDGES) - 1
+    # Each kept token with a finite entropy (>= 0, the first edge) goes to its bin, the others
+    # to one more; then each bin's count, sum and max in one pass each (scatter_add_ and amax
+    # are deterministic on a GPU too: torch.use_deterministic_algorithms allows them).
+    valid = keep & torch.isfinite(entropy) & (entropy >= ENTROPY_EDGES[0])
+    index = torch.where(valid, torch.bucketize(entropy, _entropy_inner_edges(gap.device), right=True), bins)
+    index, values = index.reshape(-1), gap.reshape(-1)
     numbers = reads.add(
         torch.stack(
             [
-                inside.sum(dim=(0, 1)),
-                torch.where(inside, values, 0.0).sum(dim=(0, 1)),
-                torch.where(inside, values, -math.inf).amax(dim=(0, 1)),
+                torch.bincount(index, minlength=bins + 1).double(),
+                gap.new_zeros(bins + 1).scatter_add_(0, index, values),
+                gap.new_full((bins + 1,), -math.inf).scatter_reduce_(0, index, values, "amax"),
             ]
-        )
+        )[:, :bins]
     )
     return lambda: _bins(_ENTROPY_PLACES, numbers())
 
@@ -307,14 +309,11 @@ _ENTROPY_PLACES = [
 
 
 @functools.lru_cache(maxsize=4)
-def _entropy_edges(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each entropy bin's low and high edge, on ``device``."""
+def _entropy_inner_edges(device: torch.device) -> torch.Tensor:
+    """The edges between the entropy bins, on ``device``."""
     import torch
 
-    return (
-        torch.tensor(ENTROPY_EDGES[:-1], dtype=torch.float64, device=device),
-        torch.tensor(ENTROPY_EDGES[1:], dtype=torch.float64, device=device),
-    )
+    return torch.tensor(ENTROPY_EDGES[1:-1], dtype=torch.float64, device=device)
 
 
 def _bins(places: list[dict[str, Any]], numbers: list[float]) -> list[dict[str, Any]]:
