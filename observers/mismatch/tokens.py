@@ -112,7 +112,8 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     verl_mask = as_on(response_mask, device) if response_mask is not None else _everywhere(rollout)
     mask = verl_mask if positions is None else positions & verl_mask
     entropy_source = next((t for key in _ENTROPY_KEYS if (t := out.tensor(key)) is not None), None)
-    entropy = None if entropy_source is None else _first(view.aligned(entropy_source, rollout))
+    entropy_aligned = None if entropy_source is None else view.aligned(entropy_source, rollout)
+    entropy = None if entropy_aligned is None else entropy_aligned[0]
     tokens = first_tensor("responses", given, out)
     if tokens is not None and (tokens.is_nested or tuple(tokens.shape) != tuple(rollout.shape)):
         tokens = None
@@ -123,10 +124,6 @@ def _everywhere(tensor: torch.Tensor) -> torch.Tensor:
     import torch
 
     return torch.ones_like(tensor, dtype=torch.bool)
-
-
-def _first(pair: tuple[torch.Tensor, Any] | None) -> torch.Tensor | None:
-    return None if pair is None else pair[0]
 
 
 def measure(step: StepTokens, top_k: int) -> dict[str, Any]:
@@ -143,7 +140,7 @@ def measure(step: StepTokens, top_k: int) -> dict[str, Any]:
     verl = _verl(step, reads) if verl_count else None
     if n == 0:
         reads.fetch()
-        stats["verl"] = _NO_VERL if verl is None else verl()
+        stats["verl"] = dict(_NO_VERL) if verl is None else verl()
         return stats
     delta = torch.where(keep, old - rollout, 0.0)
     gap = delta.abs()
@@ -154,7 +151,7 @@ def measure(step: StepTokens, top_k: int) -> dict[str, Any]:
     sequence = _sequence(delta, keep, reads)
     top = _top(step, old, rollout, gap, keep, min(top_k, n), reads)
     reads.fetch()
-    stats["verl"] = _NO_VERL if verl is None else verl()
+    stats["verl"] = dict(_NO_VERL) if verl is None else verl()
     stats["log_prob"], stats["prob"] = summaries()
     stats["by_position"] = by_position()
     if by_entropy is not None:
@@ -164,8 +161,8 @@ def measure(step: StepTokens, top_k: int) -> dict[str, Any]:
     return stats
 
 
-_NO_VERL = {"valid": 0, "probs_diff_max": math.nan, "probs_diff_mean": math.nan}
-_NO_VERL |= {"probs_diff_std": math.nan, "pearson_corr": math.nan}
+_VERL_NAMES = ("probs_diff_max", "probs_diff_mean", "probs_diff_std", "pearson_corr")
+_NO_VERL = {"valid": 0, **dict.fromkeys(_VERL_NAMES, math.nan)}
 
 
 def _summaries(both: torch.Tensor, reads: Reads) -> Callable[[], tuple[dict[str, float], dict[str, float]]]:
