@@ -66,7 +66,10 @@ def first_tensor(key: str, *batches: Source | None) -> torch.Tensor | None:
 
 
 Picked = tuple["torch.Tensor", "torch.Tensor"]  # a nested tensor's response part, and where its tokens are
-Plan = tuple["torch.Tensor", "torch.Tensor"]  # where each response token sits in the values, and where they are
+Plan = tuple["torch.Tensor", "torch.Tensor"]
+Nested = tuple[
+    "torch.Tensor", "torch.Tensor", "torch.Tensor"
+]  # values detached, offsets, values as kept  # where each response token sits in the values, and where they are
 
 
 class ResponseView:
@@ -83,14 +86,13 @@ class ResponseView:
         self.response_mask = mask if mask is not None and not mask.is_nested and mask.dim() == 2 else None
         self._lengths: Any = False  # the tensors the response lengths come from, or None; False: not looked up yet
         self._masks: dict[tuple[Any, ...], torch.Tensor | None] = {}
-        # id(tensor) -> (tensor, its values detached, offsets and values kept when nested, else None)
-        self._flat: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]] = {}
+        # id(tensor) -> (tensor, its elements detached, its nested parts or None)
+        self._flat: dict[int, tuple[torch.Tensor, torch.Tensor, Nested | None]] = {}
         self._plans: list[tuple[torch.Tensor, int, Any, Plan | None]] = []  # (offsets, size, device, plan)
 
     def elements(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every element of ``tensor`` (a nested tensor's values), detached."""
-        parts = self._nested(tensor)
-        return tensor.detach() if parts is None else parts[0]
+        return self._looked_up(tensor)[1]
 
     def mask_for(self, padded: torch.Tensor) -> torch.Tensor | None:
         """The response tokens of a padded ``[batch, response]`` tensor: ``response_mask``
@@ -128,19 +130,18 @@ class ResponseView:
                 return None
             tensor, positions = picked[0][:, : like.shape[1]], picked[1][:, : like.shape[1]]
         else:
-            tensor = tensor.detach()
+            tensor = self.elements(tensor)
         if tuple(tensor.shape) != tuple(like.shape):
             return None
         return tensor, positions
 
     def of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The tokens of ``tensor`` to reduce and their mask (None: all)."""
-        parts = self._nested(tensor)
-        if parts is None:
-            plain = tensor.detach()
+        if self._nested(tensor) is None:
+            plain = self.elements(tensor)
             return plain, self.mask_for(plain)
         picked = self.response_of_nested(tensor)
-        return picked if picked is not None else (parts[0], None)
+        return picked if picked is not None else (self.elements(tensor), None)
 
     def response_of_nested(self, tensor: torch.Tensor) -> Picked | None:
         """A nested (no-padding) tensor's response part, padded ``[batch, response]``,
@@ -177,16 +178,24 @@ class ResponseView:
         self._plans.append((offsets, size, device, plan))
         return plan
 
-    def _nested(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _nested(self, tensor: torch.Tensor) -> Nested | None:
         """A nested tensor's values (detached: a tensor that requires grad has them with
         history), its offsets, and the values as it keeps them (the same object each time,
         which the picked parts are kept by); None for a plain one. Looked up once per tensor."""
+        return self._looked_up(tensor)[2]
+
+    def _looked_up(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Nested | None]:
+        """(tensor, its elements detached, its nested parts or None), made once per tensor."""
         found = self._flat.get(id(tensor))
         if found is None:
             parts = nested_parts(tensor)
-            found = (tensor, None if parts is None else (parts[0].detach(), parts[1], parts[0]))
+            if parts is None:
+                found = (tensor, tensor.detach(), None)
+            else:
+                values = parts[0].detach()
+                found = (tensor, values, (values, parts[1], parts[0]))
             self._flat[id(tensor)] = found  # the tensor kept: its id stays its own
-        return found[1]
+        return found
 
 
 #: torch's jagged NestedTensor class; None: this torch has none; False: not looked up yet.
