@@ -18,7 +18,7 @@ ranks' lines never interleave.  Standard library only.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,8 @@ class MismatchRecord:
     missing: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), allow_nan=True)
+        # The fields as they are: asdict would deep-copy the ~170 statistics first, for the same text.
+        return json.dumps({name: getattr(self, name) for name in _FIELDS}, allow_nan=True)
 
     @classmethod
     def from_json(cls, line: str) -> MismatchRecord:
@@ -88,3 +89,6 @@ class MismatchRecord:
         if stats is not None and not (isinstance(stats, dict) and isinstance(stats.get("tokens"), int)):
             raise NotAMismatchRecord("its stats are not a mapping with a token count")
         return cls(**{key: value for key, value in data.items() if key in names})
+
+
+_FIELDS = tuple(f.name for f in fields(MismatchRecord))
