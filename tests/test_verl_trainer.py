@@ -73,7 +73,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     plugin, hook = tmp_path_factory.mktemp("plugin"), tmp_path_factory.mktemp("hook")
     for root in (plugin, hook):
         write_doc_config(root)
-    (switch,) = doc_commands("VERL_EVENTS_CONFIG=", without="+ray_kwargs")
+    (switch,) = doc_commands("VERL_EVENTS_CONFIG=/shared/observers.yaml", without="+ray_kwargs")
     run_doc_command(switch, plugin, files, "ours")
     run_doc_command(doc_commands("precision_debugger")[0], plugin, files, "verls")
     run_doc_command(doc_commands("worker_process_setup_hook")[0], hook, files, "hook")
