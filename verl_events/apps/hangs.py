@@ -269,9 +269,10 @@ def render(result: Hangs) -> str:
     stuck = result.stuck
     if stuck is None:
         lines.append("no deadline passed")
+        last = newest(result.heartbeats)
         for beat in result.heartbeats:
-            lines.append(f"  rank {beat.rank}: {_rank_state(beat, result.now, newest(result.heartbeats))}")
-        if any(liveness(beat, result.now, newest(result.heartbeats)).stopped for beat in result.heartbeats):
+            lines.append(f"  rank {beat.rank}: {_rank_state(beat, result.now, last)}")
+        if any(liveness(beat, result.now, last).stopped for beat in result.heartbeats):
             lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
         return "\n".join(lines)
     on = sorted({r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)})

@@ -104,7 +104,8 @@ def _files(_: Evidence, holding: Holding) -> str:
 
 
 def _watchdog(evidence: Evidence, _: Holding) -> str:
-    states = [liveness(beat, evidence.now, newest(evidence.heartbeats)).state for beat in evidence.heartbeats]
+    last = newest(evidence.heartbeats)
+    states = [liveness(beat, evidence.now, last).state for beat in evidence.heartbeats]
     counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
     hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
     late = f", {evidence.late_records} ended late" if evidence.late_records else ""
@@ -230,7 +231,7 @@ def add_command(commands: Any) -> None:
     parser = commands.add_parser(
         "diagnose",
         help="how a run ended: the first failure (rank, step, stage, line) and its cascade, and what to run next "
-        "(exit 0 healthy, 1 a failure or anomaly, 2 bad input)",
+        "(exit 0 healthy or running, 1 failed, hung or anomalous, 2 bad input)",
     )
     parser.add_argument("run", help="the run's save_path")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

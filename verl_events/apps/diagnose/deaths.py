@@ -180,10 +180,11 @@ def stopped_ranks(evidence: Evidence) -> None:
     """A rank that stopped beating without closing and left no record of why: killed (SIGKILL
     leaves nothing else); one that closed after an exception outside the stages."""
     explained = {f.rank for f in evidence.failures if f.kind in ("exception", "signal")}
+    last = newest(evidence.heartbeats)
     for beat in evidence.heartbeats:
         if beat.rank in explained:
             continue
-        state = liveness(beat, evidence.now, newest(evidence.heartbeats))
+        state = liveness(beat, evidence.now, last)
         source = relative(evidence, hang_record.heartbeat_path(evidence.run, beat.rank))
         exit = beat.exit or {}
         if state.stopped:
