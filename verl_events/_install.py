@@ -16,6 +16,7 @@ from ._bus import Dispatcher
 from ._claim import SavePathClaim, refuse_other_runs_files, writes_outputs
 from ._config import Config, load_config
 from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
+from ._interrupts import keeping_interrupts
 from ._observer import InstallContext, Observer
 from ._registry import build_observer, setup_observer
 from ._replay import ReplayPlan, activate, active
@@ -165,28 +166,33 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
     naming the observer), then each is set up in order; when one fails,
     those already set up are closed.  Nothing is written or started
     without ``set_up``.
+
+    Ctrl-C during any of it ends it by KeyboardInterrupt (those set up are
+    closed), even when the interrupt surfaced inside an import as another
+    exception, or was swallowed there: a tool's import is where it lands most.
     """
     context = InstallContext(save_path=config.save_path, strict=config.strict)
-    placed: list[tuple[Observer, str]] = []  # each observer, and where an error names it
-    for spec in config.observers:
-        if spec.enabled:
-            placed.append((build_observer(spec, context, set_up=False), f"{spec.where} ({spec.label})"))
-    for observer in extra:
-        observer.name = observer.name or type(observer).__name__
-        placed.append((observer, f"observer {observer.name!r}"))
-    built = [observer for observer, _ in placed]
-    _make_names_unique(built)
-    check_exclusive_resources(built)
-    check_triggers(built)
-    if not set_up:
-        _check_tools(placed)
-        return built
-    refuse_other_runs_files(config.save_path, placed)
     ready: list[Observer] = []
     try:
-        for observer, where in placed:
-            _set_up_pointing_warnings_at_the_caller(observer, context, where)
-            ready.append(observer)
+        with keeping_interrupts("the observers were built and set up"):
+            placed: list[tuple[Observer, str]] = []  # each observer, and where an error names it
+            for spec in config.observers:
+                if spec.enabled:
+                    placed.append((build_observer(spec, context, set_up=False), f"{spec.where} ({spec.label})"))
+            for observer in extra:
+                observer.name = observer.name or type(observer).__name__
+                placed.append((observer, f"observer {observer.name!r}"))
+            built = [observer for observer, _ in placed]
+            _make_names_unique(built)
+            check_exclusive_resources(built)
+            check_triggers(built)
+            if not set_up:
+                _check_tools(placed)
+                return built
+            refuse_other_runs_files(config.save_path, placed)
+            for observer, where in placed:
+                _set_up_pointing_warnings_at_the_caller(observer, context, where)
+                ready.append(observer)
     except BaseException:
         _close_all(ready)
         raise

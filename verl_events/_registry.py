@@ -23,6 +23,7 @@ from typing import Any, Literal, NamedTuple, Union
 from ._arming import ArmedSelection
 from ._config import FRAMEWORK_KEYS, ObserverSpec
 from ._errors import ConfigError, ObserverSetupError
+from ._interrupts import keeping_interrupts
 from ._observer import InstallContext, Observer
 
 GROUP = "verl_events.observers"
@@ -262,8 +263,15 @@ def build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool 
     unknown ones first, then each value against its annotation
     (:func:`check_options`), before the constructor runs;
     ObserverSetupError, naming the observer, when its constructor or
-    ``setup`` fails for another reason.
+    ``setup`` fails for another reason; KeyboardInterrupt when Ctrl-C
+    arrived meanwhile, even if it surfaced inside as another exception (see
+    :func:`~verl_events._interrupts.keeping_interrupts`).
     """
+    with keeping_interrupts(f"building {spec.where} ({spec.label})"):
+        return _build_observer(spec, context, set_up=set_up)
+
+
+def _build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool) -> Observer:
     cls = observer_class(spec)
     allowed, takes_any = _option_names(cls)
     unknown = sorted(set(spec.options) - set(allowed))
