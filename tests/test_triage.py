@@ -38,6 +38,7 @@ from .observers.support import NET_FILE, Net, forward_line, write_msprobe_config
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
 STAGE = "actor_update"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
@@ -166,9 +167,10 @@ def test_mix_names_the_weight_the_linear_read_among_its_non_finite_parts(
 
 
 def test_triage_prints_the_anomaly_the_op_and_its_source_line(
-    nan_run: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+    nan_run: tuple[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = nan_run[1]
+    monkeypatch.chdir(REPO)  # the source line shows a file under the current directory relative to it
     assert main(["triage", str(run)]) == 1
     out = capsys.readouterr().out
     assert "anomaly step 1 actor_update rank 0: loss = nan (non_finite): loss is NaN" in out
@@ -177,8 +179,10 @@ def test_triage_prints_the_anomaly_the_op_and_its_source_line(
     assert "module  fc1 (Module.fc1.Linear.forward.0)" in out
     assert "param   fc1.weight" in out
     assert (
-        f"source  {NET_FILE}:{forward_line()} in forward: out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))" in out
+        f"source  tests/observers/support.py:{forward_line()} in forward: "
+        "out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))" in out
     )
+    assert Path(NET_FILE) == REPO / "tests/observers/support.py"  # the JSON keeps the path as recorded
 
 
 def test_json_has_one_shape_for_every_outcome(
@@ -193,18 +197,21 @@ def test_json_has_one_shape_for_every_outcome(
         "healthy_dump",
         "replay",
         "op",
+        "later_op",
         "reason",
         "notes",
         "warnings",
     }
     found = triage_json(nan_run[1], capsys)
     assert set(found) == keys and found["found"] is True and found["anomalies"] == 1 and found["reason"] is None
+    assert found["later_op"] is None  # an op is a later one only after a transient replay (test_triage_replay.py)
     assert found["replay"] is None  # a with-stage block is never replayed: no replays.jsonl
     assert isinstance(found["op"], dict) and set(found["op"]) == {
         "op",
         "parts",
         "module",
         "module_entry",
+        "no_module",
         "parameter",
         "source",
         "factor",
@@ -335,6 +342,7 @@ def test_at_l1_a_near_zero_kl_does_not_outweigh_the_layer_where_the_jump_entered
     assert isinstance(op, dict)
     assert op["op"] == "Functional.linear.0.forward" and op["parts"] == ["output.0"]
     assert op["module"] is None and op["parameter"] is None and 40 < op["factor"] < 60
+    assert op["no_module"] == "none recorded: the dump holds no module entries (level L1 records torch API calls only)"
     assert isinstance(op["largest"], dict) and op["largest"]["factor"] < 10 * op["factor"]
     assert op["source"]["file"] == __file__ and op["source"]["line"] == policy_line()
 
@@ -431,3 +439,85 @@ def test_the_user_frame_is_the_first_outside_torch_msprobe_and_the_stdlib() -> N
     assert is_library_frame(f"{site}/msprobe/pytorch/hook.py") and is_library_frame("<frozen runpy>")
     assert not is_library_frame("/home/me/torch/train.py")
     assert user_frame(frames[:2]) is None
+
+
+class Gained(torch.nn.Module):
+    """A linear layer after a gain the root model applies itself, in its own forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.ones(4))
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(x * self.gain)
+        return out
+
+
+def record_module_less_run(save_path: Path, nan_in: str) -> Path:
+    """One healthy step, then step 2 with a NaN where ``nan_in`` says: ``"root"`` puts it in
+    Gained's gain (the root model's own op reads it), ``"loss"`` in the weights of the loss,
+    computed outside every module; msprobe dumps step 2 at level mix."""
+    torch.manual_seed(0)
+    model, x = Gained(), torch.randn(2, 4)
+    weights = torch.ones(2, 2)
+    with msprobe_run(save_path, "mix", [2]):
+        for step in (1, 2):
+            if step == 2:
+                with torch.no_grad():
+                    (model.gain if nan_in == "root" else weights)[0] = math.nan
+            with stage(STAGE, step=step, model=model):
+                (model(x) * weights).sum().backward()
+    return write_anomalies(save_path, loss_nan())
+
+
+@pytest.mark.parametrize(
+    ("nan_in", "reason"),
+    [
+        (
+            "root",
+            "none: it ran in a module msprobe does not hook "
+            "(the root model's own forward, or a model msprobe was not given)",
+        ),
+        ("loss", "none: it ran outside every module's forward"),
+    ],
+)
+def test_an_op_outside_the_hooked_modules_gets_the_one_reason_that_applies(
+    nan_in: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = record_module_less_run(tmp_path / "run", nan_in)
+    op = triage_json(run, capsys)["op"]
+    assert isinstance(op, dict)
+    # The gain's product is the run's first, the loss's the second.
+    first, function = ("0", "forward") if nan_in == "root" else ("1", "record_module_less_run")
+    assert op["op"] == f"Tensor.__mul__.{first}.forward" and op["module"] is None
+    assert op["source"]["file"] == __file__ and op["source"]["function"] == function
+    assert op["no_module"] == reason
+    assert main(["triage", str(run)]) == 1
+    assert f"module  {reason}\n" in capsys.readouterr().out
+
+
+def test_the_source_line_shows_a_file_under_the_current_directory_relative_and_others_from_their_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl_events.apps.triage.render import shown_path
+
+    package = tmp_path / "code" / "pkg" / "sub"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent):
+        (folder / "__init__.py").write_text("")
+    (tmp_path / "code" / "script.py").write_text("")
+    monkeypatch.chdir(tmp_path / "code")
+    assert shown_path(str(tmp_path / "code" / "pkg" / "sub" / "mod.py")) == "pkg/sub/mod.py"
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    # The package's files from its top folder, the same on every machine; .../ for what is left out.
+    assert shown_path(str(package / "mod.py")) == ".../pkg/sub/mod.py"
+    site = "/opt/env/lib/python3.11/site-packages"
+    assert shown_path(f"{site}/transformers/models/qwen2/modeling_qwen2.py") == (
+        ".../transformers/models/qwen2/modeling_qwen2.py"
+    )
+    assert shown_path(str(tmp_path / "code" / "script.py")) == str(tmp_path / "code" / "script.py")  # no package
+    assert shown_path(str(Path.home() / "train" / "model.py"), cwd=elsewhere) == "~/train/model.py"
+    assert shown_path("relative/model.py") == "relative/model.py"

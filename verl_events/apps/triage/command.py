@@ -11,9 +11,11 @@ anomaly (lowest step, then earliest time):
   sentinel's verdict for that step, stage and rank; see
   :mod:`verl_events.apps.triage.replay`), the verdict; for a
   ``reproducible`` one the search below runs on the replay's own dump,
-  ``step_{N}/{stage}.replay``: the anomalous step itself.  A ``transient``
-  one (and a reproducible one whose replay dump shows nothing) goes on to
-  the dumps of the later steps;
+  ``step_{N}/{stage}.replay``: the anomalous step itself.  A reproducible
+  one whose replay dump shows nothing goes on to the dumps of the later
+  steps.  So does a ``transient`` one, but those can only show where the
+  bad values went (:attr:`Triage.downstream`): the op found there is a
+  consequence, never named as the cause;
 
 * ``non_finite``: the first op, in execution order, with a NaN or Inf in
   any statistic (Max, Min, Mean, Norm) of any tensor it saw (the parts that
@@ -151,11 +153,12 @@ class Triage:
             "run": str(self.run),
             "anomalies": len(self.anomalies),
             "anomaly": None if anomaly is None else anomaly.as_json(),
-            "found": self.finding is not None,
+            "found": self.finding is not None and not self.downstream,
             "dump": None if self.dump is None else str(self.dump.path),
             "healthy_dump": None if self.healthy_dump is None else str(self.healthy_dump.path),
             "replay": None if self.replay is None else self.replay.as_json(self.dump if self.in_replay else None),
-            "op": None if self.finding is None else self.finding.as_json(),
+            "op": None if self.finding is None or self.downstream else self.finding.as_json(),
+            "later_op": self.finding.as_json() if self.finding is not None and self.downstream else None,
             "reason": self.reason or None,
             "notes": self.notes,
             "warnings": self.warnings,
@@ -165,6 +168,14 @@ class Triage:
     def in_replay(self) -> bool:
         """Whether ``dump`` is the replay's: the anomalous step itself."""
         return self.dump is not None and replayed_stage(self.dump.stage) is not None
+
+    @property
+    def downstream(self) -> bool:
+        """Whether the dumps searched can show only consequences: the replay ran clean
+        (``transient``), so the fault did not reproduce and no dump holds the op that
+        made it; a later step's dump shows where the bad values went, not where they
+        came from.  An op found there is ``later_op`` in JSON, not ``op``."""
+        return self.replay is not None and self.replay.verdict == "transient" and not self.in_replay
 
 
 def triage(run: Path) -> Triage:

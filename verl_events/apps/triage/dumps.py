@@ -72,6 +72,7 @@ __all__ = [
     "non_finite",
     "read_session",
     "run_by_torch_distributed",
+    "runs_in_a_module_call",
     "same_tensor",
     "tensor_identity",
     "tensors",
@@ -83,6 +84,8 @@ STATS = ("Max", "Min", "Mean", "Norm")
 MODULE_ENTRY = layout.MODULE_ENTRY  # msprobe's name for a module's entry
 _API = re.compile(r"^(?P<api>.+\.\d+)\.(?P<dir>forward|backward)$")
 _FRAME = re.compile(r"^File (?P<file>.*), line (?P<line>\d+), in (?P<function>.*?), \n ?(?P<code>.*)$", re.DOTALL)
+_MODULE_FILE = "/torch/nn/modules/module.py"
+_MODULE_CALL = ("_call_impl", "_wrapped_call_impl")
 _STAGE_ORDER = {stage: i for i, stage in enumerate(STAGE_ROLES)}
 
 
@@ -192,6 +195,17 @@ def run_by_torch_distributed(frames: list[str]) -> bool:
     nothing from it."""
     match = _FRAME.match(frames[0]) if frames else None
     return match is not None and "/torch/distributed/" in match["file"].replace("\\", "/")
+
+
+def runs_in_a_module_call(frames: list[str]) -> bool:
+    """Whether some ``nn.Module`` call encloses the op (torch's ``_call_impl`` is in its
+    stack): for an op msprobe maps to no module, that module is one msprobe does not hook,
+    such as the root model it was given."""
+    for frame in frames:
+        match = _FRAME.match(frame)
+        if match and match["function"] in _MODULE_CALL and match["file"].replace("\\", "/").endswith(_MODULE_FILE):
+            return True
+    return False
 
 
 def same_tensor(a: dict[str, Any], b: dict[str, Any]) -> bool:

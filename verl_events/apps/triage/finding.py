@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .dumps import MODULE_ENTRY, Session, forward_of, user_frame
+from .dumps import MODULE_ENTRY, Session, forward_of, runs_in_a_module_call, user_frame
 
 __all__ = ["Finding", "place"]
 
@@ -20,6 +20,7 @@ class Finding:
     parts: list[str]
     module: str | None = None  # the module's path, e.g. "fc1"
     module_entry: str | None = None
+    no_module: str | None = None  # when module is None: why this dump names none, in words
     parameter: str | None = None  # e.g. "fc1.weight"
     source: dict[str, Any] | None = None
     factor: float | None = None  # spike: how much its outputs moved (>= 1, either way; output_moves)
@@ -33,6 +34,7 @@ class Finding:
             "parts": self.parts,
             "module": self.module,
             "module_entry": self.module_entry,
+            "no_module": self.no_module,
             "parameter": self.parameter,
             "source": self.source,
             "factor": _json_number(self.factor),
@@ -51,6 +53,27 @@ def place(finding: Finding, session: Session) -> None:
         finding.module, finding.module_entry = match["path"], forward_of(module_entry)
     frames = session.stacks.get(finding.op) or session.stacks.get(forward) or []
     finding.source = user_frame(frames)
+    if finding.module is None:
+        finding.no_module = _why_no_module(session, frames)
+
+
+def _why_no_module(session: Session, frames: list[str]) -> str:
+    """The one reason, of those msprobe has, that the op has no module in this dump."""
+    if not any(entry.startswith("Module.") for entry in session.entries):
+        return "none recorded: the dump holds no module entries (level L1 records torch API calls only)"
+    if not session.parents:
+        return "none recorded: no construct.json beside the dump (msprobe's extra_info off, or a session cut off)"
+    if not frames:
+        return (
+            "none recorded, and no call stack to tell why: it ran in the root model's own forward "
+            "(msprobe never hooks the root model) or outside every module's forward"
+        )
+    if runs_in_a_module_call(frames):
+        return (
+            "none: it ran in a module msprobe does not hook "
+            "(the root model's own forward, or a model msprobe was not given)"
+        )
+    return "none: it ran outside every module's forward"
 
 
 def _json_number(value: float | None) -> float | str | None:

@@ -20,7 +20,10 @@ from .command import Triage, TriageInputError, triage
 
 STACK_FILE = msprobe_layout.STACK_FILE
 
-__all__ = ["add_command", "command", "render"]
+__all__ = ["add_command", "command", "render", "shown_path"]
+
+# Where a library's files sit: what follows the last of these is the file's place in its package.
+_PACKAGE_ROOTS = ("site-packages", "dist-packages")
 
 
 def add_command(commands: Any) -> None:
@@ -73,6 +76,12 @@ def render(result: Triage, console: Any) -> None:
         say("replay", replay.describe(), "bold")
         if replay.inputs is not None:
             say("inputs", f"{replay.inputs} (the stage's tensor inputs; torch.load them to see which rows carried it)")
+    if result.downstream and anomaly.step is not None:
+        say(
+            "origin",
+            f"not captured: the replay of step {anomaly.step} ran clean (the fault did not reproduce), "
+            "so no dump holds the op that made it",
+        )
     kind = "the replay" if replayed else "after"
     if result.healthy_dump is not None and result.dump is not None:
         say("dumps", f"healthy {result.healthy_dump.path}  ->  {kind} {result.dump.path}")
@@ -82,7 +91,16 @@ def render(result: Triage, console: Any) -> None:
     if finding is None:
         say("no op", result.reason, "yellow")
         return
-    if finding.others is not None:
+    if result.downstream and result.dump is not None:
+        dump, spiked = result.dump, finding.factor is not None or finding.others is not None
+        what = "the one that moved most" if spiked else "the first with a NaN/Inf"
+        say(
+            "later",
+            f"{finding.op}  ({what} in step {dump.step}'s {dump.stage}: {', '.join(finding.parts)}): where the "
+            f"bad values travelled after step {anomaly.step}, not where they came from",
+            "yellow",
+        )
+    elif finding.others is not None:
         output = "" if finding.factor is None else f"; its output norm x{finding.factor:.3g}"
         say(
             "op",
@@ -99,20 +117,45 @@ def render(result: Triage, console: Any) -> None:
             else (f"the earliest move of the order of the largest, {finding.largest[0]} x{finding.largest[1]:.3g}")
         )
         say("op", f"{finding.op}  ({', '.join(finding.parts)} norm x{finding.factor:.3g}: {largest})", "bold red")
-    say(
-        "module",
-        f"{finding.module} ({finding.module_entry})"
-        if finding.module
-        else "none recorded (level L1 records no modules, msprobe never hooks the root model, "
-        "and an op outside every module's forward has none)",
-    )
+    say("module", f"{finding.module} ({finding.module_entry})" if finding.module else finding.no_module or "none")
     if finding.parameter:
         moved = "" if finding.parameter_factor is None else f" (moved x{finding.parameter_factor:.3g})"
         say("param", finding.parameter + moved)
     source = finding.source
     say(
         "source",
-        f"{source['file']}:{source['line']} in {source['function']}: {source['code']}"
+        f"{shown_path(source['file'])}:{source['line']} in {source['function']}: {source['code']}"
         if source
         else f"no user frame in its call stack ({STACK_FILE} missing, or every frame in torch/msprobe/the stdlib)",
     )
+
+
+def shown_path(file: str, cwd: Path | None = None) -> str:
+    """``file`` as the source line shows it: relative to ``cwd`` (default: the current
+    directory) when under it; else from its top package (``.../verl_events/apps/demo/model.py``,
+    ``.../transformers/models/...``), the same on every machine, with ``.../`` for what was
+    left out; else under ``~``; else as recorded.  The JSON keeps the recorded path."""
+    path = Path(file)
+    if not path.is_absolute():
+        return file
+    here = Path.cwd() if cwd is None else cwd
+    if path.is_relative_to(here):
+        return str(path.relative_to(here))
+    parts = path.parts
+    roots = [i for i, part in enumerate(parts) if part in _PACKAGE_ROOTS]
+    top = roots[-1] + 1 if roots else _top_package(path)
+    if top is not None and top < len(parts) - 1:
+        return ".../" + "/".join(parts[top:])
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else file
+
+
+def _top_package(path: Path) -> int | None:
+    """The index, in ``path.parts``, of the outermost folder of the Python package that
+    holds ``path`` (folders with an ``__init__.py``, read on this machine); None when none does."""
+    top = None
+    for index in range(len(path.parts) - 2, 0, -1):
+        if not (Path(*path.parts[: index + 1]) / "__init__.py").is_file():
+            break
+        top = index
+    return top
