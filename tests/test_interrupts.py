@@ -203,3 +203,62 @@ def test_sigint_during_a_tools_import_ends_the_process_by_the_interrupt(tmp_path
     assert "finished" not in done.stdout
     last_line = done.stderr.strip().splitlines()[-1]
     assert last_line.startswith("KeyboardInterrupt: interrupted while"), done.stderr
+
+
+#: Put on PYTHONPATH as sitecustomize: the import of one module (SLOW_IMPORT) waits
+#: for the interrupt, so that it lands half-way through a real package's import.
+SLOW_IMPORT_SITECUSTOMIZE = """
+import os, sys, time
+
+class _SlowImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["SLOW_IMPORT"] and not os.path.exists(os.environ["IMPORT_MARKER"]):
+            open(os.environ["IMPORT_MARKER"], "w").close()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        return None
+
+sys.meta_path.insert(0, _SlowImport())
+"""
+
+
+def test_ctrl_c_while_the_demo_imports_msprobe_ends_the_demo_as_interrupted(tmp_path: Path) -> None:
+    """The newcomer's case: Ctrl-C in the first seconds of ``verl-events demo``,
+    while msprobe's package is half imported (in the middle of msprobe.pytorch).
+    From this point msprobe passes the interrupt on as it is; the halftool tests
+    above are the cases where an import makes something else of it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("msprobe")
+    from .support import verl_events_exe
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/sitecustomize.py").write_text(SLOW_IMPORT_SITECUSTOMIZE)
+    marker = tmp_path / "importing"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path / "site"),
+        "IMPORT_MARKER": str(marker),
+        "SLOW_IMPORT": "msprobe.pytorch.reproducibility",
+    }
+    process = subprocess.Popen(
+        [verl_events_exe(), "demo", "--steps", "1", "--save-path", str(tmp_path / "run")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert marker.exists(), f"msprobe.pytorch's import never began: {process.communicate()}"
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert (process.returncode, stderr.strip().splitlines()[-1:]) == (130, ["verl-events: interrupted"]), stderr
+    assert "finished" not in stdout
+    assert "error:" not in stderr
