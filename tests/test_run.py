@@ -49,9 +49,18 @@ def test_ranks_started_by_one_parent_share_the_parent_and_the_rendezvous(monkeyp
     made = run_id()  # before torch.distributed is set up: made up here
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29511")
-    assert run_id() == f"ranks-{os.getppid()}-127.0.0.1:29511" != made
+    assert run_id() == f"ranks-{os.getppid()}-127.0.0.1-29511" != made
     monkeypatch.setenv("VERL_EVENTS_RUN_ID", "named")  # a launcher's name wins
     assert run_id() == "named"
+
+
+def test_the_ranks_id_is_a_file_name_safe_on_every_filesystem(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It names the run's folder (save_path: .../{run}): no colon, no slash, even for an IPv6 rendezvous."""
+    monkeypatch.setenv("MASTER_ADDR", "fe80::1%eth0")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    assert run_id() == f"ranks-{os.getppid()}-fe80--1-eth0-29511"
+    monkeypatch.setenv("MASTER_PORT", "29512")  # another launch beside it: another folder
+    assert run_id() == f"ranks-{os.getppid()}-fe80--1-eth0-29512"
 
 
 def test_a_made_up_id_is_inherited_by_the_processes_this_one_starts() -> None:

@@ -52,12 +52,20 @@ def run_id() -> str:
         return f"torchrun-{torchrun}" if torchrun != "none" else f"torchrun-agent{os.getppid()}"
     port = os.environ.get("MASTER_PORT")
     if port:
-        return f"ranks-{os.getppid()}-{os.environ.get('MASTER_ADDR', '')}:{port}"
+        # The id names a folder (save_path: .../{run}): no colon, which some
+        # filesystems refuse, nor an IPv6 address's.
+        rendezvous = _safe_in_a_file_name(f"{os.environ.get('MASTER_ADDR', '')}-{port}")
+        return f"ranks-{os.getppid()}-{rendezvous}"
     if own:
         return own
     _made_here = f"run-{uuid.uuid4().hex[:12]}"
     os.environ[RUN_ID_ENV] = _made_here
     return _made_here
+
+
+def _safe_in_a_file_name(text: str) -> str:
+    """``text`` with every character but letters, digits, ``.``, ``_`` and ``-`` made a ``-``."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "-" for c in text)
 
 
 # The id this process made up (step 5): it is exported for child processes,
