@@ -226,9 +226,18 @@ def test_the_command_shows_steps_trend_bins_and_worst_tokens_the_same_twice(
     assert len(worst) == 6 and worst[0]["step"] == 3 and abs(worst[0]["delta"]) == result["trend"][2]["max"]
 
 
-def test_plot_writes_the_picture(watched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_writes_the_picture_and_names_it_last(
+    watched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     picture = tmp_path / "mismatch.png"
     assert verl_events_main(["mismatch", str(watched), "--plot", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.splitlines()[-1] == f"plot: {picture}"
+    picture.unlink()
+    # With --json, stdout stays one JSON document and the file is named on stderr.
+    assert verl_events_main(["mismatch", str(watched), "--json", "--plot", str(picture)]) == 0
+    output = capsys.readouterr()
+    assert json.loads(output.out)["trend"] and output.err == f"plot: {picture}\n"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert verl_events_main(["mismatch", str(watched), "--plot", str(tmp_path / "x.txt")]) == 2
     assert "--plot" in capsys.readouterr().err
@@ -431,9 +440,10 @@ def test_an_engine_in_bfloat16_is_past_tolerance_from_the_embedding_on(
         assert "the error enters at model.embed" in text
     assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["first_past_tolerance"] == "model.embed"
-    picture = tmp_path / "layers.png"
+    picture = tmp_path / "layers.svg"
     assert verl_events_main(["mismatch", str(tmp_path), "--layers", "1", "--plot", str(picture)]) == 0
-    assert picture.read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out.splitlines()[-1] == f"plot: {picture}"
+    assert picture.read_text().lstrip().startswith("<?xml") and "<svg" in picture.read_text()
 
 
 def test_a_nan_on_one_side_is_past_tolerance_where_it_enters(

@@ -6,7 +6,8 @@ response position and by entropy, and the worst tokens (decoded with
 ``--tokenizer``).  With ``--layers STEP``: that step's layer profile
 (:mod:`.layers`).  ``--plot FILE.png`` draws the quantiles over steps and
 ``|Δ log p|`` by position, or with ``--layers`` each layer's relative error
-(matplotlib).  ``--json`` prints the result as JSON instead.
+(matplotlib) and names the file it wrote (``plot: FILE``, on stderr with ``--json``).
+``--json`` prints the result as JSON instead.
 
 Exit codes: 0 shown, 2 bad input (no records, no ``rollout_log_probs``, a
 step without both dumps, a tokenizer that does not load, a plot that cannot
@@ -54,7 +55,9 @@ def add_command(commands: Any) -> None:
         action="store_true",
         help="--layers: list every module, not only the layers and the modules inside the ones marked",
     )
-    parser.add_argument("--plot", metavar="FILE", help="draw the result into FILE (.png, .svg or .pdf)")
+    parser.add_argument(
+        "--plot", metavar="FILE", help="draw the result into FILE (.png, .svg or .pdf) and say so: 'plot: FILE'"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(run_command=command)
 
@@ -85,6 +88,9 @@ def command(args: Any) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(json_safe(shown), indent=1) if args.json else text)
+    if args.plot:
+        # After the result, so it is the last line a reader sees; with --json, stdout stays JSON.
+        print(f"plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
