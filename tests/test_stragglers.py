@@ -12,7 +12,8 @@ from rich.console import Console
 
 from verl_events.apps.cli import main
 from verl_events.apps.report import report
-from verl_events.apps.report.stragglers import MIN_EXCESS_S, NAMED, StageStragglers, stragglers
+from verl_events.apps.report.overhead import read_timing_records
+from verl_events.apps.report.stragglers import MIN_EXCESS_S, NAMED, SLOW_SCORE, StageStragglers, stragglers
 from verl_events.observers.timing import TimingRecord
 
 from .support import run_two_gloo_ranks, verl_events_exe
@@ -197,3 +198,51 @@ def test_a_one_rank_run_shows_no_straggler_section(tmp_path: Path, capsys: pytes
     assert "Slowest ranks" not in capsys.readouterr().out
     assert main(["report", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stragglers"] == []
+
+
+PEER_RAISES = """\
+import os, sys, time
+import torch, torch.distributed as dist
+sys.path.insert(0, {repo!r})
+import verl_events
+
+rank = int(sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+try:
+    with verl_events.install({{"save_path": {save_path!r}, "observers": [{{"name": "timing"}}]}}):
+        for step in (1, 2, 3, 4):
+            with verl_events.stage("actor_update", step=step):
+                time.sleep(0.02)
+                if step == 3 and rank == 1:
+                    time.sleep(0.3)
+                    raise RuntimeError("rank 1 fails in step 3")
+                dist.all_reduce(torch.ones(1))
+finally:
+    time.sleep(0.5)  # a failing process takes a while to go (here at least 0.5 s), and its peer waits
+"""
+
+
+@pytest.mark.slow
+def test_the_rank_whose_peer_raised_waited_and_had_no_hiccup(tmp_path: Path) -> None:
+    """Rank 1 raises in step 3 before the all-reduce; rank 0 waits in it until gloo tells it
+    the peer's process is gone, and so takes longer than rank 1 by far: that is waiting, not a hiccup."""
+    from .support import end_processes, start_rank_pair
+
+    script, run = tmp_path / "rank.py", tmp_path / "run"
+    script.write_text(PEER_RAISES.format(repo=str(Path(__file__).resolve().parents[1]), save_path=str(run)))
+    processes = start_rank_pair(script, "peer-raises")
+    try:
+        for process in processes:
+            process.communicate(timeout=120)
+    finally:
+        end_processes(processes)
+    records = read_timing_records(run)
+    errors = {(r.rank, r.step): r.error for r in records if r.error is not None}
+    assert errors.get((1, 3)) == "RuntimeError", errors  # the run went as planned
+    waiting = next(r for r in records if (r.rank, r.step) == (0, 3))
+    failed = next(r for r in records if (r.rank, r.step) == (1, 3))
+    assert waiting.elapsed_s >= max(SLOW_SCORE * failed.elapsed_s, failed.elapsed_s + MIN_EXCESS_S)
+    (row,) = stragglers(records)  # the raw logs, as diagnose reads them
+    assert 0 not in row.hiccup_ranks + row.straggler_ranks
+    assert all(score.slow_steps == 0 for score in row.slowest if score.rank == 0)

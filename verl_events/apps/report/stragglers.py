@@ -35,6 +35,7 @@ from typing import Any
 from ..tables import print_table
 from .grouping import Key, StepGroup, index_records
 from .overhead import TimingRecord
+from .raised import split_raised
 
 __all__ = [
     "MIN_EXCESS_S",
@@ -103,12 +104,27 @@ class StageStragglers:
 
 
 def stragglers(
-    records: Iterable[TimingRecord], stage_order: Iterable[str] = (), groups: dict[Key, StepGroup] | None = None
+    records: Iterable[TimingRecord],
+    stage_order: Iterable[str] = (),
+    groups: dict[Key, StepGroup] | None = None,
+    raised: Iterable[TimingRecord] = (),
 ) -> list[StageStragglers]:
     """Per stage run by two ranks or more, in ``stage_order`` then by name.  ``groups``:
-    the records' :func:`.grouping.index_records` groups, when the caller has them already."""
+    the records' :func:`.grouping.index_records` groups, when the caller has them already.
+
+    A record whose body raised is never judged: it stopped part way.  Those among
+    ``records`` (when ``groups`` is None) and ``raised`` set the line of their step,
+    and the ranks above it there waited for the rank that raised (a collective that
+    lost its peer), which makes them neither slow nor hiccups."""
+    failed = list(raised)
     if groups is None:
-        groups = index_records(records)[0]
+        figures, more = split_raised(list(records))
+        failed += more
+        groups = index_records(figures)[0]
+    peers_raised: dict[Key, dict[int, float]] = {}
+    for record in failed:
+        times = peers_raised.setdefault((record.stage, record.step), {})
+        times[record.rank] = times.get(record.rank, 0.0) + record.elapsed_s
     by_stage: dict[str, dict[int | None, StepGroup]] = {}
     for (stage, step), group in groups.items():
         by_stage.setdefault(stage, {})[step] = group
@@ -120,36 +136,43 @@ def stragglers(
             cells = {step: group.unprofiled for step, group in steps.items() if group.unprofiled}
         else:
             cells = {step: group.profiled for step, group in steps.items()}
-        row = _judged(stage, cells, steps)
+        raised_in = {step: peers_raised[stage, step] for step in steps if (stage, step) in peers_raised}
+        row = _judged(stage, cells, steps, raised_in)
         if row is not None:
             rows.append(row)
     return rows
 
 
 def _judged(
-    stage: str, steps: dict[int | None, dict[int, float]], groups: dict[int | None, StepGroup]
+    stage: str,
+    steps: dict[int | None, dict[int, float]],
+    groups: dict[int | None, StepGroup],
+    raised: dict[int | None, dict[int, float]],
 ) -> StageStragglers | None:
-    """One stage: who was above the line in which step, and whether they waited; then its row."""
+    """One stage: who was above the line in which step, and whether they waited; then its row.
+    ``raised``: by step, the seconds of each rank whose record there raised."""
     slow: dict[int, int] = {}
     waited: dict[int, int] = {}
     worst: dict[int, tuple[float, int | None]] = {}
     for step, cells in steps.items():
-        if len(cells) < 2:
+        failed = raised.get(step, {})
+        if len(cells.keys() | failed.keys()) < 2:
             continue
-        ordered = sorted(cells.values())
+        ordered = sorted([*cells.values(), *(s for rank, s in failed.items() if rank not in cells)])
         median = ordered[(len(ordered) - 1) // 2]  # the median rank's, a rank's (the lower median)
         line = max(median * SLOW_SCORE, median + MIN_EXCESS_S)
         if median <= 0 or ordered[-1] < line:
             continue
         last = groups[step].last
-        typical = last[next(rank for rank, seconds in cells.items() if seconds == median)]
+        typical = next((last[rank] for rank, seconds in cells.items() if seconds == median), None)
         for rank, seconds in cells.items():
             if seconds < line:
                 continue
             ratio = seconds / median
             if ratio > worst.get(rank, (0.0, None))[0]:
                 worst[rank] = (ratio, step)
-            if _waited(last[rank], typical, seconds - median):
+            # A peer raised: this rank's extra time is its wait for the one that failed.
+            if failed or (typical is not None and _waited(last[rank], typical, seconds - median)):
                 waited[rank] = waited.get(rank, 0) + 1
             else:
                 slow[rank] = slow.get(rank, 0) + 1

@@ -86,6 +86,14 @@ def write_plot(overhead: list[StageOverhead], path: Path) -> None:
     plt.close(fig)
 
 
+def write_trace(run: Path, records: list[TimingRecord], path: Path) -> None:
+    """The ``--trace`` timeline: every record, the failed stages too, and what went wrong
+    (exceptions, signals, killed ranks, hangs, anomalies) as ``verl-events diagnose`` reads it."""
+    from ..diagnose.evidence import gather
+
+    path.write_text(json.dumps(chrome_trace(records, gather(run).failures)))
+
+
 def as_json(
     run: Path,
     records: list[TimingRecord],
@@ -166,8 +174,8 @@ def _report_records(
     if plot is not None:
         write_plot(overhead, _output(plot, "--plot"))
     if trace is not None:
-        _output(trace, "--trace").write_text(json.dumps(chrome_trace(records)))  # failed stages included
-    straggling = stragglers(figures, STAGE_ORDER, groups)
+        write_trace(run, records, _output(trace, "--trace"))
+    straggling = stragglers(figures, STAGE_ORDER, groups, failed)
     if as_json_output:
         return as_json(run, records, figures, rows, overhead, straggling, raised)
     hooks = observer_hooks(figures, STAGE_ORDER)
