@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from verl_events import STAGE_ROLES
 from verl_events.apps.cli import main
 
 
@@ -87,6 +88,41 @@ def test_check_after_a_run_notes_every_tools_files(tmp_path: Path, capsys: pytes
         "note: save_path holds 2 timing log(s), 2 anomaly record file(s), 2 watchdog file(s) and "
         "1 mismatch record file(s) of an earlier run; a new run there is refused, a process of that run may join it"
     ) in capsys.readouterr().out
+
+
+def test_check_prints_each_warning_as_one_line_without_a_source_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config's own warnings (an unknown stage: load_config warns) as much as the observers'."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: timing\n    stages: [my_stage]\n")
+    assert main(["check", str(config)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "warning: observers[0].stages: 'my_stage' is not a stage verl runs; known stages: "
+        + ", ".join(STAGE_ROLES)
+        + ". Custom stages emitted by your own code are fine."
+    ]
+
+
+def test_check_of_a_folder_per_run_says_a_new_run_gets_its_own_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With save_path: .../{run}, the latest run's files refuse nothing."""
+    latest_run = tmp_path / "profile/run-a"
+    (latest_run / "timing").mkdir(parents=True)
+    (latest_run / "timing/rank0.jsonl").write_text("")
+    (latest_run / "run.json").write_text('{"run_id": "run-a"}')
+    (tmp_path / "profile/latest").symlink_to("run-a")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {tmp_path / 'profile'}/{{run}}\nobservers:\n  - name: timing\n")
+    assert main(["check", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: the latest run's folder holds 1 timing log(s) of run 'run-a'; a new run gets a folder of its own, "
+        "a process of that run joins it there"
+    ) in out
+    assert "refused" not in out
 
 
 def test_check_says_an_empty_config_observes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from verl_events import ConfigError, ObserverSetupError, VerlEventsWarning
+from verl_events import ConfigError, ObserverSetupError
 from verl_events.config import load_config
 from verl_events.layout import RUN_PLACEHOLDER
 
@@ -40,17 +40,19 @@ def command(args: argparse.Namespace) -> int:
         observer_origin,
     )
 
-    try:
-        config = load_config(args.config, args.overrides)
-        specs = [spec for spec in config.observers if spec.enabled]
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always", VerlEventsWarning)
+    # Every warning, the config's own included, is one line of check's output:
+    # Python's default would print our source file and line with it.
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            config = load_config(args.config, args.overrides)
+            specs = [spec for spec in config.observers if spec.enabled]
             built = build_observers(config, set_up=False)  # exactly as install builds them, one per spec
-    except (ConfigError, ObserverSetupError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for warning in said:
-        print(f"warning: {warning.message}", file=sys.stderr)
+        except (ConfigError, ObserverSetupError) as exc:
+            _print_warnings(said)
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    _print_warnings(said)
     save_path: Path | None = config.save_path
     if config.latest is not None:  # save_path: .../{run}: this check's own id names no real folder
         save_path = config.latest.resolve() if config.latest.is_symlink() else None
@@ -88,14 +90,22 @@ def command(args: argparse.Namespace) -> int:
         described = observer.describe()
         if described:
             print(f"    {described}")
-    for note in save_path_notes(save_path) if save_path is not None else []:
+    per_run = config.latest is not None
+    for note in save_path_notes(save_path, per_run=per_run) if save_path is not None else []:
         print(f"note: {note}")
     return 0
 
 
-def save_path_notes(save_path: Path) -> list[str]:
+def _print_warnings(said: list[warnings.WarningMessage]) -> None:
+    for warning in said:
+        print(f"warning: {warning.message}", file=sys.stderr)
+
+
+def save_path_notes(save_path: Path, *, per_run: bool = False) -> list[str]:
     """What a new run would meet in ``save_path``: another run's files (of
-    every tool of :data:`.tools.TOOLS`), cut-off msprobe sessions."""
+    every tool of :data:`.tools.TOOLS`), cut-off msprobe sessions.  With
+    ``per_run`` (``save_path: .../{run}``), ``save_path`` is the latest run's
+    folder, and a new run gets a folder of its own instead."""
     from verl_events.layout import owner_of
 
     from .formats import msprobe_layout
@@ -106,10 +116,16 @@ def save_path_notes(save_path: Path) -> list[str]:
     if held:
         owner = owner_of(save_path)
         listed = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
-        notes.append(
-            f"save_path holds {listed} of {f'run {owner!r}' if owner else 'an earlier run'}; "
-            "a new run there is refused, a process of that run may join it"
-        )
+        of = f"run {owner!r}" if owner else "an earlier run"
+        if per_run:
+            notes.append(
+                f"the latest run's folder holds {listed} of {of}; a new run gets a folder of its own, "
+                "a process of that run joins it there"
+            )
+        else:
+            notes.append(
+                f"save_path holds {listed} of {of}; a new run there is refused, a process of that run may join it"
+            )
     cut = msprobe_layout.incomplete_sessions(save_path)
     notes += [f"{path} is an incomplete msprobe session: {why}" for path, why in cut]
     return notes
