@@ -17,8 +17,10 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ._config import Config
 from ._errors import ConfigError
 from ._observer import Observer
+from ._paths import prepare_output_dir
 from ._run import SavePathTaken, claim_save_path, refuse_other_runs
 
 logger = logging.getLogger("verl_events")
@@ -67,6 +69,22 @@ class SavePathClaim:
         # of an older run must not point it back at that run.
         if wrote and self.latest is not None:
             point_at(self.latest, self.save_path)
+
+
+def start_run_folder(config: Config) -> Path:
+    """Create ``config.save_path`` and point ``config.latest`` (if any) at it;
+    return the save_path.  ConfigError when the folder cannot be created.
+
+    For a launcher that fills ``{run}`` itself (:func:`~verl_events.config.load_config`)
+    and hands the filled save_path on to the processes it starts, as
+    ``verl-events demo --engine verl`` does for verl's workers, whose run id
+    differs from its own.  Their save_path has no ``{run}`` left, so their
+    claim has no ``latest`` to move: the launcher moves it when the run starts.
+    """
+    save_path = prepare_output_dir(config.save_path)
+    if config.latest is not None:
+        point_at(config.latest, save_path)
+    return save_path
 
 
 def point_at(link: Path, folder: Path) -> None:

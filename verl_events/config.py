@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ._arming import ArmedSelection, armed_stages, check_triggers
 from ._checks import check_count
+from ._claim import start_run_folder
 from ._config import Config, ObserverSpec, is_bare_name, load_config, read_config
 from ._install import build_observers, check_exclusive_resources, nothing_to_observe
 from ._presets import PRESETS, Preset
@@ -45,4 +46,5 @@ __all__ = [
     "observer_origin",
     "parse_numbers",
     "read_config",
+    "start_run_folder",
 ]
