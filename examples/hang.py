@@ -1,7 +1,7 @@
 """A hang, on purpose: two gloo ranks, and rank 1 stops inside ``actor_update``
 before the all-reduce that rank 0 is already waiting in (docs/hangs.md).
 
-    python examples/hang.py                  # about 10 s; exits 124, as both ranks do
+    python examples/hang.py                  # 5 to 25 s (the first run imports torch cold); exits 124, as both ranks do
     verl-events hangs outputs/hang/latest    # exits 1: which rank is where
 
 Each rank runs the watchdog with a 3 s deadline and ``action: abort``: once
