@@ -207,6 +207,44 @@ def test_a_transient_anomaly_names_the_kept_inputs_and_reads_the_next_steps(
         "transient: not reproduced with the same inputs and weights; suspect a nondeterministic kernel or the device"
     )
     assert lines["inputs"].startswith(f"{replay['inputs']} (")
+    assert lines["origin"] == (
+        "not captured: the replay of step 2 ran clean (the fault did not reproduce), "
+        "so no dump holds the op that made it"
+    )
+
+
+def test_after_a_transient_replay_a_nan_in_a_later_dump_is_where_it_travelled_not_the_first_bad_op(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Step 2's own call goes NaN and its replay runs clean; fc1's weight is NaN from step 3 on.
+    run = replay_run(tmp_path / "run", {2: "flaky", 3: "nan"})
+    assert [(r["step"], r["verdict"]) for r in replays(run)] == [(2, "transient"), (3, "reproducible")]
+    result = triage_json(run, capsys)
+    assert result["replay"]["verdict"] == "transient"
+    assert result["found"] is False and result["op"] is None  # step 3's NaN cannot be step 2's cause
+    assert result["dump"] == str(run / "step_3" / STAGE / "step0/rank0")
+    later = result["later_op"]
+    assert (later["op"], later["module"], later["parameter"]) == ("Functional.linear.0.forward", "fc1", "fc1.weight")
+    assert main(["triage", str(run)]) == 1
+    out = capsys.readouterr().out
+    lines = labelled(out)
+    assert "op" not in lines and lines["origin"].startswith("not captured: the replay of step 2 ran clean")
+    assert lines["later"] == (
+        f"Functional.linear.0.forward  (the first with a NaN/Inf in step 3's {STAGE}: input_args.1 = fc1.weight, "
+        "output.0): where the bad values travelled after step 2, not where they came from"
+    )
+    # The lines keep triage's order: the verdict, what it means for the dumps, then the later op.
+    assert [line.split()[0] for line in out.splitlines() if line and not line[0].isspace()] == [
+        "anomaly",
+        "replay",
+        "inputs",
+        "origin",
+        "dump",
+        "later",
+        "module",
+        "param",
+        "source",
+    ]
 
 
 def test_a_reproducible_spike_is_compared_from_the_replay_with_the_last_healthy_dump(
@@ -285,6 +323,13 @@ def demo_block(inject: str) -> list[list[str]]:
     return [shlex.split(line) for line in blocks[0].splitlines() if line.strip()]
 
 
+def shown_output(inject: str) -> str:
+    """The first text block docs/sentinel.md shows after the demo block that injects ``inject``."""
+    block = rf"```bash\n[^`]*--inject {re.escape(inject)}\n[^`]*```"
+    [shown] = re.findall(rf"{block}.*?```text\n(.*?)```", DOC, flags=re.S)
+    return str(shown)
+
+
 def run_twice(commands: list[list[str]], cwd: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The block (a demo, then triage) run twice in a row; the second triage, and the
     folder it read as the doc names it (relative to ``cwd``: triage prints it so)."""
@@ -317,7 +362,8 @@ def test_the_demos_one_off_nan_replays_reproducible_and_triage_names_the_weights
     assert lines["dump"] == f"{shown / 'step_3' / REPLAY / 'step0/rank0'}  (the replay: the anomalous step itself)"
     assert lines["op"].startswith("Functional.linear.") and "input_args.1 = blocks.1.mlp.0.weight" in lines["op"]
     assert lines["module"].startswith("blocks.1.mlp.0 ") and lines["param"] == "blocks.1.mlp.0.weight"
-    assert re.match(r".*verl_events/apps/demo/model\.py:\d+ in forward: .*self\.mlp\(", lines["source"])
+    assert re.match(r"\.\.\./verl_events/apps/demo/model\.py:\d+ in forward: .*self\.mlp\(", lines["source"])
+    assert triage.stdout == shown_output("nan-once@3")  # the doc shows what happens
 
 
 @pytest.mark.slow
@@ -339,7 +385,14 @@ def test_the_demos_flaky_nan_replays_transient_with_the_stages_tensors_kept(work
     lines = labelled(triage.stdout)
     assert lines["replay"].startswith("transient: not reproduced with the same inputs and weights")
     assert lines["inputs"].startswith(f"{shown / record['inputs']} (")
-    assert "dump" not in lines or ".replay" not in lines["dump"]
+    assert ".replay" not in lines["dump"]
+    # The replay ran clean, so a NaN in a later dump is where it travelled: never named as the op.
+    assert "op" not in lines and lines["origin"].startswith("not captured: the replay of step 3 ran clean")
+    later_step = int(re.search(r"/step_(\d+)/", lines["dump"])[1])  # type: ignore[index]
+    assert later_step > 3 and "not where they came from" in lines["later"]
+    assert lines["module"] == "none: it ran outside every module's forward"  # the loss, in update_actor
+    assert re.match(r"\.\.\./verl_events/apps/demo/model\.py:\d+ in update_actor: ", lines["source"])
+    assert triage.stdout == shown_output("nan-flaky@3")  # the doc shows what happens
 
 
 @pytest.mark.slow
