@@ -244,4 +244,6 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     assert {step for step in sent["stage_s/actor_update"]} == {1, 2, 3}
     assert {"stage_s/actor_compute_log_prob", "stage_s/ref_compute_log_prob", "stage_s/train_batch"} <= set(sent)
     counts = {key.removeprefix("anomalies/"): by_step for key, by_step in sent.items() if key.startswith("anomalies/")}
-    assert counts["actor_update"][1] == 0 and counts["actor_update"][2] + counts["train_batch"][2] >= 1, counts
+    # A stage's anomalies line begins at its first anomaly: step 1 is clean, so none has a point there.
+    assert all(1 not in by_step for by_step in counts.values()), counts
+    assert counts.get("actor_update", {}).get(2, 0) + counts.get("train_batch", {}).get(2, 0) >= 1, counts

@@ -18,11 +18,17 @@ tags them).  With the global step as x-axis it sends:
 * ``stage_s/{stage}``: the stage's time in the step (the body alone, summed
   over the step's runs of it: ``train_batch`` runs once per mini-batch);
 * ``overhead_s/{stage}``: the time the other observers' hooks added to it;
-* ``hook_s/{stage}/{observer}``: each observer's hook time on that stage;
+* ``hook_s/{stage}/{observer}``: each observer's hook time on that stage,
+  named as the config names it (a ``_target_`` observer by its class name);
 * ``anomalies/{stage}``: how many anomalies the rank's sentinel reported at
-  that stage in the step (0 when clean), and ``anomaly/{metric}`` the value
-  that broke a rule.
+  that stage in the step, from the stage's first anomaly on (0 for a clean
+  step after it), and ``anomaly/{metric}`` the value that broke a rule.
   TensorBoard also gets each anomaly's sentence in its Text tab.
+
+Only figures that say something are sent: no ``overhead_s`` or ``hook_s``
+value for hooks that did not run (or took no measurable time), and no
+``anomalies`` series for a stage that never had one: a line of zeros from
+the first step to the last says nothing.
 
 Values are sent when the outermost stage the tracker receives ends (verl's
 ``actor_update``, with the ``train_batch`` calls inside it): one call per
@@ -42,6 +48,7 @@ warning (``strict``: ImportError, unless the entry is ``optional``).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import warnings
 from collections.abc import Mapping
@@ -66,6 +73,14 @@ from .backends import BACKENDS, WANDB_DIR, Backend, tensorboard_dir
 __all__ = ["TrackerObserver"]
 
 logger = logging.getLogger("verl_events.tracker")
+
+
+def _tag_name(observer: str) -> str:
+    """An observer's name as a tag names it: a ``_target_`` entry is named by
+    its import path (``my_pkg.probes:GradProbe#2``), which a tag shows as the
+    class name (``GradProbe#2``); a dotted path or a colon reads as a folder
+    or a run in the trackers' UIs."""
+    return re.split(r"[:.]", observer)[-1]
 
 
 @dataclass
@@ -128,6 +143,7 @@ class TrackerObserver(Observer):
         self._lock = threading.Lock()
         self._opened: dict[int, dict[str, Backend]] = {}
         self._steps: dict[int, _Step] = {}
+        self._anomalous: dict[int, set[str]] = {}  # each rank's stages that have had an anomaly
         self._skipped_unknown_step = False
 
     def outputs(self, save_path: Path) -> list[Path]:
@@ -171,10 +187,13 @@ class TrackerObserver(Observer):
             current = self._step_of(event.rank, event.step)
             current.add(f"stage_s/{event.stage}", event.elapsed_s)
             others = sum(seconds for name, seconds in report.hook_seconds.items() if name != self.name)
-            current.add(f"overhead_s/{event.stage}", others)
+            if others > 0:
+                current.add(f"overhead_s/{event.stage}", others)
             for name, seconds in report.hook_seconds.items():
-                current.add(f"hook_s/{event.stage}/{name}", seconds)
-            current.add(f"anomalies/{event.stage}", 0.0)  # the sentinel's, if any, came first
+                if seconds > 0:
+                    current.add(f"hook_s/{event.stage}/{_tag_name(name)}", seconds)
+            if event.stage in self._anomalous.get(event.rank, ()):
+                current.add(f"anomalies/{event.stage}", 0.0)  # the sentinel's, if any, came first
             if self._outermost(event):
                 self._send(event.rank, current)
 
@@ -197,6 +216,7 @@ class TrackerObserver(Observer):
         try:
             with self._lock:
                 current = self._step_of(event.rank, event.step)
+                self._anomalous.setdefault(event.rank, set()).add(event.stage)
                 current.add(f"anomalies/{event.stage}", 1.0)
                 current.set(f"anomaly/{event.metric}", event.value)
                 current.texts.append(("anomaly", f"{event.stage}: {event.detail or event.rule}"))

@@ -33,7 +33,7 @@ from ..support import run_two_gloo_ranks, tensorboard_scalars, verl_events_exe
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs/trackers.md").read_text()
 
-GRAD_NORMS = {1: 1.5, 2: 1.4, 3: 5000.0}  # step 3 breaks the rule below
+GRAD_NORMS = {1: 1.5, 2: 1.4, 3: 5000.0, 4: 1.3}  # step 3 breaks the rule below
 RULES = {"actor/grad_norm": {"above": 1000}}
 
 
@@ -59,7 +59,12 @@ class Worker:
 def train(save_path: Path, tracker: dict[str, Any], steps: dict[int, float] = GRAD_NORMS) -> None:
     config = {
         "save_path": str(save_path),
-        "observers": [{"name": "timing"}, {"name": "sentinel", "rules": RULES}, {"name": "tracker", **tracker}],
+        "observers": [
+            {"name": "timing"},
+            {"name": "sentinel", "rules": RULES},
+            {"name": "tracker", **tracker},
+            {"_target_": "verl_events.testing:RecordingObserver"},  # named by its import path
+        ],
     }
     worker = Worker()
     with verl_events.install(config):
@@ -87,13 +92,22 @@ def assert_sent(values: dict[str, dict[int, float]], save_path: Path, float32: b
     tolerance = 1e-6 if float32 else 1e-12  # TensorBoard stores float32
     for (step, stage), seconds in timing_sums(save_path).items():
         assert values[f"stage_s/{stage}"][step] == pytest.approx(seconds, rel=tolerance), (step, stage)
-    assert set(values["stage_s/train_batch"]) == {1, 2, 3}
-    assert values["anomalies/actor_update"] == {1: 0, 2: 0, 3: 1}
-    assert values["anomalies/actor_compute_log_prob"] == {1: 0, 2: 0, 3: 0}
+    assert set(values["stage_s/train_batch"]) == {1, 2, 3, 4}
+    # From the stage's first anomaly on; a stage that never had one has no line of zeros.
+    assert values["anomalies/actor_update"] == {3: 1, 4: 0}
+    assert "anomalies/actor_compute_log_prob" not in values
     assert values["anomaly/actor/grad_norm"] == {3: 5000.0}
-    hooks = {f"hook_s/actor_update/{name}" for name in ("timing", "sentinel", "tracker")}
+    assert_meaningful(values)
+    hooks = {f"hook_s/actor_update/{name}" for name in ("timing", "sentinel", "tracker", "RecordingObserver")}
     assert hooks | {"hook_s/train_batch/sentinel", "overhead_s/actor_update"} <= set(values)
     assert all(seconds >= 0 for seconds in values["overhead_s/actor_update"].values())
+
+
+def assert_meaningful(values: dict[str, dict[int, float]]) -> None:
+    """No series that is zero throughout, no tag naming an import path."""
+    zero_throughout = sorted(tag for tag, points in values.items() if not any(points.values()))
+    assert not zero_throughout, zero_throughout
+    assert not [tag for tag in values if ":" in tag or "verl_events." in tag]
 
 
 def test_tensorboard_gets_every_steps_stage_times_overheads_and_anomalies(tmp_path: Path) -> None:
@@ -103,8 +117,8 @@ def test_tensorboard_gets_every_steps_stage_times_overheads_and_anomalies(tmp_pa
     # One point per step: each stage's values went out once, at the end of its outermost stage.
     events = EventAccumulator(str(tensorboard_dir(tmp_path, 0)))
     events.Reload()
-    assert [e.step for e in events.Scalars("stage_s/train_batch")] == [1, 2, 3]
-    assert [e.step for e in events.Scalars("anomalies/actor_update")] == [1, 2, 3]
+    assert [e.step for e in events.Scalars("stage_s/train_batch")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("anomalies/actor_update")] == [3, 4]
     # The anomaly's sentence is in TensorBoard's Text tab.
     events = EventAccumulator(str(tensorboard_dir(tmp_path, 0)))
     events.Reload()
@@ -218,7 +232,7 @@ def test_a_failing_backend_is_logged_once_and_the_others_and_training_go_on(
     errors = [r.getMessage() for r in caplog.records if r.name == "verl_events.tracker" and r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "mlflow backend could not open a run on rank 0" in errors[0], errors
     assert "MLFLOW_TRACKING_URI" in errors[0]
-    assert tensorboard_scalars(tensorboard_dir(tmp_path, 0))["anomalies/actor_update"] == {1: 0, 2: 0, 3: 1}
+    assert tensorboard_scalars(tensorboard_dir(tmp_path, 0))["anomalies/actor_update"] == {3: 1, 4: 0}
 
 
 def test_strict_raises_the_backends_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,9 +310,12 @@ def test_the_docs_demo_command_twice_sends_each_run_to_its_own_tensorboard_run(t
     for run in runs:
         values = tensorboard_scalars(tensorboard_dir(run, 0))
         counts = values["anomalies/actor_update"]
-        assert sorted(counts) == [1, 2, 3, 4, 5, 6]
-        # --inject nan@4 corrupts a weight during step 4's actor update.
-        assert [counts[step] for step in (1, 2, 3)] == [0, 0, 0] and counts[4] >= 1, counts
-        assert values["anomalies/actor_compute_log_prob"][4] == 0 and values["anomalies/actor_compute_log_prob"][5] >= 1
+        # --inject nan@4 corrupts a weight during step 4's actor update: its line begins there.
+        assert sorted(counts) == [4, 5, 6] and counts[4] >= 1, counts
+        assert min(values["anomalies/actor_compute_log_prob"]) == 5
+        assert values["anomalies/actor_compute_log_prob"][5] >= 1
+        assert_meaningful(values)
+        # The demo's weight fault is a _target_ observer: its hook time is named by its class.
+        assert "hook_s/actor_update/WeightFault" in values
         assert math.isnan(values["anomaly/actor/grad_norm"][4])
         assert {step for step in values["stage_s/actor_update"]} == set(range(1, 7))
