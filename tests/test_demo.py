@@ -28,8 +28,8 @@ ALL_STAGES = {
 }
 
 
-def verl_events_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([verl_events_exe(), *args], capture_output=True, text=True, timeout=300)
+def verl_events_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([verl_events_exe(), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 def dumps(root: Path) -> list[str]:
@@ -68,9 +68,13 @@ def test_a_config_file_replaces_the_default_observers(tmp_path: Path) -> None:
     config = tmp_path / "observers.yaml"
     config.write_text("observers:\n  - name: msprobe\n    steps: [2]\n    stages: [critic_update]\n")
     out = tmp_path / "run"
-    result = verl_events_cli("demo", "--steps", "2", "--config", str(config), "--save-path", str(out))
+    # From tmp_path, so that the demo names its folder relative to it: "run".
+    result = verl_events_cli("demo", "--steps", "2", "--config", str(config), "--save-path", "run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert dumps(out) == ["step_2/critic_update/step0/rank0/dump.json"]
+    assert "1 msprobe dump.json file under run: step_2/critic_update/step0/rank0/dump.json" in result.stderr
+    assert "see it again with: verl-events report run\n" in result.stderr
+    assert str(tmp_path) not in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -138,4 +142,13 @@ def test_a_demo_without_dumps_says_so_in_words(tmp_path: Path) -> None:
     config.write_text("observers:\n  - name: timing\n")
     result = verl_events_cli("demo", "--steps", "1", "--config", str(config), "--save-path", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
-    assert "no msprobe dumps under" in result.stderr and "(none)" not in result.stderr
+    assert "no msprobe dumps: the config has no msprobe observer" in result.stderr and "(none)" not in result.stderr
+
+
+def test_a_demo_whose_msprobe_observer_selected_nothing_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "late.yaml"
+    config.write_text("observers:\n  - name: msprobe\n    steps: [5]\n  - name: timing\n")
+    out = tmp_path / "run"
+    result = verl_events_cli("demo", "--steps", "1", "--config", str(config), "--save-path", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"no msprobe dumps under {out}: the msprobe observer selected no stage that ran" in result.stderr

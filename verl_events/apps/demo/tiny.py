@@ -26,9 +26,6 @@ import torch.distributed as dist
 import verl_events
 from verl_events import STAGE_ROLES
 
-from ..formats import msprobe_layout as layout
-from ..formats import timing_log
-from ..report.overhead import TimingLogError, overhead_table, read_timing_records
 from .model import (
     BATCH,
     PROMPT_LEN,
@@ -40,6 +37,7 @@ from .model import (
     compute_advantages,
 )
 from .options import INJECTED_WEIGHT, DemoOptions
+from .summary import has_msprobe, print_summary
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
@@ -168,27 +166,6 @@ def run_demo(options: DemoOptions) -> Path:
 
             run_rank(0, options, progress)
             bar.update(task, completed=options.steps * len(DEMO_STAGES), stage="done")
-    print_summary(save_path, time.perf_counter() - started, console)
+    seconds = time.perf_counter() - started
+    print_summary(save_path, seconds, console, stages=STAGE_ORDER, msprobe_configured=has_msprobe(options.config))
     return save_path
-
-
-def print_summary(save_path: Path, seconds: float, console: Any) -> None:
-    from ..report import render_overhead
-
-    skipped: list[str] = []
-    try:
-        rows = overhead_table(read_timing_records(save_path, skipped=skipped), STAGE_ORDER)
-    except TimingLogError as exc:
-        console.print(f"[red]the overhead table cannot be shown:[/] {exc}")
-        rows = []
-    for note in skipped:
-        console.print(f"[yellow]warning:[/] {note}")
-    render_overhead(
-        rows, console, title=f"Stage overhead, from {save_path}/{timing_log.TIMING_DIR} (medians over all ranks)"
-    )
-    dumps = [dump for session in layout.session_dirs(save_path) if (dump := layout.dump_file(session)).is_file()]
-    if dumps:
-        console.print(f"{len(dumps)} msprobe {layout.DUMP_FILE} files under {save_path}, e.g. {dumps[0]}")
-    else:
-        console.print(f"no msprobe dumps under {save_path} (no msprobe observer selected a stage that ran)")
-    console.print(f"demo finished in {seconds:.1f} s; see it again with: verl-events report {save_path}")

@@ -17,6 +17,7 @@ of the working directory, and reused.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 import time
@@ -25,17 +26,33 @@ from typing import Any
 
 import yaml
 
-from verl_events import ConfigError, ObserverSetupError
-from verl_events.config import from_verl_config, is_bare_name, is_verl_config, load_config, read_config
+from verl_events import STAGE_ROLES, ConfigError, ObserverSetupError
+from verl_events.config import (
+    build_observers,
+    from_verl_config,
+    is_bare_name,
+    is_verl_config,
+    load_config,
+    read_config,
+    start_run_folder,
+)
+
+from ..verl_cpu.trainer_log import finished_step, tail
+from .summary import has_msprobe, print_summary, shown
 
 __all__ = ["DEFAULT_STEPS", "JOB_DIR", "command", "default_config", "missing_modules", "prepare_config", "run"]
 
 DEFAULT_STEPS = 3
 JOB_DIR = Path("outputs/verl-job")
 CONFIG_FILE = "observers.yaml"
+#: verl's trainer output, beside what the observers write.
+TRAINER_LOG = "trainer.log"
+#: How much of the trainer's output a failed run shows.
+LOG_TAIL_LINES = 40
 #: What the trainer imports on CPU: verl, and what verl's rollout server imports undeclared.
 REQUIRED_MODULES = ("torch", "verl", "ray", "cachetools", "uvicorn", "fastapi")
-_INSTALL_HINT = "install verl-events[verl-cpu]: pip install 'verl-events[verl-cpu]'"
+# Not on PyPI: the extra is installed from a clone of this repository.
+_INSTALL_HINT = "install the verl-cpu extra from a clone of verl-events: pip install '.[verl-cpu]' in the clone"
 
 
 def default_config(save_path: str) -> dict[str, Any]:
@@ -86,49 +103,74 @@ def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def prepare_config(config_file: str | None, save_path: str | None) -> dict[str, Any]:
+def prepare_config(config_file: str | None, save_path: str | None) -> tuple[dict[str, Any], Path | None]:
     """The observers config to run: ``config_file`` (our form or verl's) or the
     default, with the save path (``save_path``, the file's, or a fresh
-    ``outputs/verl-demo/{run}``, filled in here) and other paths absolute.  Validated; raises
-    :class:`ConfigError`."""
+    ``outputs/verl-demo/{run}``, filled in here) and other paths absolute; and the
+    ``latest`` link to point at it (when the save path ended in ``{run}``), else None.
+    Validated; raises :class:`ConfigError`."""
     raw = read_config(config_file) if config_file else None
     if raw is not None and is_verl_config(raw):
         raw = from_verl_config(raw)
     chosen = save_path or (raw or {}).get("save_path") or "outputs/verl-demo/{run}"
     config = dict(raw) if raw is not None else default_config(str(chosen))
     config["save_path"] = str(chosen)
-    # {run} is filled in here, once: verl's processes each have a run id of their own.
-    config["save_path"] = str(load_config(config).save_path)
+    # {run} is filled in here, once, with this process's run id: verl's processes
+    # share Ray's, which does not exist yet, and this process needs the folder first.
+    # The link therefore cannot come from them either: run() makes it (start_run_folder).
+    filled = load_config(config)
+    config["save_path"] = str(filled.save_path)
     config = _absolute_paths(config)
     load_config(config)
-    return config
+    return config, None if filled.latest is None else filled.latest.absolute()
 
 
-def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR) -> int:
-    """Prepare the job, write the observers file, run verl's trainer with it and
-    print the summary; return the trainer's exit code."""
+def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR, latest: Path | None = None) -> int:
+    """Prepare the job, write the observers file, run verl's trainer with it (its
+    output in ``{save_path}/trainer.log``, a line here per finished step) and print
+    the summary; return the trainer's exit code.  ``latest`` is pointed at the
+    save path before the trainer starts."""
     from verl_events.verl_bridge import CONFIG_ENV
 
     from ..tables import terminal_console
     from ..verl_cpu.job import prepare, run_trainer, trainer_args, trainer_env
-    from .tiny import print_summary
 
     console = terminal_console(stderr=True)
     started = time.perf_counter()
-    save_path = Path(config["save_path"])
-    save_path.mkdir(parents=True, exist_ok=True)
+    save_path = start_run_folder(dataclasses.replace(load_config(config), latest=latest))
     config_path = save_path / CONFIG_FILE
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    with console.status(f"demo: preparing the tiny job under {job_dir}"):
+    log = save_path / TRAINER_LOG
+    with console.status(f"demo: preparing the tiny job under {shown(job_dir)}"):
         files = prepare(job_dir)
-    console.print(f"demo: verl's main_ppo, {steps} steps on CPU, job files in {files.root}; {CONFIG_ENV}={config_path}")
+    # soft_wrap: a path cut in two by the console's width cannot be copied.
+    console.print(f"demo: verl's main_ppo, {steps} steps on CPU, job files in {shown(files.root)}", soft_wrap=True)
+    console.print(f"demo: observers from {shown(config_path)} ({CONFIG_ENV})", soft_wrap=True)
+    console.print(f"demo: verl's output goes to {shown(log)}", soft_wrap=True)
     env = trainer_env()
     env[CONFIG_ENV] = str(config_path)
-    code = run_trainer(trainer_args(files, steps=steps, save_path=save_path), env)
+
+    def on_line(line: str) -> None:
+        done = finished_step(line)
+        if done is not None:
+            took = f" in {done.seconds:.1f} s" if done.seconds is not None else ""
+            console.print(f"demo: step {done.step}/{steps} done{took}")
+
+    with console.status("demo: verl's trainer is starting (Ray, its workers, the model)"):
+        code = run_trainer(trainer_args(files, steps=steps, save_path=save_path), env, log=log, on_line=on_line)
     if code != 0:
-        print(f"error: verl's trainer (main_ppo) exited with code {code}; its output is above", file=sys.stderr)
+        print(f"the end of verl's trainer output ({shown(log)}):", file=sys.stderr)
+        print("\n".join(tail(log, LOG_TAIL_LINES)), file=sys.stderr)
+        print(
+            f"error: verl's trainer (main_ppo) exited with code {code}; its output is in {shown(log)}", file=sys.stderr
+        )
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell reports it
-    print_summary(save_path, time.perf_counter() - started, console)
+    observers = build_observers(load_config(config), set_up=False)
+    written = [(o.name, o.outputs(save_path)) for o in observers]
+    written.append(("demo", [config_path, log]))  # the config every process read, verl's output
+    seconds = time.perf_counter() - started
+    msprobe = has_msprobe(config)
+    print_summary(save_path, seconds, console, stages=tuple(STAGE_ROLES), msprobe_configured=msprobe, written=written)
     return 0
 
 
@@ -153,9 +195,9 @@ def command(args: argparse.Namespace) -> int:
     from .options import preflight
 
     try:
-        config = prepare_config(args.config, args.save_path)
+        config, latest = prepare_config(args.config, args.save_path)
         preflight(config)
     except (ConfigError, ObserverSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return run(config, steps)  # Ctrl-C: the CLI's one line
+    return run(config, steps, latest=latest)  # Ctrl-C: the CLI's one line

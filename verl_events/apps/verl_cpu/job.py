@@ -16,18 +16,17 @@ order (``actor.data_loader_seed``) are all seeded, and each prompt gets one resp
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from .session import run_in_own_session as _run_in_own_session
+from .trainer_log import LogFollower
 
 __all__ = ["JobFiles", "main", "merge_overrides", "prepare", "run_trainer", "trainer_args", "trainer_env"]
 
@@ -169,7 +168,16 @@ def _build_model(out_dir: Path, tokenizer: Any) -> None:
     torch.manual_seed(_SEED)
     model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)  # type: ignore[no-untyped-call]
-    model.save_pretrained(out_dir)
+    from transformers.utils import logging as hf_logging
+
+    # A one-shard "Writing model shards" bar would be the demo's first output line.
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        model.save_pretrained(out_dir)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _write_parquet(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -327,71 +335,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_trainer(
-    overrides: Sequence[str], env: Mapping[str, str], *, log: Path | None = None, timeout: float | None = None
+    overrides: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    log: Path | None = None,
+    timeout: float | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> int:
     """Run ``python -m verl.trainer.main_ppo OVERRIDES`` with ``env``; return its exit code.
 
-    Its output goes to ``log`` when given, else to this process's stdout and stderr.
+    Its output goes to ``log`` when given (each line also to ``on_line`` as it is
+    written, about twice a second), else to this process's stdout and stderr.
     No Ray process of the run is left behind: past ``timeout`` seconds (a hang) all of
     them are killed and :class:`subprocess.TimeoutExpired` is raised.
     """
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     if log is None:
         return _run_in_own_session(cmd, env, timeout=timeout)
+    follower = LogFollower(log, on_line) if on_line is not None else None
     with log.open("w") as out:
-        return _run_in_own_session(cmd, env, out, timeout=timeout)
-
-
-def _run_in_own_session(
-    cmd: Sequence[str], env: Mapping[str, str], output: IO[str] | None = None, *, timeout: float | None = None
-) -> int:
-    """Run ``cmd`` (output streamed) in a new session and wait until the session is empty.
-
-    The trainer starts a local Ray cluster whose worker processes outlive the driver by a
-    few seconds; they stay in the driver's session, so waiting for the session to empty
-    (then killing, by PID, whatever remains) leaves no Ray process behind.
-    """
-    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, stdout=output, stderr=output)
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        _reap_session(proc.pid, timeout=0)  # hung: kill every process of the run now
-        proc.wait()
-        raise
-    except KeyboardInterrupt:
-        # The child no longer shares the terminal's process group: pass the interrupt on.
-        proc.send_signal(signal.SIGINT)
-        proc.wait()
-        raise
-    finally:
-        _reap_session(proc.pid)
-
-
-def _session_members(sid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        # Fields after "(comm)": state, ppid, pgrp, session, ...
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid:
-            members.append(int(entry.name))
-    return members
-
-
-def _reap_session(sid: int, timeout: float = 30.0) -> None:
-    if not Path("/proc/self/stat").exists():  # not Linux: nothing to inspect
-        return
-    deadline = time.monotonic() + timeout
-    while (members := _session_members(sid)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in members:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        return _run_in_own_session(cmd, env, out, timeout=timeout, follower=follower)
 
 
 if __name__ == "__main__":
