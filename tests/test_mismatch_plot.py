@@ -130,7 +130,7 @@ def marked_in_table(profile: LayerProfile) -> dict[str, list[str]]:
     for text in render_layers(profile).splitlines():
         if "<- " in text:
             module, marks = text.split("<- ", 1)
-            marked[module.split()[0]] = [mark.strip() for mark in marks.split("<- ")]
+            marked[module.split()[0]] = [mark.strip(", ") for mark in marks.split("<- ")]
     return marked
 
 
@@ -200,4 +200,28 @@ def test_layers_that_match_exactly_are_hollow_points_under_the_tolerance_and_not
     assert list(zeros.get_xdata()) == list(range(len(profile.layers)))
     assert max(zeros.get_ydata()) < profile.tolerance
     assert labels(axis) == {} and marked_in_table(profile) == {}
+    assert_no_legend_covers_a_point(axis.figure)
+
+
+def test_a_layer_where_the_error_both_enters_and_grows_most_gets_both_marks_and_one_label(
+    tmp_path: Path, trainer_model: Tiny
+) -> None:
+    engine = copy.deepcopy(trainer_model)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # far below the tolerance in the first layer, far above it in the second
+        for layer, scale in ((engine.model.layers[0][0], 1e-6), (engine.model.layers[1][0], 1e-1)):
+            layer.weight += torch.randn(layer.weight.shape, generator=generator) * scale
+    profile = profile_of(tmp_path, engine, trainer_model)
+    assert profile.first_past is profile.grows_most is not None
+    assert marked_in_table(profile) == {"model.layers.1": [f"first past {profile.tolerance:g}", "grows most"]}
+    axis = layers_figure(profile).axes[0]
+
+    place = [layer.module for layer in profile.layers].index("model.layers.1")
+    rings = [each for each in axis.get_lines() if each.get_label().startswith(("the error enters", "it grows most"))]
+    assert [(list(ring.get_xdata()), list(ring.get_ydata())) for ring in rings] == [
+        ([place], [profile.grows_most.error])
+    ] * 2
+    ((_, text),) = labels(axis).values()
+    growth = profile.grows_most.growth
+    assert text == f"error enters: {profile.grows_most.error:.3g}\ngrows most: x{growth:.3g}"
     assert_no_legend_covers_a_point(axis.figure)
