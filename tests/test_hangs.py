@@ -127,14 +127,18 @@ def test_a_rank_asleep_in_actor_update_and_one_waiting_in_its_all_reduce_are_nam
     )  # type: ignore[index]
     assert (waiting["file"], waiting["line"]) == (str(script), line_of(script, "dist.all_reduce"))  # type: ignore[index]
     assert by_rank[0]["waiting_in"] == "torch.distributed.all_reduce" and by_rank[1]["waiting_in"] is None
+    headline = "suspect: rank 1, not in a collective; rank 0 waits in all_reduce"
+    assert data["suspect"] == {"ranks": [1], "line": headline}
     text = hangs_cli(run).stdout
     assert "inside actor_update: 2" in text and f"two_ranks.py:{line_of(script, 'time.sleep')}" in text
+    assert text.splitlines()[2] == headline  # right under the HANG line
     for process in ranks:
         assert process.wait(timeout=60) == 0  # report only: training went on once rank 1 woke up
     late = [r for r in records(run) if r.kind == "late"]
     assert sorted(r.rank for r in late) == [0, 1] and all(r.elapsed_s >= DEADLINE for r in late)
     data, by_rank = positions(run)  # it ended late after all: still exit 1
     assert [by_rank[r]["state"] for r in (0, 1)] == ["finished", "finished"] and len(data["late"]) == 2
+    assert data["suspect"] == {"ranks": [], "line": "suspect: none: every rank finished actor_update, late"}
     # ... and each rank still shows where it was when its deadline passed
     assert by_rank[1]["where"]["code"] == "time.sleep(12)"  # type: ignore[index]
     assert by_rank[0]["waiting_in"] == "torch.distributed.all_reduce"
@@ -165,6 +169,10 @@ def test_a_rank_stuck_in_the_stage_before_never_began_it_and_says_where_it_is(
     never = by_rank[1]
     assert (never["state"], never["stage"], never["step"]) == ("never_began", "actor_compute_log_prob", 1)
     assert never["where"]["line"] == line_of(script, "time.sleep")  # type: ignore[index]
+    assert data["suspect"] == {
+        "ranks": [1],
+        "line": "suspect: rank 1, not in a collective, never began actor_update; rank 0 waits in all_reduce",
+    }
     text = hangs_cli(run).stdout
     assert "never began it: 1" in text and "rank 1: inside actor_compute_log_prob (step 1)" in text
     for process in ranks:
@@ -202,6 +210,9 @@ def test_action_abort_ends_both_ranks_with_the_documented_code(tmp_path: Path, g
     assert all(r.action == "abort" and r.kind == "hang" for r in records(run))
     data, by_rank = positions(run)  # the heartbeats stay where the ranks were
     assert [by_rank[r]["state"] for r in (0, 1)] == ["inside", "inside"] and not by_rank[0]["closed"]
+    # Both processes are gone (aborted), and each is judged by where it was at its deadline.
+    assert [by_rank[r]["liveness"] for r in (0, 1)] == ["gone", "gone"]
+    assert data["suspect"] == {"ranks": [1], "line": "suspect: rank 1, not in a collective; rank 0 waits in all_reduce"}
 
 
 # -- bad input, in this process ---------------------------------------------------------
@@ -250,6 +261,7 @@ def test_a_stage_that_ended_late_still_exits_1(tmp_path: Path, capsys: pytest.Ca
     code, out, _ = cli(capsys, str(tmp_path), "--json")
     data = json.loads(out)
     assert code == 1 and data["stuck"] == {"step": 1, "stage": "actor_update"} and len(data["late"]) == 1
+    assert data["suspect"]["line"] == "suspect: none: every rank finished actor_update, late"
 
 
 @pytest.mark.slow

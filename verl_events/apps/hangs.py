@@ -23,6 +23,9 @@ called running (:mod:`.liveness`); it is shown as stopped, with when and
 where, and ``verl-events diagnose`` says how it ended.  A rank that finished
 the stuck stage late still shows where it was when its deadline passed.
 
+The headline under ``HANG`` names the rank to look at first: one not in a
+collective while the others wait in one (:mod:`.hang_suspect`).
+
 Exit codes: 0 no deadline passed, 1 one did (also when the stage ended late
 after all), 2 bad input (no heartbeats, RUN not a directory).
 """
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .formats import hang_record
+from .hang_suspect import suspect
 from .jsonl import read_log
 from .liveness import Liveness, liveness, newest
 
@@ -111,6 +115,7 @@ class Hangs:
             "run": str(self.run),
             "hang": stuck is not None,
             "stuck": None if stuck is None else {"step": stuck.step, "stage": stuck.stage},
+            "suspect": None if stuck is None else suspect(self.ranks, stuck.stage).as_json(),
             "ranks": [position.as_json(self.now) for position in self.ranks],
             "hangs": [_record(r) for r in self.hangs],
             "late": [_record(r) for r in self.late],
@@ -280,6 +285,7 @@ def render(result: Hangs) -> str:
         f"HANG: step {stuck.step}, {stuck.stage} passed its deadline ({stuck.deadline_s:g} s, {stuck.deadline}) "
         f"on rank(s) {', '.join(map(str, on))}"
     )
+    lines.append(suspect(result.ranks, stuck.stage).line)
     titles = {"inside": f"inside {stuck.stage}", "never_began": "never began it", "finished": "finished it"}
     for state in STATES:
         group = [p for p in result.ranks if p.state == state]
