@@ -27,7 +27,7 @@ def add_command(commands: Any) -> None:
         "--engine",
         choices=("tiny", "verl"),
         default="tiny",
-        help="tiny: the miniature loop (default); verl: verl's real trainer on CPU (needs verl-events[verl-cpu])",
+        help="tiny: the miniature loop (default); verl: verl's real trainer on CPU (needs the verl-cpu extra)",
     )
     demo.add_argument(
         "--config",
@@ -38,7 +38,7 @@ def add_command(commands: Any) -> None:
     demo.add_argument(
         "--save-path",
         help="output directory, {run} allowed (default: outputs/demo/{run}, a folder per run with "
-        "outputs/demo/latest the newest; verl engine outputs/verl-demo/{run})",
+        "outputs/demo/latest the newest; verl engine outputs/verl-demo/{run}, latest beside it)",
     )
     demo.add_argument(
         "--nproc", type=int, default=1, help="processes joined with torch.distributed gloo (default 1; tiny engine)"
@@ -80,7 +80,7 @@ def command(args: argparse.Namespace) -> int:
             raise
         print(
             f"error: the demo needs torch, which cannot be imported here ({exc}); "
-            "install it with: pip install 'verl-events[demo,msprobe]'",
+            "install it from a clone of verl-events with: pip install '.[demo,msprobe]'",
             file=sys.stderr,
         )
         return 2
