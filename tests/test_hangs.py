@@ -212,7 +212,10 @@ def test_action_abort_ends_both_ranks_with_the_documented_code(tmp_path: Path, g
     assert [by_rank[r]["state"] for r in (0, 1)] == ["inside", "inside"] and not by_rank[0]["closed"]
     # Both processes are gone (aborted), and each is judged by where it was at its deadline.
     assert [by_rank[r]["liveness"] for r in (0, 1)] == ["gone", "gone"]
-    assert data["suspect"] == {"ranks": [1], "line": "suspect: rank 1, not in a collective; rank 0 waits in all_reduce"}
+    headline = "suspect: rank 1, not in a collective; rank 0 waits in all_reduce"
+    assert data["suspect"] == {"ranks": [1], "line": headline}
+    # examples/hang.py is this run with its own deadline: docs/hangs.md shows the same headline.
+    assert f"\n{headline}\n" in (Path(__file__).resolve().parents[1] / "docs/hangs.md").read_text()
 
 
 # -- bad input, in this process ---------------------------------------------------------
