@@ -85,7 +85,9 @@ def run_doc_switch(root: Path, files: job.JobFiles, name: str, extra: list[str])
     code = job.run_trainer(overrides, env, log=log, timeout=TIMEOUT_S)
     text = log.read_text()
     assert code == 0, f"{name}: main_ppo exited {code}:\n{text[-6000:]}"
-    return Run(root, (root / "mismatch/latest").resolve(), text)
+    latest = root / "mismatch/latest"  # the doc's commands read the run through it
+    assert latest.is_symlink() and (latest / "run.json").is_file(), f"{name}: {latest} is no link to the run"
+    return Run(root, latest.resolve(), text)
 
 
 def doc_mismatch_commands(root: Path) -> list[list[str]]:
