@@ -32,7 +32,7 @@ from verl_events.apps.mismatch.layers import LayerProfile, layer_profile
 from verl_events.apps.mismatch.plot import ERROR_LABEL, layers_figure, summary_figure
 from verl_events.apps.mismatch.summary import Summary, summarize
 
-from .test_mismatch import Tiny, dump_both_sides, random_gap
+from .mismatch_models import Tiny, dump_both_sides, random_gap
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
