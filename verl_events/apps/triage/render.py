@@ -2,8 +2,11 @@
 (a few labelled lines, or ``--json``) and its exit codes (0 no anomaly, 1 an anomaly, 2 bad input).
 
 ``anomaly`` (and how many more were recorded), ``replay`` and ``inputs`` when
-the stage was replayed, ``dump`` (or ``dumps``, healthy -> after, for a spike),
-then ``op``, ``module``, ``param`` and ``source``, or ``no op`` and why.
+the stage was replayed (and ``origin`` after a transient replay: no dump holds
+the op that made the fault), ``dump`` (or ``dumps``, healthy -> after, for a
+spike), then ``op`` (``later`` after a transient replay: where the bad values
+travelled, not their cause), ``module``, ``param`` and ``source``, or ``no op``
+and why.  The source's file is shown by :func:`shown_path`.
 """
 
 from __future__ import annotations

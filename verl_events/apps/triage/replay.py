@@ -16,7 +16,8 @@ raised the anomaly):
   a nondeterministic kernel or the device); the replay's dump is a healthy
   run of that step, so triage says where the stage's tensor inputs were kept
   (``inputs_rank{R}.pt``) and searches the later steps' dumps as without a
-  replay.
+  replay; what it finds there is where the bad values travelled, not where
+  they came from (:attr:`~.command.Triage.downstream`).
 
 This module finds the verdict for an anomaly (:func:`replay_of`) and says
 what it means (:data:`MEANING`); :mod:`.command` does the search.
