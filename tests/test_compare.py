@@ -666,6 +666,8 @@ def test_the_text_summary_names_the_first_divergence(
     assert code == 1
     assert "DIVERGED. First divergence in execution order: Functional.linear.6.forward" in out
     assert "Furthest from tolerance (|a-b| / tolerance; above 1 diverged):" in out
+    tolerances = "max rtol 0.01, atol 0; min rtol 0.01, atol 0; mean rtol 0.01, atol 0.001; norm rtol 0.001, atol 0"
+    assert f"M: B's largest |value|): {tolerances}\n" in out
 
 
 def test_tolerances_can_be_loosened_until_a_perturbed_run_matches(

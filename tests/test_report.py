@@ -232,7 +232,38 @@ def test_plot_without_matplotlib_names_the_extra(
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without it gives
     assert main(["report", str(demo_runs["a"]), "--plot", str(tmp_path / "p.png"), "--quiet"]) == 2
-    assert "--plot needs matplotlib: pip install 'verl-events[plot]'" in capsys.readouterr().err
+    assert (
+        "--plot needs matplotlib: pip install matplotlib (or, in a checkout of verl-events, pip install -e '.[plot]')"
+        in capsys.readouterr().err
+    )
+
+
+def test_the_plot_labels_each_ratio_as_the_table_prints_it(demo_runs: dict[str, Path]) -> None:
+    from verl_events.apps.report.overhead import overhead_table, read_timing_records
+    from verl_events.apps.report.plot import TOO_FEW, overhead_figure, ratio_label
+
+    rows = overhead_table(read_timing_records(demo_runs["two_ranks"]), STAGE_ROLES)
+    figure = overhead_figure(rows)
+    times, disk = figure.axes
+    labels = sorted(text.get_text() for text in times.texts)
+    expected = sorted(label for label in map(ratio_label, rows) if label is not None)
+    assert labels == expected and len(labels) == 3  # the three stages msprobe profiled
+    # msprobe on steps 1-2 of 3: a baseline of 2 records a stage, each ratio too few to trust
+    assert all(label.endswith("x*") for label in labels)
+    assert TOO_FEW in [text.get_text() for text in figure.texts]
+    assert disk.get_ylim()[0] == 0 and disk.get_ylim()[1] > max(r.dump_bytes_per_step for r in rows) / 1e6
+
+
+def test_a_plot_of_a_run_nothing_profiled_has_no_disk_panel(tmp_path: Path) -> None:
+    from verl_events.apps.report.overhead import overhead_table, read_timing_records
+    from verl_events.apps.report.plot import overhead_figure
+
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}):
+        run_steps(range(1, 5), ("actor_compute_log_prob", "actor_update"))
+    figure = overhead_figure(overhead_table(read_timing_records(tmp_path)))
+    (times,) = figure.axes  # one panel: nothing was dumped, so no MB axis at all
+    assert list(times.texts) == [] and list(figure.texts) == []  # no ratio, and 4 records a stage: no mark
+    assert times.get_ylim()[0] >= 0
 
 
 def timed(step: int, elapsed: float, hooks: float = 0.0) -> str:

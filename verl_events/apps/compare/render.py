@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["print_comparison"]
+__all__ = ["print_comparison", "tolerances_line"]
+
+
+def tolerances_line(tolerances: dict[str, dict[str, float]]) -> str:
+    """The tolerances judged by, one statistic after another (``--<stat>-rtol``/``-atol``)."""
+    each = "; ".join(f"{stat} rtol {t['rtol']:g}, atol {t['atol']:g}" for stat, t in tolerances.items())
+    return f"tolerances (close: |a - b| <= atol * M + rtol * |b|, M: B's largest |value|): {each}"
 
 
 def print_comparison(result: dict[str, object], csv_path: str | None) -> None:
@@ -10,6 +16,7 @@ def print_comparison(result: dict[str, object], csv_path: str | None) -> None:
     counts = result["counts"]
     assert isinstance(counts, dict)
     print(f"A: {result['a']}\nB: {result['b']}")
+    print(tolerances_line(result["tolerances"]))  # type: ignore[arg-type]
     print(", ".join(f"{key.replace('_', ' ')}: {value}" for key, value in counts.items()))
     first = result["first_divergence"]
     if isinstance(first, dict):

@@ -18,6 +18,7 @@ from verl_events.layout import LATEST_LINK
 
 from ..formats import msprobe_layout, timing_log
 from .grouping import index_records
+from .headline import headline, headline_text
 from .overhead import (
     StageOverhead,
     TimingLogError,
@@ -27,6 +28,7 @@ from .overhead import (
     read_timing_records,
     runs_in,
 )
+from .plot import write_plot
 from .raised import RaisedStage, raised_stages, split_raised
 from .render import render
 from .steps import STAGE_ORDER, StageStep, stage_steps
@@ -55,37 +57,6 @@ def timing_files(run: Path) -> list[Path]:
     return files
 
 
-def write_plot(overhead: list[StageOverhead], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ReportError("--plot needs matplotlib: pip install 'verl-events[plot]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{row.stage}\n{'+'.join(row.profiled_by) or '-'}" for row in overhead]
-    x = range(len(overhead))
-    fig, (times, disk) = plt.subplots(2, 1, figsize=(max(8, len(overhead) * 1.3), 8), sharex=True)
-    base = [(r.unprofiled_s, r.unprofiled_low_s, r.unprofiled_high_s) for r in overhead]
-    cost = [(r.profiled_s, r.profiled_low_s, r.profiled_high_s) for r in overhead]
-    for offset, figures, label in ((-0.2, base, "unprofiled"), (0.2, cost, "profiled")):
-        heights = [(median or 0) * 1e3 for median, _, _ in figures]
-        below = [(median - low) * 1e3 if median is not None and low is not None else 0 for median, low, _ in figures]
-        above = [(high - median) * 1e3 if median is not None and high is not None else 0 for median, _, high in figures]
-        times.bar([i + offset for i in x], heights, 0.4, yerr=[below, above], capsize=3, label=f"{label} (median)")
-    times.set_ylabel("ms per stage")
-    times.set_yscale("symlog")
-    times.legend()
-    times.set_title("Stage time, profiled vs baseline (bars: IQR, or min-max below 4 records)")
-    disk.bar(list(x), [r.dump_bytes_per_step / 1e6 for r in overhead], 0.6, color="tab:green")
-    disk.set_ylabel("dump MB per profiled step")
-    disk.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def write_trace(run: Path, records: list[TimingRecord], path: Path) -> None:
     """The ``--trace`` timeline: every record, the failed stages too, and what went wrong
     (exceptions, signals, killed ranks, hangs, anomalies) as ``verl-events diagnose`` reads it."""
@@ -109,6 +80,7 @@ def as_json(
     return json.dumps(
         {
             "run": str(run),
+            "headline": asdict(headline(records, figures)),
             "records": len(records),
             "ranks": sorted({r.rank for r in records}),
             "stage_steps": [asdict(row) for row in rows],
@@ -179,6 +151,7 @@ def _report_records(
     if as_json_output:
         return as_json(run, records, figures, rows, overhead, straggling, raised)
     hooks = observer_hooks(figures, STAGE_ORDER)
+    console.print(headline_text(headline(records, figures)), highlight=False, soft_wrap=True)
     render(rows, overhead, hooks, straggling, raised, console, multi_rank=len({r.rank for r in records}) > 1)
     return None
 
