@@ -110,6 +110,23 @@ def test_a_handler_installed_during_the_block_is_left_in_place() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+def test_after_an_install_with_the_watchdog_the_users_own_handler_is_back(tmp_path: Path) -> None:
+    """The watchdog chains its handler during set-up and puts back the one it found
+    (the set-up's wrapper) when it closes; uninstall then puts the user's own back."""
+    previous = signal.getsignal(signal.SIGINT)
+
+    def users_own(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, users_own)
+    try:
+        with install({"save_path": str(tmp_path), "observers": [{"name": "watchdog"}]}):
+            assert signal.getsignal(signal.SIGINT) is not users_own  # the watchdog's, in front
+        assert signal.getsignal(signal.SIGINT) is users_own
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # -- a real import, interrupted from another process --------------------------------
 
 #: A tool package with an optional backend behind a bare except, as some libraries

@@ -16,7 +16,7 @@ from ._bus import Dispatcher
 from ._claim import SavePathClaim, refuse_other_runs_files, writes_outputs
 from ._config import Config, load_config
 from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
-from ._interrupts import keeping_interrupts
+from ._interrupts import keeping_interrupts, put_back_handlers
 from ._observer import InstallContext, Observer
 from ._registry import build_observer, setup_observer
 from ._replay import ReplayPlan, activate, active
@@ -75,6 +75,7 @@ class Installation:
             if active() is self.plan:
                 activate(None)
         failed = _close_all(self.dispatcher.observers)
+        put_back_handlers()  # a closed observer may have put a set-up wrapper back
         if failed is not None and self.config.strict:
             raise ObserverError(f"observer {failed[0].name!r} failed to close") from failed[1]
 

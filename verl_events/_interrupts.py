@@ -22,6 +22,10 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+#: Watches left in the SIGINT chain because a handler set during set-up chains to
+#: them (the watchdog's); :func:`put_back_handlers` removes them once it is gone.
+_left_in_chain: list[_SigintWatch] = []
+
 
 class _SigintWatch:
     """Wraps the SIGINT handler that was in place; notes the interrupts it raised."""
@@ -50,7 +54,8 @@ def keeping_interrupts(what: str) -> Iterator[None]:
 
     The handler in place is put back at the end, unless something installed
     its own handler meanwhile (which may chain to ours: ours then only passes
-    the signal on).  Outside the main thread, or when SIGINT is ignored or
+    the signal on, and :func:`put_back_handlers` puts the original back once
+    that handler has put ours back).  Outside the main thread, or when SIGINT is ignored or
     left to the operating system, nothing is wrapped: no KeyboardInterrupt
     can come from it there.
     """
@@ -72,5 +77,19 @@ def keeping_interrupts(what: str) -> Iterator[None]:
         watch.watching = False
         if signal.getsignal(signal.SIGINT) is watch:
             signal.signal(signal.SIGINT, previous)
+        else:
+            _left_in_chain.append(watch)
     if watch.interrupted:
         raise KeyboardInterrupt(f"interrupted while {what} (the interrupt was caught and dropped there)")
+
+
+def put_back_handlers() -> None:
+    """Where a handler that chained to a watch has since put the watch back
+    (the watchdog does when it closes), put back the handler the watch wrapped,
+    so that after uninstall the user's own handler is in place again."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for watch in reversed(_left_in_chain):
+        if signal.getsignal(signal.SIGINT) is watch:
+            signal.signal(signal.SIGINT, watch.previous)
+            _left_in_chain.remove(watch)
