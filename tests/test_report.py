@@ -402,3 +402,26 @@ def test_report_in_a_60_column_terminal_cuts_no_name(demo_runs: dict[str, Path])
     assert_names_whole(out, sorted(STAGES), "msprobe")
     notes = [line for line in out.splitlines() if line.startswith("n: records")]
     assert notes and len(notes[0]) <= 60  # the text around the tables keeps to the window
+
+
+def test_the_report_opens_with_a_headline_of_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}):
+        for step in (1, 2, 3):
+            for name, seconds in (("actor_compute_log_prob", 0.001), ("actor_update", 0.02)):
+                with verl_events.stage(name, step=step):
+                    time.sleep(seconds)
+    lines = [json.loads(line) for line in (tmp_path / "timing" / "rank0.jsonl").read_text().splitlines()]
+    per_stage: dict[str, float] = {}
+    for line in lines:
+        per_stage[line["stage"]] = per_stage.get(line["stage"], 0.0) + line["elapsed_s"] + sum(line["hook_s"].values())
+    slowest = max(per_stage, key=per_stage.__getitem__)
+    head = report_json(capsys, tmp_path)["headline"]
+    assert (head["run"], head["ranks"], head["steps"], head["slowest_stage"]) == (lines[0]["run"], 1, 3, slowest)
+    assert head["stage_s"] == pytest.approx(sum(per_stage.values()))
+    assert head["slowest_share"] == pytest.approx(per_stage[slowest] / sum(per_stage.values()))
+    assert 0 < head["run_share"] <= 1 and 0 < head["hooks_share"] < 1
+    assert main(["report", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    share = f"{head['slowest_share']:.0%}"
+    assert first.startswith(f"run {lines[0]['run']}: 1 rank, 3 steps; stage time {head['stage_s']:.2f} s (")
+    assert f"the slowest stage {slowest} {share} of it; observers' hooks {head['hooks_share']:.1%}" in first
