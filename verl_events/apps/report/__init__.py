@@ -8,6 +8,8 @@
   and the overhead table's medians;
 * :mod:`.grouping`: the records by (stage, step), in one pass;
 * :mod:`.stragglers`: which ranks are slow in a stage across the steps;
+* :mod:`.headline`: the report's first line, the run in one sentence;
+* :mod:`.plot`: ``--plot``, the overhead table as a figure;
 * :mod:`.trace`: ``--trace``, the stages as a Chrome/Perfetto trace.
 
 Everything here reads the timing observer's logs, through their owner

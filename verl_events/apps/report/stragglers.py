@@ -17,7 +17,8 @@ median rank's and at least :data:`MIN_EXCESS_S` longer.  A rank slow in at least
 job on the node).  A rank whose extra time ended with the median rank's stage (at least
 half of it before the median rank's end) **waited**: it began the stage early and spent the
 difference in a collective waiting for a rank that was slow in an earlier stage; it is named
-so, and not counted slow.
+so, and not counted slow.  So is a rank above the line in a step where another rank's record
+of the stage raised: it waited for the rank that failed (records that raised are never judged).
 
 Profiled records are left out when the stage has unprofiled ones: a tool slows the ranks it
 runs on, which is not what a straggler is.  Cost: nothing per record beyond the report's
