@@ -59,7 +59,12 @@ def test_the_verl_engine_runs_verls_trainer_with_three_tools_stacked(tmp_path: P
     assert [line.split(" done")[0] for line in result.stderr.splitlines() if line.startswith("demo: step ")] == [
         f"demo: step {s}/3" for s in (1, 2, 3)
     ]
-    for written in ["timing: timing/rank0.jsonl", f"torch_profiler: {traces[0]}", "demo: trainer.log"]:
+    for written in [
+        "timing: timing/rank0.jsonl",
+        f"torch_profiler: {traces[0]}",
+        "VERL_EVENTS_CONFIG: observers.yaml",
+        "verl: trainer.log",
+    ]:
         assert f"  {written}\n" in result.stderr
     assert result.stderr.count("  msprobe: step_") == 6
     assert result.stderr.rstrip().splitlines()[-1].startswith("demo finished in ")

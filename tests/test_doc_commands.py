@@ -52,7 +52,7 @@ NOT_RUN_HERE = {
     ("docs/sentinel.md", "python3 -m verl.trainer.main_ppo"): "a user's own verl job (...your usual arguments)",
     ("docs/verl.md", "python3 -m verl.trainer.main_ppo"): "a user's own verl job; tests/test_verl_trainer.py runs it",
     ("docs/verl.md", "pip install"): "installs into the user's training environment",
-    ("docs/quickstart.md", "pip install 'verl-events[verl-cpu]'"): "installs; tests/test_demo_verl.py runs the demo",
+    ("docs/quickstart.md", "pip install '.[verl-cpu]'"): "installs; tests/test_demo_verl.py runs the demo",
     ("docs/profilers.md", "nsys profile"): "needs NVIDIA's nsys and a CUDA device",
     ("docs/performance.md", "benchmarks/"): "benchmarks: minutes each, their figures are in the doc",
     ("docs/report-and-compare.md", "runs/fp32"): "illustrates the forms of the arguments, on the reader's runs",

@@ -144,7 +144,10 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR, latest: Pat
     with console.status(f"demo: preparing the tiny job under {shown(job_dir)}"):
         files = prepare(job_dir)
     # soft_wrap: a path cut in two by the console's width cannot be copied.
-    console.print(f"demo: verl's main_ppo, {steps} steps on CPU, job files in {shown(files.root)}", soft_wrap=True)
+    plural = "" if steps == 1 else "s"
+    console.print(
+        f"demo: verl's main_ppo, {steps} step{plural} on CPU, job files in {shown(files.root)}", soft_wrap=True
+    )
     console.print(f"demo: observers from {shown(config_path)} ({CONFIG_ENV})", soft_wrap=True)
     console.print(f"demo: verl's output goes to {shown(log)}", soft_wrap=True)
     env = trainer_env()
@@ -167,7 +170,7 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR, latest: Pat
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell reports it
     observers = build_observers(load_config(config), set_up=False)
     written = [(o.name, o.outputs(save_path)) for o in observers]
-    written.append(("demo", [config_path, log]))  # the config every process read, verl's output
+    written += [(CONFIG_ENV, [config_path]), ("verl", [log])]  # the config every process read; verl's output
     seconds = time.perf_counter() - started
     msprobe = has_msprobe(config)
     print_summary(save_path, seconds, console, stages=tuple(STAGE_ROLES), msprobe_configured=msprobe, written=written)
