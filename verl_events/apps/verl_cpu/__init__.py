@@ -12,6 +12,9 @@ test need to drive the unmodified trainer end to end on CPU, without editing any
   BPE tokenizer, RL parquet, reward function) and the Hydra overrides and environment that
   run it: ``python -m verl_events.apps.verl_cpu.job WORKDIR [overrides...]``.
 - :mod:`verl_events.apps.verl_cpu.reward` holds the job's reward function.
+- :mod:`verl_events.apps.verl_cpu.session` runs the trainer in a session of its own and leaves
+  none of its processes behind; :mod:`verl_events.apps.verl_cpu.trainer_log` reads its output
+  as it is written (the steps it finished, the end of the log).
 
 Test-only: nothing here is meant for real training.
 """
