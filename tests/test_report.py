@@ -54,6 +54,11 @@ def test_a_two_rank_run_reports_every_stage_of_every_step(
         "ref_compute_log_prob",
         "actor_update",
     }
+    for step in (1, 2, 3):  # each stage's share of its step: body and hooks over the step's sum
+        in_step = [r for r in rows if r["step"] == step]
+        total = sum(r["body_s"] + r["hooks_s"] for r in in_step)
+        for row in in_step:
+            assert row["step_share"] == pytest.approx((row["body_s"] + row["hooks_s"]) / total)
 
 
 def test_the_table_shows_the_slowest_rank_with_several_ranks(
@@ -61,7 +66,7 @@ def test_the_table_shows_the_slowest_rank_with_several_ranks(
 ) -> None:
     assert main(["report", str(demo_runs["two_ranks"])]) == 0
     out = capsys.readouterr().out
-    assert "Stages by step" in out and "slowest" in out and "spread" in out and "rank" in out
+    assert "Stages by step" in out and "slowest" in out and "spread" in out and "rank" in out and "% step" in out
     assert "Overhead per stage and tool" in out
 
 

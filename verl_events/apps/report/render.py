@@ -26,8 +26,8 @@ def render(
     """Every table of the report, in order (``raised`` and ``straggling`` only when there are any)."""
     from rich.table import Table
 
-    table = Table(title="Stages by step (times in ms; slowest rank)")
-    columns = ["step", "stage", "body", "profiled by", "hooks", "ratio", "dump MB"]
+    table = Table(title="Stages by step (times in ms; slowest rank; % step: its share of the step's stage time)")
+    columns = ["step", "stage", "body", "profiled by", "hooks", "% step", "ratio", "dump MB"]
     if multi_rank:
         columns += ["ranks", "slowest", "spread"]
     for column in columns:
@@ -41,6 +41,7 @@ def render(
             f"{row.body_s * 1e3:.1f}",
             ", ".join(row.profiled_by) or "-",
             f"{row.hooks_s * 1e3:.1f}" if row.profiled_by else "-",
+            f"{row.step_share:.0%}",
             _ratio(row.ratio, row.baseline_n < TRUSTED_MIN_N),
             f"{row.dump_bytes / 1e6:.3f}" if row.dump_bytes else "-",
         ]

@@ -30,6 +30,7 @@ class StageStep:
     ratio: float | None  # slowest rank's body + hooks over the stage's unprofiled median
     dump_bytes: int  # summed over ranks
     baseline_n: int  # the records of that unprofiled median (all ranks and steps)
+    step_share: float  # body + hooks over the step's summed body + hooks (its share of the step)
 
 
 def stage_steps(groups: dict[Key, StepGroup], baseline: dict[str, list[float]]) -> list[StageStep]:
@@ -38,6 +39,9 @@ def stage_steps(groups: dict[Key, StepGroup], baseline: dict[str, list[float]]) 
     medians = {stage: statistics.median(times) for stage, times in baseline.items()}
     order = {stage: i for i, stage in enumerate(STAGE_ORDER)}
     rows = []
+    step_totals: dict[int | None, float] = {}
+    for (_, step), group in groups.items():
+        step_totals[step] = step_totals.get(step, 0.0) + group.slowest.elapsed_s + group.hooks_s
     for (stage, step), group in groups.items():
         slowest, base = group.slowest, medians.get(stage)
         rows.append(
@@ -53,6 +57,7 @@ def stage_steps(groups: dict[Key, StepGroup], baseline: dict[str, list[float]]) 
                 ratio=profiled_seconds(slowest) / base if group.profiled and base else None,
                 dump_bytes=group.dump_bytes,
                 baseline_n=len(baseline.get(stage, ())),
+                step_share=(slowest.elapsed_s + group.hooks_s) / step_totals[step] if step_totals[step] > 0 else 0.0,
             )
         )
     rows.sort(key=lambda r: (r.step is None, r.step or 0, order.get(r.stage, len(order)), r.stage))
