@@ -20,13 +20,28 @@ deadline passed, as every rank is: its process being gone says nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .hangs import RankPosition
+from .liveness import Liveness
 
 __all__ = ["Suspect", "suspect"]
+
+
+class Position(Protocol):
+    """What the headline reads of a rank's position (:class:`.hangs.RankPosition`)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def where(self) -> dict[str, Any] | None: ...
+    @property
+    def waiting_in(self) -> str | None: ...
+    @property
+    def alive(self) -> Liveness | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +55,7 @@ class Suspect:
         return {"ranks": self.ranks, "line": self.line}
 
 
-def suspect(positions: list[RankPosition], stage: str) -> Suspect:
+def suspect(positions: Sequence[Position], stage: str) -> Suspect:
     """The headline for the ranks' ``positions`` against the stuck ``stage``."""
     suspects: list[tuple[int, str]] = []
     waiting: dict[str, list[int]] = {}
