@@ -78,11 +78,14 @@ def test_closing_stops_listening_to_anomalies(tmp_path: Path) -> None:
     config = {"save_path": str(tmp_path), "observers": [watcher_entry([]), armed_entry()]}
     before = len(anomaly.receivers)
     with verl_events.install(config):
-        assert len(anomaly.receivers) == before + 2  # the trigger clock and the replay plan
+        # One receiver, the dispatcher, hands anomalies to the trigger clock and the replay plan.
+        assert len(anomaly.receivers) == before + 1
     assert len(anomaly.receivers) == before
     with verl_events.install({**config, "replay": False}):
         assert len(anomaly.receivers) == before + 1
     assert len(anomaly.receivers) == before
+    with verl_events.install({**config, "observers": [watcher_entry([])]}):
+        assert len(anomaly.receivers) == before  # nothing armed, no on_anomaly hook: nothing listens
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._anomaly import AnomalyEvent, anomaly
+from ._anomaly import AnomalyEvent
 from ._checks import check_count
 from ._errors import ConfigError
 from ._events import StageEvent
@@ -79,8 +79,9 @@ def parse_trigger(entry: Any, where: str) -> Trigger | None:
 class TriggerClock:
     """The newest anomaly step every rank agrees on, refreshed once per step.
 
-    One per installation.  It listens to the ``anomaly`` signal and remembers
-    the newest anomaly step this process saw; :meth:`advance`, which the
+    One per installation.  The dispatcher hands it every ``anomaly``
+    (:meth:`on_anomaly`, before any observer's hook) and it remembers the
+    newest anomaly step this process saw; :meth:`advance`, which the
     dispatcher calls at every stage's begin, runs the all-reduce when it
     first sees a new step, and :meth:`newest` reads what was agreed.
     """
@@ -92,13 +93,8 @@ class TriggerClock:
         self._step: int | None = None  # the step of the last agreement
         self._warned_unknown = False
 
-    def connect(self) -> None:
-        anomaly.connect(self.on_anomaly, weak=False)
-
-    def disconnect(self) -> None:
-        anomaly.disconnect(self.on_anomaly)
-
-    def on_anomaly(self, sender: Any, *, event: AnomalyEvent) -> None:
+    def on_anomaly(self, event: AnomalyEvent) -> None:
+        """Remember the anomaly's step for the next agreement."""
         if event.step is None:
             if not self._warned_unknown:
                 self._warned_unknown = True

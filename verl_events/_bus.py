@@ -21,6 +21,10 @@ Which stages anything receives, dispatchers and plain receivers of either
 signal alike, is recorded in :mod:`verl_events._listened`; the emit path
 reads that record and nothing else before deciding to build an event.
 
+It also delivers the ``anomaly`` and ``hang`` signals to the observers'
+``on_anomaly`` / ``on_hang`` hooks (:mod:`verl_events._alerts`), with the
+stage hooks' guarantees.
+
 Two things happen in :meth:`Dispatcher.on_begin` before any selection is
 looked at, each a named step: the step-boundary agreement of armed capture
 (:meth:`~verl_events._arming.TriggerClock.advance`, a collective when there
@@ -40,9 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 from blinker import ANY
 
+from ._alerts import Alert, defines_hook, hears
+from ._anomaly import AnomalyEvent, anomaly
 from ._arming import ArmedSelection
+from ._dispatch_warnings import warn_model_missing, warn_step_unknown
 from ._errors import ObserverError
 from ._events import StageEnd, StageEvent, StageReport
+from ._hang import HangEvent, hang
 from ._observer import Observer
 from ._run import SavePathTaken
 from ._signals import stage_begin, stage_end
@@ -51,6 +59,7 @@ from ._stack import open_stages
 if TYPE_CHECKING:
     from ._arming import TriggerClock
     from ._claim import SavePathClaim
+    from ._replay import ReplayPlan
 
 logger = logging.getLogger("verl_events")
 
@@ -113,8 +122,14 @@ class Dispatcher:
     * When an observer it delivered a begin to ``wants_result``, it asks
       the emitter (:func:`ask_for_result`) to put the stage's result and
       inputs on the end event that every receiver gets.
+    * ``on_anomaly`` / ``on_hang`` hooks get the ``anomaly`` and ``hang``
+      signals, in begin order, for what their selection accepts (stage,
+      step, rank), on the sender's thread; failures are isolated, counted
+      and strict as for stage hooks, and in strict mode the first one
+      raises ObserverError to the sender once every observer heard it.
     * ``clock``: armed capture's step-boundary agreement runs at every
-      begin with a step, before any selection is looked at.
+      begin with a step, before any selection is looked at; it and
+      ``plan`` (replay) note each anomaly before any observer hears it.
     * ``claim``: made before the first begin delivered to one of its
       writers; when another run holds the save_path, those writers are
       switched off for the rest of the run with one message (strict: the
@@ -133,6 +148,7 @@ class Dispatcher:
         max_failures: int | None = None,
         clock: TriggerClock | None = None,
         claim: SavePathClaim | None = None,
+        plan: ReplayPlan | None = None,
     ) -> None:
         # Captures innermost, then by priority; sorted() is stable, so equal
         # priorities keep install order.
@@ -148,13 +164,17 @@ class Dispatcher:
         self._model_warned: set[tuple[str, str | None]] = set()
         self._step_warned: set[str] = set()
         self._clock = clock
+        self._plan = plan
+        self._anomaly_hooks = tuple(o for o in self.observers if defines_hook(o, "on_anomaly"))
+        self._hang_hooks = tuple(o for o in self.observers if defines_hook(o, "on_hang"))
         self._claim = claim if claim is not None and claim.writers else None  # None once made
         self._claim_lock = threading.Lock()
 
     # -- subscription -------------------------------------------------------
 
     def connect(self) -> None:
-        """Subscribe to both signals, only for stages some observer selects."""
+        """Subscribe to both stage signals, only for stages some observer
+        selects; to ``anomaly`` and ``hang`` when anything here hears them."""
         senders: set[Any] = set()
         for observer in self.observers:
             if observer.selection.stages is None:
@@ -164,12 +184,18 @@ class Dispatcher:
         for sender in senders:
             stage_begin.connect(self.on_begin, sender=sender, weak=False)
             stage_end.connect(self.on_end, sender=sender, weak=False)
+        if self._anomaly_hooks or self._clock is not None or self._plan is not None:
+            anomaly.connect(self.on_anomaly, weak=False)
+        if self._hang_hooks:
+            hang.connect(self.on_hang, weak=False)
 
     def disconnect(self) -> None:
-        """Unsubscribe from both signals; stages no other receiver takes go
+        """Unsubscribe from every signal; stages no other receiver takes go
         back to the disabled path."""
         stage_begin.disconnect(self.on_begin)
         stage_end.disconnect(self.on_end)
+        anomaly.disconnect(self.on_anomaly)
+        hang.disconnect(self.on_hang)
 
     # -- dispatch -----------------------------------------------------------
 
@@ -179,7 +205,7 @@ class Dispatcher:
             self._clock.advance(event.step)  # the step boundary: may run a collective
         candidates = self._candidates(event.stage)
         if event.step is None and event.stage not in self._step_warned:
-            self._warn_step_unknown(event, candidates)
+            warn_step_unknown(event, candidates, self._step_warned)
         if event.replay:  # only armed observers and those that ask see a replay
             candidates = tuple(o for o in candidates if o.sees_replays or isinstance(o.selection, ArmedSelection))
         selected = [o for o in candidates if o.selection.accepts(event) and o.name not in self._switched_off]
@@ -189,7 +215,7 @@ class Dispatcher:
         if not selected:
             return
         if event.model is None and any(o.needs_model for o in selected):
-            self._warn_model_missing(event, selected)
+            warn_model_missing(event, selected, self._model_warned)
         frame = _Frame()
         if self._timed:
             frame.enclosing = _around(self._enclosing_frame(event))
@@ -199,7 +225,7 @@ class Dispatcher:
             error = self._call(observer, "on_stage_begin", observer.on_stage_begin, event, frame.begin_seconds)
             if error is not None and self.strict:
                 # The emitter answers with stage_end, which closes this frame.
-                raise _strict_error(observer, "on_stage_begin", event) from error
+                raise _strict_error(observer, "on_stage_begin", event, "stops the stage") from error
         if self._results_wanted:
             for observer in selected:  # a loop: any() with a generator costs ~4x more
                 if observer.wants_result:
@@ -251,7 +277,31 @@ class Dispatcher:
             if first is None and reported is not None:
                 first, hook = reported, "on_stage_report"
         if first is not None and self.strict:
-            raise _strict_error(first[0], hook, event) from first[1]
+            raise _strict_error(first[0], hook, event, "stops the stage") from first[1]
+
+    def on_anomaly(self, sender: Any, *, event: AnomalyEvent) -> None:
+        """Note the anomaly for armed capture and replay, then deliver it to
+        the ``on_anomaly`` hooks."""
+        if self._clock is not None:
+            self._clock.on_anomaly(event)
+        if self._plan is not None:
+            self._plan.on_anomaly(event)
+        self._deliver("on_anomaly", self._anomaly_hooks, event)
+
+    def on_hang(self, sender: Any, *, event: HangEvent) -> None:
+        """Deliver a hang to the ``on_hang`` hooks, on the watchdog's thread."""
+        self._deliver("on_hang", self._hang_hooks, event)
+
+    def _deliver(self, hook_name: str, hearing: tuple[Observer, ...], event: Alert) -> None:
+        first: tuple[Observer, BaseException] | None = None
+        for observer in hearing:
+            if observer.name in self._switched_off or not hears(observer, event):
+                continue
+            error = self._call(observer, hook_name, getattr(observer, hook_name), event, None)
+            if error is not None and first is None:
+                first = (observer, error)
+        if first is not None and self.strict:
+            raise _strict_error(first[0], hook_name, event, "raises it to the signal's sender") from first[1]
 
     def _report(self, event: StageEnd, frame: _Frame) -> tuple[Observer, BaseException] | None:
         """Give the timing-capable observers the stage's hook times; the first failure, if any."""
@@ -339,48 +389,10 @@ class Dispatcher:
                 count,
             )
 
-    def _warn_step_unknown(self, event: StageEvent, candidates: tuple[Observer, ...]) -> None:
-        """Once per stage: observers that select steps never see a stage whose step is unknown."""
-        skipping = [o.name for o in candidates if o.selection.steps is not None]
-        if not skipping:
-            return
-        self._step_warned.add(event.stage)
-        logger.warning(
-            "stage %r (rank %s) runs with an unknown step, so observer %s, which select(s) steps, skip(s) it. "
-            "Pass step=..., call verl_events.set_step(N), or under verl see docs/verl.md, "
-            "'Which step a stage belongs to' (a process without the actor learns the step only on "
-            "verl's own global_profiler.steps).",
-            event.stage,
-            event.rank,
-            ", ".join(repr(name) for name in skipping),
-        )
 
-    def _warn_model_missing(self, event: StageEvent, selected: list[Observer]) -> None:
-        key = (event.stage, event.role)
-        if key in self._model_warned:
-            return
-        self._model_warned.add(key)
-        needing = ", ".join(repr(o.name) for o in selected if o.needs_model)
-        tried = (
-            "tried worker attributes " + ", ".join(event.model_paths)
-            if event.model_paths
-            else "no model= was passed to stage()"
-        )
-        logger.warning(
-            "model not resolved for stage %r (role %r, step %s): observer %s needs one; %s. "
-            "Pass model=..., or add a path with verl_events.add_model_paths(%r, 'attr.path').",
-            event.stage,
-            event.role,
-            event.step,
-            needing,
-            tried,
-            event.role or "<role>",
-        )
-
-
-def _strict_error(observer: Observer, hook_name: str, event: StageEvent) -> ObserverError:
+def _strict_error(observer: Observer, hook_name: str, event: StageEvent | Alert, outcome: str) -> ObserverError:
     return ObserverError(
         f"observer {observer.name!r} failed in {hook_name} for stage {event.stage!r} "
-        f"(step {event.step}, rank {event.rank}); strict mode stops the stage. "
+        f"(step {event.step}, rank {event.rank}); strict mode {outcome}. "
         "Set strict: false to log observer failures and keep training."
     )

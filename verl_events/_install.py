@@ -18,7 +18,7 @@ from ._config import Config, load_config
 from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
 from ._interrupts import keeping_interrupts, put_back_handlers
 from ._observer import InstallContext, Observer
-from ._registry import build_observer, setup_observer
+from ._registry import build_observer, check_hook_names, setup_observer
 from ._replay import ReplayPlan, activate, active
 
 logger = logging.getLogger("verl_events")
@@ -49,7 +49,12 @@ class Installation:
         # One claim on save_path for every observer that writes there.
         self.claim = SavePathClaim(config.save_path, [o for o in observers if writes_outputs(o)], config.latest)
         self.dispatcher = Dispatcher(
-            observers, strict=config.strict, max_failures=config.max_failures, clock=clock, claim=self.claim
+            observers,
+            strict=config.strict,
+            max_failures=config.max_failures,
+            clock=clock,
+            claim=self.claim,
+            plan=plan,
         )
         self.closed = False
 
@@ -67,13 +72,9 @@ class Installation:
             if _current is self:
                 _current = None
         atexit.unregister(self.close)
-        self.dispatcher.disconnect()
-        if self.clock is not None:
-            self.clock.disconnect()
-        if self.plan is not None:
-            self.plan.disconnect()
-            if active() is self.plan:
-                activate(None)
+        self.dispatcher.disconnect()  # the clock and the plan hear anomalies through it
+        if self.plan is not None and active() is self.plan:
+            activate(None)
         failed = _close_all(self.dispatcher.observers)
         put_back_handlers()  # a closed observer may have put a set-up wrapper back
         if failed is not None and self.config.strict:
@@ -134,10 +135,7 @@ def install(
         plan = _replay_plan(cfg, built, clock)
         installation = Installation(cfg, built, clock, plan)
         installation.dispatcher.connect()
-        if clock is not None:
-            clock.connect()
         if plan is not None:
-            plan.connect()
             activate(plan)
         _current = installation
     atexit.register(installation.close)
@@ -157,7 +155,8 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
     ready-made ``extra`` ones, as :func:`install` builds them; ``verl-events
     check`` builds them the same way with ``set_up=False``.
 
-    Each is built with its options checked, then all are named uniquely
+    Each is built with its options and its hook names checked (a method
+    named ``on_...`` that is no hook is an ObserverSetupError), then all are named uniquely
     (a second ``msprobe`` entry is ``msprobe#2``) and checked together:
     exclusive resources, triggers.  Without ``set_up`` (``verl-events
     check``), an observer whose tool is missing (``unavailable()``) is an
@@ -182,6 +181,7 @@ def build_observers(config: Config, extra: Iterable[Observer] = (), *, set_up: b
                     placed.append((build_observer(spec, context, set_up=False), f"{spec.where} ({spec.label})"))
             for observer in extra:
                 observer.name = observer.name or type(observer).__name__
+                check_hook_names(type(observer), f"observer {observer.name!r}")
                 placed.append((observer, f"observer {observer.name!r}"))
             built = [observer for observer, _ in placed]
             _make_names_unique(built)

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._events import StageEnd, StageEvent, StageReport
 from ._selection import ALL, Selection
+
+if TYPE_CHECKING:
+    from ._anomaly import AnomalyEvent
+    from ._hang import HangEvent
+
+#: The hooks the bus calls.  A method of an observer class named like a hook
+#: (``on_...``) that is not one of these is refused at install: it would never
+#: be called, and a misspelled hook fails silently otherwise.
+HOOKS = ("on_stage_begin", "on_stage_end", "on_stage_report", "on_anomaly", "on_hang")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +49,12 @@ class Observer:
     * an exception from a hook is logged and the stage goes on, unless the
       installation is strict;
     * hooks may be called from several threads at once (one per thread's
-      stage); an observer that keeps state across hooks must lock it.
+      stage); an observer that keeps state across hooks must lock it;
+    * :meth:`on_anomaly` and :meth:`on_hang` are delivered with the same
+      order, isolation and strict mode, on the sender's thread (a hang
+      comes from the watchdog's monitor thread while the stage is stuck);
+    * a method named ``on_...`` that is not one of :data:`HOOKS` is refused
+      at install (ObserverSetupError): a misspelled hook would never run.
 
     Class attributes an observer may set:
 
@@ -134,6 +149,16 @@ class Observer:
 
     def on_stage_report(self, report: StageReport) -> None:
         """Hook timings of a finished stage; only when ``wants_timings``."""
+
+    def on_anomaly(self, event: AnomalyEvent) -> None:
+        """A watcher sent the ``anomaly`` signal (the sentinel, from its end
+        hook of ``event.stage``), for a stage, step and rank the selection
+        accepts; on the sender's thread."""
+
+    def on_hang(self, event: HangEvent) -> None:
+        """A stage passed its deadline and is still running (the ``hang``
+        signal), for a stage, step and rank the selection accepts; on the
+        watchdog's monitor thread, not the stage's: do not block."""
 
     def close(self) -> None:
         """Called once when the installation closes; release files and tools."""

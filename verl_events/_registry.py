@@ -24,7 +24,7 @@ from ._arming import ArmedSelection
 from ._config import FRAMEWORK_KEYS, ObserverSpec
 from ._errors import ConfigError, ObserverSetupError
 from ._interrupts import keeping_interrupts
-from ._observer import InstallContext, Observer
+from ._observer import HOOKS, InstallContext, Observer
 
 GROUP = "verl_events.observers"
 
@@ -256,6 +256,24 @@ def observer_origin(spec: ObserverSpec) -> str:
     return f"entry point {spec.name!r} -> {ep.value}, from {dist}"
 
 
+def check_hook_names(cls: type[Observer], where: str) -> None:
+    """ObserverSetupError when ``cls`` defines a method named like a hook
+    (``on_...``) that is not one: the bus would never call it, so a
+    misspelled hook would fail silently.  Helpers named otherwise are fine."""
+    for klass in cls.__mro__:
+        if klass is Observer or klass is object:
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("on_") or name in HOOKS:
+                continue
+            if inspect.isfunction(value) or isinstance(value, (staticmethod, classmethod)):
+                raise ObserverSetupError(
+                    f"{where}: {klass.__module__}.{klass.__qualname__}.{name} is named like a hook but is not one, "
+                    f"so it would never be called; the hooks are {', '.join(HOOKS)}: rename it to one of them, "
+                    "or give a helper a name that does not start with on_"
+                )
+
+
 def build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool = True) -> Observer:
     """Construct, configure and (unless ``set_up`` is False) set up one observer.
 
@@ -273,6 +291,7 @@ def build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool 
 
 def _build_observer(spec: ObserverSpec, context: InstallContext, *, set_up: bool) -> Observer:
     cls = observer_class(spec)
+    check_hook_names(cls, f"{spec.where} ({spec.label})")
     allowed, takes_any = _option_names(cls)
     unknown = sorted(set(spec.options) - set(allowed))
     if unknown and not takes_any:

@@ -40,9 +40,8 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterable
-from typing import Any
 
-from ._anomaly import AnomalyEvent, anomaly
+from ._anomaly import AnomalyEvent
 from ._arming import Arming, max_over_ranks
 from ._errors import VerlEventsWarning
 
@@ -85,13 +84,9 @@ class ReplayPlan:
         self.stages = stages  # stages some armed observer selects; None: any
         self._sent = threading.local()  # (stage, step) of the last anomaly sent on this thread
 
-    def connect(self) -> None:
-        anomaly.connect(self.on_anomaly, weak=False)
-
-    def disconnect(self) -> None:
-        anomaly.disconnect(self.on_anomaly)
-
-    def on_anomaly(self, sender: Any, *, event: AnomalyEvent) -> None:
+    def on_anomaly(self, event: AnomalyEvent) -> None:
+        """Remember the anomaly on its thread; the dispatcher hands it over
+        before any observer's hook."""
         # Sent from the end hooks of the stage that raised it, on its thread.
         self._sent.last = (event.stage, event.step)
 

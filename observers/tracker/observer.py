@@ -23,7 +23,9 @@ tags them).  With the global step as x-axis it sends:
 * ``anomalies/{stage}``: how many anomalies the rank's sentinel reported at
   that stage in the step, from the stage's first anomaly on (0 for a clean
   step after it), and ``anomaly/{metric}`` the value that broke a rule.
-  TensorBoard also gets each anomaly's sentence in its Text tab.
+  TensorBoard also gets each anomaly's sentence in its Text tab.  Anomalies
+  arrive through the ``on_anomaly`` hook, so the tracker's selection picks
+  them by rank, stage and step as it picks stages.
 
 Only figures that say something are sent: no ``overhead_s`` or ``hook_s``
 value for hooks that did not run (or took no measurable time), and no
@@ -64,7 +66,6 @@ from verl_events import (
     StageEnd,
     StageReport,
     VerlEventsWarning,
-    anomaly,
 )
 from verl_events.layout import run_id
 
@@ -171,7 +172,6 @@ class TrackerObserver(Observer):
             off = f"{missing}. The {self.name} observer's {name} backend is off."
             warnings.warn(off, VerlEventsWarning, stacklevel=2)
             del self.backends[name]
-        anomaly.connect(self._on_anomaly, weak=False)
 
     def describe(self) -> str:
         return f"sends to {', '.join(self.backends) or 'no backend'}, one run per rank"
@@ -203,30 +203,19 @@ class TrackerObserver(Observer):
         stages = self.selection.stages
         return event.depth == 0 or (stages is not None and event.parent not in stages)
 
-    def _on_anomaly(self, sender: Any, *, event: AnomalyEvent) -> None:
-        # Sent from inside the sentinel's hook: whatever happens here must
-        # not become the sentinel's failure, unless the run is strict.
-        selection = self.selection
-        if event.step is None or not (
-            (selection.ranks is None or event.rank in selection.ranks)
-            and (selection.stages is None or event.stage in selection.stages)
-            and (selection.steps is None or event.step in selection.steps)
-        ):
+    def on_anomaly(self, event: AnomalyEvent) -> None:
+        # The bus delivers only anomalies of the selected ranks, stages and
+        # steps, and isolates a failure here from the sentinel that sent it.
+        if event.step is None:
             return
-        try:
-            with self._lock:
-                current = self._step_of(event.rank, event.step)
-                self._anomalous.setdefault(event.rank, set()).add(event.stage)
-                current.add(f"anomalies/{event.stage}", 1.0)
-                current.set(f"anomaly/{event.metric}", event.value)
-                current.texts.append(("anomaly", f"{event.stage}: {event.detail or event.rule}"))
-        except Exception:
-            if self._strict:
-                raise
-            logger.exception("tracker: could not record the anomaly of %s at step %s", event.metric, event.step)
+        with self._lock:
+            current = self._step_of(event.rank, event.step)
+            self._anomalous.setdefault(event.rank, set()).add(event.stage)
+            current.add(f"anomalies/{event.stage}", 1.0)
+            current.set(f"anomaly/{event.metric}", event.value)
+            current.texts.append(("anomaly", f"{event.stage}: {event.detail or event.rule}"))
 
     def close(self) -> None:
-        anomaly.disconnect(self._on_anomaly)
         with self._lock:
             for rank in list(self._steps):
                 self._send(rank, self._steps.pop(rank))
