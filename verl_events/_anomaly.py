@@ -5,8 +5,10 @@ name as sender and ``event=AnomalyEvent(...)``::
 
     anomaly.send("actor_update", event=AnomalyEvent(...))
 
-The core listens to it to arm capture observers configured with
-``trigger: anomaly`` for the steps that follow.
+The installation's dispatcher receives it: it notes the anomaly for armed
+capture (``trigger: anomaly``) and replay, then delivers it to the
+observers' ``on_anomaly`` hooks (:mod:`verl_events._alerts`).  Any other
+blinker receiver may connect to it as well, with blinker's own semantics.
 """
 
 from __future__ import annotations

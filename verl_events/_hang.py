@@ -7,7 +7,9 @@ name as sender and ``event=HangEvent(...)``::
 
 The watchdog sends it from its monitor thread, once per stage that passes
 its deadline, after the stage's report is written: receivers run on that
-thread, while the stage itself is still stuck on its own.
+thread, while the stage itself is still stuck on its own.  The installation's
+dispatcher delivers it to the observers' ``on_hang`` hooks
+(:mod:`verl_events._alerts`); any other blinker receiver may connect too.
 """
 
 from __future__ import annotations
