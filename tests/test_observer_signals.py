@@ -257,3 +257,30 @@ def test_a_subclass_inherits_the_refusal_and_helpers_pass(tmp_path: Path) -> Non
 def test_every_installed_observer_uses_only_hook_names() -> None:
     for name, entry_point in available_observers().items():
         check_hook_names(entry_point.load(), f"entry point {name!r}")  # raises on a stray on_... method
+
+
+class ClockReading(Observer):
+    """Reads armed capture's clock from its on_anomaly hook."""
+
+    def __init__(self) -> None:
+        self.newest: list[int | None] = []
+
+    def on_anomaly(self, event: AnomalyEvent) -> None:
+        installation = verl_events.current_installation()
+        assert installation is not None and installation.clock is not None and event.step is not None
+        installation.clock.advance(event.step + 1)  # the next step's boundary, on one rank
+        self.newest.append(installation.clock.newest())
+
+
+def test_the_trigger_clock_notes_an_anomaly_before_any_observer_hears_it(tmp_path: Path) -> None:
+    config = {
+        "observers": [
+            {"_target_": "tests.support:Watcher", "bad_steps": []},
+            {"_target_": "tests.support:Capturing", "trigger": "anomaly"},
+        ]
+    }
+    reading = ClockReading()
+    reading.priority = 100  # the first observer to hear it
+    with install(tmp_path, reading, **config):
+        anomaly.send("actor_update", event=anomaly_at(3))
+    assert reading.newest == [3]
