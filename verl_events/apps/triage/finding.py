@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..formats import msprobe_layout as layout
 from .dumps import MODULE_ENTRY, Session, forward_of, runs_in_a_module_call, user_frame
 
 __all__ = ["Finding", "place"]
@@ -62,7 +63,8 @@ def _why_no_module(session: Session, frames: list[str]) -> str:
     if not any(entry.startswith("Module.") for entry in session.entries):
         return "none recorded: the dump holds no module entries (level L1 records torch API calls only)"
     if not session.parents:
-        return "none recorded: no construct.json beside the dump (msprobe's extra_info off, or a session cut off)"
+        missing = f"no {layout.CONSTRUCT_FILE} beside the dump"
+        return f"none recorded: {missing} (msprobe's extra_info off, or a session cut off)"
     if not frames:
         return (
             "none recorded, and no call stack to tell why: it ran in the root model's own forward "
