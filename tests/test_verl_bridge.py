@@ -106,8 +106,12 @@ def test_the_step_follows_update_weights_on_every_step_profiled_or_not(bridge: N
             asyncio.run(actor.update_weights(global_steps=step, mode="naive"))
             if step == 2:
                 actor.stop_profile()
+    # The sync is a stage of its own, the rollout waking up twice inside it: the step whose
+    # weights it sends (0: the starting weights).
+    sync = ("update_weights", "rollout_wake_up", "rollout_wake_up")
     assert [(e.stage, e.step) for e in begins(events)] == [
-        (stage, step) for step in (1, 2, 3) for stage in ("actor_compute_log_prob", "actor_update")
+        *((stage, 0) for stage in sync),
+        *((stage, step) for step in (1, 2, 3) for stage in ("actor_compute_log_prob", "actor_update", *sync)),
     ]
     assert inspect.iscoroutinefunction(ActorRolloutRefWorker.update_weights)  # Ray runs it as async still
 

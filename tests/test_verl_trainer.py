@@ -39,14 +39,15 @@ def run_doc_command(
     *,
     steps: int = 3,
     env: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Path:
     """Run one of the doc's main_ppo commands on the tiny job (``env`` added to its
-    environment); return its save_path root."""
+    environment, ``extra`` to its arguments); return its save_path root."""
     assert command.argv[:3] == ["python3", "-m", "verl.trainer.main_ppo"], command.argv
     doc_args = [on(root, arg) for arg in command.argv[3:]]
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {k: on(root, v) for k, v in command.env.items()} | (env or {})
-    overrides = job.merge_overrides(job.trainer_args(files, steps=steps), doc_args)
+    overrides = job.merge_overrides(job.trainer_args(files, steps=steps), [*doc_args, *extra])
     log = root / f"{name}.log"
     code = job.run_trainer(overrides, env, log=log)
     assert code == 0, f"{name}: main_ppo exited {code}:\n{log.read_text()[-6000:]}"
@@ -74,7 +75,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     for root in (plugin, hook):
         write_doc_config(root)
     (switch,) = doc_commands("VERL_EVENTS_CONFIG=/shared/observers.yaml", without="+ray_kwargs")
-    run_doc_command(switch, plugin, files, "ours")
+    # This run also saves a checkpoint every step, for its transition stages, in a folder of its
+    # own: verl resumes from what it finds in the default one (resume_mode: auto).
+    saves = ("trainer.save_freq=1", f"trainer.default_local_dir={plugin / 'checkpoints'}")
+    run_doc_command(switch, plugin, files, "ours", extra=saves)
     run_doc_command(doc_commands("precision_debugger")[0], plugin, files, "verls")
     run_doc_command(doc_commands("worker_process_setup_hook")[0], hook, files, "hook")
     return Runs(plugin, hook)
@@ -110,6 +114,30 @@ def test_every_timing_record_of_every_step_has_the_trainers_step(runs: Runs) -> 
     assert profiled == {(stage, step) for stage in STAGES for step in (1, 2)}
     nested = {r["step"]: r["enclosed_by"] for r in records if r["stage"] == "train_batch"}
     assert nested == {1: ["msprobe"], 2: ["msprobe"], 3: []}
+
+
+TRANSITIONS = ("save_checkpoint", "update_weights", "rollout_wake_up")
+
+
+def test_every_transition_stage_is_timed_every_step_with_its_step(runs: Runs) -> None:
+    """verl's weight sync, the rollout's wake-up inside it and the checkpoint save, each a stage
+    in the trainer's worker, with the step whose weights they move (the sync before step 1 sends
+    step 0's; the sync wakes the rollout's weights, then its KV cache)."""
+    save_path = runs.plugin / "profile"
+    logs = (save_path / "timing").glob("rank*.jsonl")
+    records = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+    steps = {stage: sorted(r["step"] for r in records if r["stage"] == stage) for stage in TRANSITIONS}
+    assert steps == {
+        "save_checkpoint": [1, 2, 3],
+        "update_weights": [0, 1, 2, 3],
+        "rollout_wake_up": [0, 0, 1, 1, 2, 2, 3, 3],
+    }
+    wake_ups = [r for r in records if r["stage"] == "rollout_wake_up"]
+    assert all(r["role"] == "rollout" and r["rank"] == 0 for r in wake_ups), wake_ups
+    # verl saved what the stages say it saved.
+    assert sorted(p.name for p in (runs.plugin / "checkpoints").glob("global_step_*")) == [
+        f"global_step_{step}" for step in steps["save_checkpoint"]
+    ]
 
 
 def test_report_reads_the_run(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,9 @@ processes and as Ray actors (so this module must stay importable by path)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import warnings
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +19,10 @@ from torch import nn
 from verl import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
+
+with warnings.catch_warnings():  # verl's rollout package imports Ray's state API, which warns that it moved
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from verl.workers.rollout.base import BaseRollout
 
 
 def features(data: Any) -> torch.Tensor:
@@ -32,10 +39,49 @@ def engine(model: nn.Module) -> Any:
     return SimpleNamespace(engine=SimpleNamespace(module=model))
 
 
+class Rollout(BaseRollout):  # type: ignore[misc]
+    """A worker-side rollout adapter on verl's real ``BaseRollout``, as the engine workers
+    hold one (``self.rollout``); it records what the sync hands it."""
+
+    def __init__(self) -> None:  # verl's takes engine configs this adapter has no use for
+        self.resumed: list[list[str]] = []
+        self.synced: dict[str, torch.Tensor] = {}
+
+    async def resume(self, tags: list[str]) -> None:
+        self.resumed.append(list(tags))
+
+    async def release(self) -> None:
+        pass
+
+    async def update_weights(self, weights: Any, **kwargs: Any) -> None:
+        self.synced = {name: tensor.detach().clone() for name, tensor in weights}
+
+
+class TrainingWorker(DistProfilerExtension):  # type: ignore[misc]
+    """verl 0.9.1's inner worker (``engine_workers.TrainingWorker``): it saves and loads the model."""
+
+    def __init__(self, model: nn.Module, rank: int = 0) -> None:
+        self.model = model
+        DistProfilerExtension.__init__(self, DistProfiler(rank=rank, config=None))
+
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        os.makedirs(local_path, exist_ok=True)
+        torch.save(self.model.state_dict(), os.path.join(local_path, "model.pt"))
+
+    def load_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
+    ) -> None:
+        self.model.load_state_dict(torch.load(os.path.join(local_path, "model.pt")))
+
+
 class ActorRolloutRefWorker(DistProfilerExtension):  # type: ignore[misc]
     def __init__(self, rank: int = 0, profiler: Any = None) -> None:
         self.rank = rank
+        self.rollout = Rollout()
         self.actor = engine(tiny_model(0))
+        self.trainer = TrainingWorker(self.actor.engine.module, rank)
         self.ref = engine(tiny_model(0))
         self.optimizer = torch.optim.SGD(self.actor.engine.module.parameters(), lr=0.1)
         self.calls: Counter[str] = Counter()
@@ -75,8 +121,30 @@ class ActorRolloutRefWorker(DistProfilerExtension):  # type: ignore[misc]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     async def update_weights(self, global_steps: int | None = None, mode: str = "auto") -> None:
-        """verl 0.9.1's signature: the trainer calls it after each step's actor update."""
+        """verl 0.9.1's signature and order (``engine_workers.py``): the trainer calls it after
+        each step's actor update; the rollout wakes its weights, takes them, wakes its KV cache."""
         self.calls["update_weights"] += 1
+        await self.rollout.resume(tags=["weights"])
+        await self.rollout.update_weights(self.actor.engine.module.state_dict().items(), global_steps=global_steps)
+        if torch.distributed.is_initialized():  # every rank has sent before the cache wakes
+            await asyncio.to_thread(torch.distributed.barrier)
+        await self.rollout.resume(tags=["kv_cache"])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        """verl 0.9.1's signature; like verl's, it calls the inner training worker's."""
+        self.calls["save_checkpoint"] += 1
+        self.trainer.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
+    ) -> None:
+        """verl 0.9.1's signature: no step, only the path (``.../global_step_N/actor``)."""
+        self.calls["load_checkpoint"] += 1
+        self.trainer.load_checkpoint(local_path, hdfs_path, del_local_after_load)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def call_counts(self) -> dict[str, int]:

@@ -16,8 +16,14 @@ from ._errors import ConfigError
 #: ``forward_backward``; they have no fixed role.  ``rollout_prefill`` is a
 #: rollout server running the trainer's sequences for the mismatch observer's
 #: layer profile (docs/mismatch.md), right after ``actor_compute_log_prob``.
+#: verl's transitions are stages too (``verl_events._verl_transitions``): a
+#: resumed run's ``load_checkpoint`` comes first; after the update,
+#: ``save_checkpoint`` (when verl saves that step) and the ``update_weights``
+#: sync, in which the rollout wakes up.  The checkpoints are the actor's or the
+#: critic's: no fixed role.
 STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
     {
+        "load_checkpoint": None,
         "rollout_generate": "rollout",
         "ref_compute_log_prob": "ref",
         "actor_compute_log_prob": "actor",
@@ -26,6 +32,9 @@ STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
         "critic_update": "critic",
         "compute_rm_score": "reward_model",
         "actor_update": "actor",
+        "save_checkpoint": None,
+        "update_weights": "actor",
+        "rollout_wake_up": "rollout",
         "train_batch": None,
         "forward_backward": None,
     }

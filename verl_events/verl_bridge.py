@@ -15,6 +15,12 @@ Where no ``update_weights`` has been seen (a process holding only a critic
 or a reference model), the step is the ``profile_step`` of the trainer's
 ``start_profile`` until its ``stop_profile``, and unknown outside them.
 
+verl's transitions on the trainer's ranks (the weight sync, the rollout's
+wake-up inside it, checkpoint save and load) are stages too:
+:mod:`verl_events._verl_transitions` says which method each one wraps.  The
+rollout adapters' base module is patched when verl imports it (importing it
+here would cost every process seconds).
+
 Off by default, idempotent, and undone exactly by :func:`uninstall_verl_bridge`.
 
 In Ray workers, :func:`setup_worker` is the ``worker_process_setup_hook``:
@@ -29,10 +35,14 @@ import inspect
 import logging
 import operator
 import os
+import sys
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+from . import _verl_transitions as transitions
+from ._after_import import PatchOnImport
 from ._emit import emits_stage
 from ._errors import ConfigError
 from ._events import check_stage_name
@@ -71,6 +81,8 @@ class _Bridge:
         self.annotate_code = probe.__code__
         self.patched: list[tuple[type, str, Any]] = []
         self.own_init_subclass: Any = None
+        self.on_import: PatchOnImport | None = None
+        self.rollout_base: type | None = None
         self.lock = threading.Lock()
         self.weights_step: int | None = None  # global_steps of the last update_weights
         self.profile_step: int | None = None  # profile_step of an open start_profile
@@ -93,11 +105,22 @@ class _Bridge:
         # Classes defined later (a worker module imported after install, a Ray
         # actor class rebuilt in its process) are bridged as they are created.
         self.extension.__init_subclass__ = classmethod(_bridged_init_subclass)
+        self.on_import = PatchOnImport({_ROLLOUT_BASE: self._patch_rollout_base})
+        for name, patch in self.on_import.patches.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                patch(module)
+        sys.meta_path.insert(0, self.on_import)
 
     def uninstall(self) -> None:
+        if self.on_import in sys.meta_path:
+            sys.meta_path.remove(self.on_import)
         with self.lock:
             for cls, name, original in reversed(self.patched):
-                setattr(cls, name, original)
+                if original is _ABSENT:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, original)
             self.patched.clear()
         if self.own_init_subclass is None:
             del self.extension.__init_subclass__
@@ -112,7 +135,10 @@ class _Bridge:
                 if not inspect.isfunction(value) or hasattr(value, _BRIDGED):
                     continue
                 if name == "update_weights" and "global_steps" in inspect.signature(value).parameters:
-                    self._replace(cls, name, value, _noting_weights_step(value))
+                    self._replace(cls, name, value, transitions.weight_sync(value, _before_sync, _after_sync))
+                    continue
+                if name in (transitions.SAVE_CHECKPOINT, transitions.LOAD_CHECKPOINT):
+                    self._replace(cls, name, value, transitions.checkpoint(name, value))
                     continue
                 stage = self._stage_of(value)
                 if stage is None:
@@ -123,6 +149,29 @@ class _Bridge:
                     )
                     continue
                 self._replace(cls, name, value, emits_stage(stage)(value))
+
+    def patch_rollout(self, cls: type) -> None:
+        """Wrap a rollout adapter's own async ``resume`` as ``rollout_wake_up``."""
+        with self.lock:
+            value = vars(cls).get("resume")
+            if inspect.iscoroutinefunction(value) and not hasattr(value, _BRIDGED):
+                self._replace(cls, "resume", value, transitions.wake_up(value))
+
+    def _patch_rollout_base(self, module: ModuleType) -> None:
+        base = getattr(module, "BaseRollout", None)
+        if not isinstance(base, type):
+            logger.warning("verl_events bridge: %s has no BaseRollout; rollout_wake_up is not emitted", module.__name__)
+            return
+        self.rollout_base = base
+        for cls in _subclasses(base):
+            self.patch_rollout(cls)
+        with self.lock:
+            self._replace(
+                base,
+                "__init_subclass__",
+                base.__dict__.get("__init_subclass__", _ABSENT),
+                classmethod(_bridged_rollout_init_subclass),
+            )
 
     def _replace(self, owner: type, name: str, original: Any, bridged: Any) -> None:
         setattr(bridged, _BRIDGED, True)
@@ -192,41 +241,35 @@ def _bridged_init_subclass(cls: Any, /, **kwargs: Any) -> None:
         bridge.patch_class(cls)
 
 
-def _note_weights_step(global_steps: Any) -> None:
-    if _bridge is not None and global_steps is not None:
-        _bridge.weights_step = operator.index(global_steps)
-        _bridge.announce_step()
+def _before_sync(global_steps: int | None) -> None:
+    """The weight sync of step N, and what runs inside it, belong to step N."""
+    if global_steps is not None:
+        set_step(global_steps)
 
 
-def _noting_weights_step(update_weights: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a worker's ``update_weights(global_steps=N, ...)``: the trainer
-    calls it after step N's actor update, so the next stages belong to N + 1.
-    An async method stays async (Ray decides from that how to run it)."""
-    signature = inspect.signature(update_weights)
+def _after_sync(global_steps: int | None) -> None:
+    """After ``update_weights(global_steps=N)`` the stages belong to N + 1; after a sync
+    that raised (None), to what they belonged to before it."""
+    bridge = _bridge
+    if bridge is None:
+        return
+    if global_steps is not None:
+        bridge.weights_step = global_steps
+    bridge.announce_step()
 
-    def global_steps_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            return signature.bind(*args, **kwargs).arguments.get("global_steps")
-        except TypeError:
-            return None  # the call itself will raise
 
-    if inspect.iscoroutinefunction(update_weights):
+def _bridged_rollout_init_subclass(cls: Any, /, **kwargs: Any) -> None:
+    """``BaseRollout.__init_subclass__`` while the bridge is installed: a rollout adapter
+    defined later (verl imports vLLM's or SGLang's when the worker builds it) is bridged."""
+    bridge = _bridge
+    base: Any = bridge.rollout_base if bridge is not None else None
+    if bridge is not None and base is not None:
+        super(base, cls).__init_subclass__(**kwargs)
+        bridge.patch_rollout(cls)
 
-        @functools.wraps(update_weights)
-        async def noting_async(*args: Any, **kwargs: Any) -> Any:
-            result = await update_weights(*args, **kwargs)
-            _note_weights_step(global_steps_of(args, kwargs))
-            return result
 
-        return noting_async
-
-    @functools.wraps(update_weights)
-    def noting(*args: Any, **kwargs: Any) -> Any:
-        result = update_weights(*args, **kwargs)
-        _note_weights_step(global_steps_of(args, kwargs))
-        return result
-
-    return noting
+_ROLLOUT_BASE = "verl.workers.rollout.base"
+_ABSENT = object()  # an attribute the bridge added: uninstall deletes it
 
 
 def _require(owner: Any, name: str, version: str, where: str) -> Any:
