@@ -442,15 +442,20 @@ def test_the_user_frame_is_the_first_outside_torch_msprobe_and_the_stdlib() -> N
 
 
 class Gained(torch.nn.Module):
-    """A linear layer after a gain the root model applies itself, in its own forward."""
+    """Linear layers after a gain the root model applies itself, in its own forward.
+
+    Three submodules: with verl imported (as in the whole suite), msprobe leaves the first
+    and the last of ``named_modules()`` unhooked, and the dump must still hold a module."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gain = torch.nn.Parameter(torch.ones(4))
+        self.fc1 = torch.nn.Linear(4, 4)
+        self.act = torch.nn.Tanh()
         self.fc = torch.nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fc(x * self.gain)
+        out: torch.Tensor = self.fc(self.act(self.fc1(x * self.gain)))
         return out
 
 
