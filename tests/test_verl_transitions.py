@@ -95,6 +95,20 @@ def test_a_failed_sync_is_a_stage_that_raised_and_leaves_the_step_as_it_was(brid
     assert [e.step for e in events] == [2, 2]  # still the step after sync 1
 
 
+def test_a_rollout_adapter_defined_after_install_wakes_up_as_a_stage(bridge: None) -> None:
+    """verl imports vLLM's or SGLang's adapter only when a worker builds its rollout."""
+
+    class LateRollout(Rollout):
+        async def resume(self, tags: list[str]) -> None:
+            self.resumed.append(["late", *tags])
+
+    rollout = LateRollout()
+    with capture_events() as events:
+        asyncio.run(rollout.resume(tags=["weights"]))
+    assert [(e.stage, e.meta["tags"]) for e in events] == [("rollout_wake_up", ["weights"])] * 2  # begin, end
+    assert rollout.resumed == [["late", "weights"]]
+
+
 def test_uninstall_puts_verls_transition_methods_back() -> None:
     def attributes() -> list[dict[str, Any]]:
         classes = (BaseRollout, Rollout, ActorRolloutRefWorker, TrainingWorker)

@@ -82,7 +82,6 @@ class _Bridge:
         self.patched: list[tuple[type, str, Any]] = []
         self.own_init_subclass: Any = None
         self.on_import: PatchOnImport | None = None
-        self.rollout_base: type | None = None
         self.lock = threading.Lock()
         self.weights_step: int | None = None  # global_steps of the last update_weights
         self.profile_step: int | None = None  # profile_step of an open start_profile
@@ -162,7 +161,6 @@ class _Bridge:
         if not isinstance(base, type):
             logger.warning("verl_events bridge: %s has no BaseRollout; rollout_wake_up is not emitted", module.__name__)
             return
-        self.rollout_base = base
         for cls in _subclasses(base):
             self.patch_rollout(cls)
         with self.lock:
@@ -261,10 +259,11 @@ def _after_sync(global_steps: int | None) -> None:
 def _bridged_rollout_init_subclass(cls: Any, /, **kwargs: Any) -> None:
     """``BaseRollout.__init_subclass__`` while the bridge is installed: a rollout adapter
     defined later (verl imports vLLM's or SGLang's when the worker builds it) is bridged."""
+    from verl.workers.rollout.base import BaseRollout
+
+    super(BaseRollout, cls).__init_subclass__(**kwargs)
     bridge = _bridge
-    base: Any = bridge.rollout_base if bridge is not None else None
-    if bridge is not None and base is not None:
-        super(base, cls).__init_subclass__(**kwargs)
+    if bridge is not None:
         bridge.patch_rollout(cls)
 
 
