@@ -53,3 +53,29 @@ def test_the_overhead_table_in_a_60_column_terminal_cuts_no_stage_name(tmp_path:
     assert "…" not in table, table
     for name in [*DEMO_STAGES, "msprobe"]:
         assert re.search(rf"(?<!\w){name}(?!\w)", table), f"{name} is cut:\n{table}"
+
+
+def test_two_ranks_whose_port_is_taken_before_they_meet_try_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The port the demo picks is free when picked; another process may listen on it before
+    rank 0 does.  Here one really does (a socket of this test): rank 0 fails with
+    EADDRINUSE, and the demo meets on another port instead of failing."""
+    import socket
+
+    from verl_events.apps.demo import tiny
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = int(taken.getsockname()[1])
+    ports = iter([port])
+    free = tiny._free_port
+    monkeypatch.setattr(tiny, "_free_port", lambda: next(ports, None) or free())
+    config = {"save_path": str(tmp_path / "run"), "observers": [{"name": "timing"}]}
+    try:
+        save_path = tiny.run_demo(DemoOptions(config, steps=1, nproc=2, seed=0))
+    finally:
+        taken.close()
+    assert sorted(p.name for p in (save_path / "timing").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    assert f"demo: port {port} was taken meanwhile; trying another" in capsys.readouterr().err

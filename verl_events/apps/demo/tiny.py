@@ -41,10 +41,16 @@ from .summary import has_msprobe, print_summary
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
-#: The stages the demo runs each step, in verl's order (no reward model, no engine workers,
-#: no rollout server to prefill).
-_NOT_RUN = ("compute_rm_score", "train_batch", "forward_backward", "rollout_prefill")
-DEMO_STAGES = tuple(s for s in STAGE_ORDER if s not in _NOT_RUN)
+#: The stages the demo runs each step, in verl's order: its compute stages (no reward model,
+#: no engine workers, no rollout server to prefill; no weight sync or checkpoint either).
+DEMO_STAGES = (
+    "rollout_generate",
+    "ref_compute_log_prob",
+    "actor_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "actor_update",
+)
 
 
 def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], None] | None = None) -> None:
@@ -76,18 +82,18 @@ def run_rank(rank: int, options: DemoOptions, progress: Callable[[int, str], Non
                 prompts = torch.randint(0, VOCAB, (BATCH, PROMPT_LEN), generator=data_rng)
                 torch.manual_seed(options.seed * 100_000 + rank * 1000 + step)  # sampling
                 batch = Batch({"prompts": prompts}, {"global_steps": step})
-                stages: list[tuple[str, Callable[[Batch], Any]]] = [
-                    ("rollout_generate", actor_worker.generate_sequences),
-                    ("ref_compute_log_prob", actor_worker.compute_ref_log_prob),
-                    ("actor_compute_log_prob", actor_worker.compute_log_prob),
-                    ("compute_values", critic_worker.compute_values),
-                    ("critic_update", critic_worker.update_critic),
-                    ("actor_update", actor_worker.update_actor),
-                ]
-                for name, call in stages:
+                calls: dict[str, Callable[[Batch], Any]] = {
+                    "rollout_generate": actor_worker.generate_sequences,
+                    "ref_compute_log_prob": actor_worker.compute_ref_log_prob,
+                    "actor_compute_log_prob": actor_worker.compute_log_prob,
+                    "compute_values": critic_worker.compute_values,
+                    "critic_update": critic_worker.update_critic,
+                    "actor_update": actor_worker.update_actor,
+                }
+                for name in DEMO_STAGES:
                     if progress is not None:
                         progress(step, name)
-                    result = call(batch)
+                    result = calls[name](batch)
                     if isinstance(result, Batch):
                         batch = result
                     if name == "compute_values":
@@ -118,6 +124,10 @@ def _spawned(rank: int, options: DemoOptions) -> None:
     os._exit(0)
 
 
+#: How many ports the ranks try to meet on before the demo gives up.
+PORT_ATTEMPTS = 3
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -145,12 +155,19 @@ def run_demo(options: DemoOptions) -> Path:
 
         console.print(f"demo: {options.steps} steps on {options.nproc} processes (gloo) ...")
         run_id()  # made up here and inherited, so that the ranks agree on their run
-        with_port = dataclasses.replace(options, port=_free_port())
-        try:
-            mp.spawn(_spawned, args=(with_port,), nprocs=options.nproc)  # type: ignore[attr-defined]
-        except mp.ProcessRaisedException as exc:  # type: ignore[attr-defined]
-            # Its message is the rank's whole traceback; its last line says what happened.
-            raise DemoRankError(f"a demo rank failed: {str(exc).strip().splitlines()[-1]}") from exc
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            with_port = dataclasses.replace(options, port=_free_port())
+            try:
+                mp.spawn(_spawned, args=(with_port,), nprocs=options.nproc)  # type: ignore[attr-defined]
+                break
+            except mp.ProcessRaisedException as exc:  # type: ignore[attr-defined]
+                # The port was free when chosen, but another process may take it before rank 0
+                # listens on it; then no rank got past joining, nothing is written: try another.
+                if "EADDRINUSE" in str(exc) and attempt < PORT_ATTEMPTS:
+                    console.print(f"demo: port {with_port.port} was taken meanwhile; trying another")
+                    continue
+                # Its message is the rank's whole traceback; its last line says what happened.
+                raise DemoRankError(f"a demo rank failed: {str(exc).strip().splitlines()[-1]}") from exc
     else:
         columns = (
             TextColumn("[bold]step {task.fields[step]}[/] {task.fields[stage]:<24}"),
