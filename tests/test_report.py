@@ -260,6 +260,7 @@ def test_the_plot_labels_each_ratio_as_the_table_prints_it(demo_runs: dict[str, 
 
 
 def test_a_plot_of_a_run_nothing_profiled_has_no_disk_panel(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
     from verl_events.apps.report.overhead import overhead_table, read_timing_records
     from verl_events.apps.report.plot import overhead_figure
 
