@@ -127,6 +127,26 @@ def test_after_an_install_with_the_watchdog_the_users_own_handler_is_back(tmp_pa
         signal.signal(signal.SIGINT, previous)
 
 
+def interrupted_once(
+    args: list[str], marker: Path, env: dict[str, str], what: str, timeout: float, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Start ``args``, wait until ``marker`` says ``what``'s import has begun, send SIGINT,
+    and return how the process ended (killed if it outlives ``timeout``)."""
+    process = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert marker.exists(), f"{what}'s import never began: {process.communicate()}"
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 # -- a real import, interrupted from another process --------------------------------
 
 #: A tool package with an optional backend behind a bare except, as some libraries
@@ -190,26 +210,8 @@ def _interrupt_during_import(tmp_path: Path, when_missing: str) -> subprocess.Co
     (tmp_path / "script.py").write_text(SCRIPT.format(when_missing=when_missing))
     marker = tmp_path / "importing"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "IMPORT_MARKER": str(marker)}
-    process = subprocess.Popen(
-        [sys.executable, str(tmp_path / "script.py")],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert marker.exists(), f"the backend's import never began: {process.communicate()}"
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    args = [sys.executable, str(tmp_path / "script.py")]
+    return interrupted_once(args, marker, env, "the backend", timeout=60, cwd=tmp_path)
 
 
 @pytest.mark.parametrize("when_missing", ["call", "switch off"])
@@ -258,24 +260,9 @@ def test_ctrl_c_while_the_demo_imports_msprobe_ends_the_demo_as_interrupted(tmp_
         "IMPORT_MARKER": str(marker),
         "SLOW_IMPORT": "msprobe.pytorch.reproducibility",
     }
-    process = subprocess.Popen(
-        [verl_events_exe(), "demo", "--steps", "1", "--save-path", str(tmp_path / "run")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert marker.exists(), f"msprobe.pytorch's import never began: {process.communicate()}"
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    args = [verl_events_exe(), "demo", "--steps", "1", "--save-path", str(tmp_path / "run")]
+    process = interrupted_once(args, marker, env, "msprobe.pytorch", timeout=120)
+    stdout, stderr = process.stdout, process.stderr
     assert (process.returncode, stderr.strip().splitlines()[-1:]) == (130, ["verl-events: interrupted"]), stderr
     assert "finished" not in stdout
     assert "error:" not in stderr
