@@ -145,6 +145,11 @@ def layers_figure(profile: LayerProfile) -> Figure:
     return figure
 
 
+def _ring(axis: Axes, place: int, value: float, shape: str, colour: str, label: str) -> None:
+    """An open ``shape`` around the point at ``place``, in the legend as ``label``."""
+    axis.plot([place], [value], shape, ms=13, mfc="none", mec=colour, mew=2, label=label)
+
+
 def _mark(axis: Axes, profile: LayerProfile, drawn: list[float]) -> None:
     """Ring and label the layers the profile's table marks; one label when both are one layer."""
     labels: dict[int, list[str]] = {}
@@ -153,29 +158,11 @@ def _mark(axis: Axes, profile: LayerProfile, drawn: list[float]) -> None:
         place = _place(profile.layers, first)
         value = f"{first.error:.3g}" if math.isfinite(first.error) else f"not finite ({first.error})"
         labels.setdefault(place, []).append(f"error enters: {value}")
-        axis.plot(
-            [place],
-            [drawn[place]],
-            "o",
-            ms=13,
-            mfc="none",
-            mec="tab:red",
-            mew=2,
-            label=f"the error enters (first layer past {profile.tolerance:g})",
-        )
+        _ring(axis, place, drawn[place], "o", "tab:red", f"the error enters (first layer past {profile.tolerance:g})")
     if grows is not None and grows.growth is not None:
         place = _place(profile.layers, grows)
         labels.setdefault(place, []).append(f"grows most: x{grows.growth:.3g}")
-        axis.plot(
-            [place],
-            [drawn[place]],
-            "s",
-            ms=13,
-            mfc="none",
-            mec="tab:orange",
-            mew=2,
-            label="it grows most (error over the layer before's)",
-        )
+        _ring(axis, place, drawn[place], "s", "tab:orange", "it grows most (error over the layer before's)")
     for place, texts in labels.items():
         axis.annotate(
             "\n".join(texts),
