@@ -9,8 +9,9 @@ the anomaly watcher ``sentinel`` (its metric reading is in
 :mod:`verl_events.observers.metrics`), ``tracker``, which sends stage
 times and anomalies to TensorBoard, W&B or MLflow, ``watchdog``, which
 reports a stage that runs past its deadline (a hang) with every thread's
-stack and records how each process ended, and ``mismatch``, which compares
-the trainer's log-probs with the rollout engine's, token by token.
+stack and records how each process ended, ``mismatch``, which compares
+the trainer's log-probs with the rollout engine's, token by token, and
+``weight_sync``, which checks that the engine holds what each weight sync sent.
 """
 
 from .mismatch import MismatchObserver
@@ -22,6 +23,7 @@ from .timing import TimingObserver
 from .torch_profiler import TorchProfilerObserver
 from .tracker import TrackerObserver
 from .watchdog import WatchdogObserver
+from .weight_sync import WeightSyncObserver
 
 __all__ = [
     "MismatchObserver",
@@ -33,4 +35,5 @@ __all__ = [
     "TorchProfilerObserver",
     "TrackerObserver",
     "WatchdogObserver",
+    "WeightSyncObserver",
 ]

@@ -31,6 +31,7 @@ OWNERS = {
     "run.json": "verl_events/_run.py",
     "hangs.jsonl": "observers/watchdog/record.py",
     "mismatch.jsonl": "observers/mismatch/record.py",
+    "weight_sync.jsonl": "observers/weight_sync/record.py",
     "ends.jsonl": "observers/watchdog/crash.py",
 }
 # A folder under save_path -> the one module that may name it.  A folder's name is also

@@ -63,6 +63,17 @@ def observer_class(spec: ObserverSpec) -> type[Observer]:
     return loaded
 
 
+def is_import_path(value: object) -> bool:
+    """``package.module:name`` or ``package.module.name``, checked without importing it
+    (the engine's module may still be importing when the observers are installed)."""
+    if not isinstance(value, str):
+        return False
+    module, colon, name = value.partition(":")
+    if not colon:
+        module, _, name = value.rpartition(".")
+    return bool(module and name) and all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
+
+
 def import_target(target: str, where: str) -> Any:
     """The object at ``target`` (``package.module:name`` or ``package.module.name``);
     ConfigError, naming ``where``, when it does not import."""

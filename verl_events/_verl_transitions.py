@@ -8,11 +8,14 @@ below, in the trainer's rank processes that run them, with the wrappers built he
 | --- | --- | --- | --- |
 | ``update_weights`` | the actor worker's ``update_weights(global_steps=N)`` | every trainer rank | N |
 | ``rollout_wake_up`` | the rollout adapter's ``resume(tags)`` (inside the sync) | every trainer rank | the sync's N |
+| (none) | the rollout adapter's ``update_weights(weights, ...)`` (in the sync) | every trainer rank | the sync's N |
 | ``save_checkpoint`` | a worker's ``save_checkpoint(..., global_step=N)`` | every trainer rank | N |
 | ``load_checkpoint`` | a worker's ``load_checkpoint(".../global_step_N/...")`` | every trainer rank | N |
 
 A sync, a save or a load carries the step whose weights it moves; the
-wake-up, the sync's.
+wake-up, the sync's.  The adapter's ``update_weights`` is no stage of its
+own: its ``weights`` pass through :func:`verl_events._weights.passing`, so
+that the ``weight_sync`` observer sees each tensor the sync sends.
 
 The rollout's sleep is not here: verl 0.9.1's driver sends it straight to
 the rollout servers (``CheckpointEngineManager.sleep_replicas``), and
@@ -44,6 +47,7 @@ from ._emit import stage
 from ._errors import ConfigError
 from ._resolve import check_step
 from ._stack import open_stages
+from ._weights import Payload, passing
 
 WEIGHT_SYNC = "update_weights"
 ROLLOUT_WAKE_UP = "rollout_wake_up"
@@ -168,3 +172,30 @@ def wake_up(resume: Callable[..., Any]) -> Callable[..., Any]:
             return await resume(*args, **kwargs)
 
     return waking
+
+
+def sending(update_weights: Callable[..., Any]) -> Callable[..., Any]:
+    """The rollout adapter's ``update_weights(weights, ..., global_steps=N, peft_config=...)``
+    with its ``weights`` shown to the payload's watchers as they pass (:mod:`._weights`)."""
+    signature = inspect.signature(update_weights)
+
+    @functools.wraps(update_weights)
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return await update_weights(*args, **kwargs)  # the call itself will raise
+        var_keyword = _var_keyword(signature)
+        extra = bound.arguments.get(var_keyword, {}) if var_keyword else {}
+        step = bound.arguments.get("global_steps", extra.get("global_steps"))
+        peft_config = bound.arguments.get("peft_config", extra.get("peft_config"))
+        if "weights" in bound.arguments:
+            payload = Payload(step=step_or_none(step), adapter=peft_config is not None)
+            bound.arguments["weights"] = passing(bound.arguments["weights"], payload)
+        return await update_weights(*bound.args, **bound.kwargs)
+
+    return watched
+
+
+def _var_keyword(signature: inspect.Signature) -> str | None:
+    return next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)

@@ -18,7 +18,7 @@ from ._claim import start_run_folder
 from ._config import Config, ObserverSpec, is_bare_name, load_config, read_config
 from ._install import build_observers, check_exclusive_resources, nothing_to_observe
 from ._presets import PRESETS, Preset
-from ._registry import available_observers, build_observer, import_target, observer_origin
+from ._registry import available_observers, build_observer, import_target, is_import_path, observer_origin
 from ._replay import REPLAYABLE
 from ._selection import parse_numbers
 from ._verl_config import from_verl_config, is_verl_config
@@ -40,6 +40,7 @@ __all__ = [
     "from_verl_config",
     "import_target",
     "is_bare_name",
+    "is_import_path",
     "is_verl_config",
     "load_config",
     "nothing_to_observe",

@@ -150,11 +150,13 @@ class _Bridge:
                 self._replace(cls, name, value, emits_stage(stage)(value))
 
     def patch_rollout(self, cls: type) -> None:
-        """Wrap a rollout adapter's own async ``resume`` as ``rollout_wake_up``."""
+        """Wrap a rollout adapter's own async ``resume`` as ``rollout_wake_up``, and pass
+        its own async ``update_weights``'s tensors by the payload's watchers."""
         with self.lock:
-            value = vars(cls).get("resume")
-            if inspect.iscoroutinefunction(value) and not hasattr(value, _BRIDGED):
-                self._replace(cls, "resume", value, transitions.wake_up(value))
+            for name, wrap in (("resume", transitions.wake_up), ("update_weights", transitions.sending)):
+                value = vars(cls).get(name)
+                if inspect.iscoroutinefunction(value) and not hasattr(value, _BRIDGED):
+                    self._replace(cls, name, value, wrap(value))
 
     def _patch_rollout_base(self, module: ModuleType) -> None:
         base = getattr(module, "BaseRollout", None)

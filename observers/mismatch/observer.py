@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import ConfigError, InstallContext, Observer, StageEnd, prepare_output_dir
-from verl_events.config import check_count, import_target, parse_numbers
+from verl_events.config import check_count, import_target, is_import_path, parse_numbers
 from verl_events.layout import run_id
 
 from .._lines import append_line
@@ -92,7 +92,7 @@ class MismatchObserver(Observer):
         if self.top_k > _MAX_TOP_K:
             raise ConfigError(f"option top_k: {top_k!r} is not allowed; use an integer from 0 to {_MAX_TOP_K}")
         self.prefill_steps = parse_numbers(prefill_steps, "option prefill_steps") if prefill_steps is not None else None
-        if not _is_import_path(prefill_engine):
+        if not is_import_path(prefill_engine):
             raise ConfigError(
                 f"option prefill_engine: {prefill_engine!r} is not allowed; "
                 f"use an import path like {DEFAULT_PREFILL_ENGINE!r}"
@@ -174,17 +174,6 @@ class MismatchObserver(Observer):
             len(sequences),
             time.perf_counter() - started,
         )
-
-
-def _is_import_path(value: object) -> bool:
-    """``package.module:name`` or ``package.module.name``, checked without importing it
-    (the engine's module may still be importing when the observers are installed)."""
-    if not isinstance(value, str):
-        return False
-    module, colon, name = value.partition(":")
-    if not colon:
-        module, _, name = value.rpartition(".")
-    return bool(module and name) and all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
 
 
 def sampled_sequences(inputs: Any) -> list[list[int]]:

@@ -8,7 +8,9 @@
 * :data:`crash_record`: the watchdog's records of how a process ended badly
   (:mod:`verl_events.observers.watchdog.crash`);
 * :data:`mismatch_record`: the mismatch observer's log
-  (:mod:`verl_events.observers.mismatch.record`).
+  (:mod:`verl_events.observers.mismatch.record`);
+* :data:`weight_sync_record`: the weight_sync observer's ledger
+  (:mod:`verl_events.observers.weight_sync.record`).
 
 The tools import them from here, in one place, because mypy checks the
 repository's observers/ folder as the package ``observers`` ([tool.mypy] in
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from observers.sentinel import record as anomaly_record
     from observers.watchdog import crash as crash_record
     from observers.watchdog import record as hang_record
+    from observers.weight_sync import record as weight_sync_record
 else:
     from verl_events.observers import timing as timing_log
     from verl_events.observers.mismatch import record as mismatch_record
@@ -34,5 +37,14 @@ else:
     from verl_events.observers.sentinel import record as anomaly_record
     from verl_events.observers.watchdog import crash as crash_record
     from verl_events.observers.watchdog import record as hang_record
+    from verl_events.observers.weight_sync import record as weight_sync_record
 
-__all__ = ["anomaly_record", "crash_record", "hang_record", "mismatch_record", "msprobe_layout", "timing_log"]
+__all__ = [
+    "anomaly_record",
+    "crash_record",
+    "hang_record",
+    "mismatch_record",
+    "msprobe_layout",
+    "timing_log",
+    "weight_sync_record",
+]

@@ -27,7 +27,7 @@ import logging
 import threading
 from typing import Any, Literal
 
-from verl_events import Observer, StageEnd, StageEvent
+from verl_events import ConfigError, Observer, StageEnd, StageEvent
 from verl_events.config import check_count
 
 logger = logging.getLogger("verl_events.inject")
@@ -125,3 +125,133 @@ class WeightFault(Observer):
             f"corrupts a weight ({self.kind}, lasts: {self.lasts}) at step {self.step}: "
             "for trying the sentinel, never for training"
         )
+
+
+class SyncFault(Observer):
+    """A weight-sync fault, to try the weight_sync observer on the CPU trainer.
+
+    As a config entry, listed *after* ``weight_sync`` (so that its end hook runs first and
+    the fault is in place when the observer takes the engine's receipt)::
+
+        - _target_: verl_events.apps.inject:SyncFault
+          kind: engine_keeps   # see below
+          step: 2
+          ranks: [0]
+
+    * ``stale_payload``: step ``step``'s ``actor_update`` runs, then this rank's weights get
+      back the values they had before it, so the sync after it sends the previous payload
+      again although the optimizer stepped;
+    * ``engine_keeps``: the rollout engine keeps one tensor's old value through sync ``step``
+      (``parameter``, by default the engine model's first Linear weight): its value from
+      before the sync is written back after loading, in the engine's process;
+    * ``engine_alters``: after sync ``step`` loads, the engine's weights of layer ``layer``
+      are multiplied by ``scale``, in the engine's process.
+
+    The engine-side kinds reach the CPU rollout's server through
+    :func:`verl_events.apps.verl_cpu.hf_rollout.run_on_server`.  Passive.
+    """
+
+    needs_model = False
+    passive = True
+    KINDS = ("stale_payload", "engine_keeps", "engine_alters")
+
+    def __init__(
+        self,
+        kind: str,
+        step: int,
+        parameter: str | None = None,
+        layer: int = 0,
+        scale: float = 1.01,
+    ) -> None:
+        if kind not in self.KINDS:
+            raise ConfigError(f"option kind: {kind!r} is not allowed; use one of {', '.join(self.KINDS)}")
+        check_count(step, "option step", allowed="a step number >= 0", minimum=0)
+        check_count(layer, "option layer", allowed="a layer number >= 0", minimum=0)
+        self.kind, self.step, self.parameter, self.layer, self.scale = kind, step, parameter, layer, scale
+        self._saved: list[tuple[Any, Any]] = []
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if event.step != self.step or event.replay:
+            return
+        if self.kind == "stale_payload" and event.stage == "actor_update" and event.model is not None:
+            self._saved = _local_copies(event.model)
+        elif self.kind == "engine_keeps" and event.stage == "update_weights":
+            _on_engine(event.rank, _engine_remember, self.parameter)
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        if event.step != self.step or event.replay:
+            return
+        if self.kind == "stale_payload" and event.stage == "actor_update" and self._saved:
+            _put_back(self._saved)
+            self._saved = []
+            logger.warning("injected: step %d's actor_update undone on rank %d", self.step, event.rank)
+        elif self.kind != "stale_payload" and event.stage == "update_weights":
+            if self.kind == "engine_keeps":
+                name = _on_engine(event.rank, _engine_put_back)
+                logger.warning("injected: the engine kept %s's old value through sync %d", name, self.step)
+            else:
+                names = _on_engine(event.rank, _engine_scale, self.layer, self.scale)
+                logger.warning(
+                    "injected: %d engine tensors of layer %d scaled by %g", len(names), self.layer, self.scale
+                )
+
+    def describe(self) -> str:
+        return f"a weight-sync fault ({self.kind}) at step {self.step}: for trying weight_sync, never for training"
+
+
+def _local_copies(model: Any) -> list[tuple[Any, Any]]:
+    from torch.distributed.tensor import DTensor
+
+    module = model[0] if isinstance(model, (list, tuple)) else model
+    saved = []
+    for parameter in module.parameters():
+        local = parameter.to_local() if isinstance(parameter, DTensor) else parameter  # FSDP2: this rank's shard
+        saved.append((local, local.detach().clone()))
+    return saved
+
+
+def _put_back(saved: list[tuple[Any, Any]]) -> None:
+    import torch
+
+    with torch.no_grad():
+        for local, values in saved:
+            local.copy_(values)
+
+
+def _on_engine(rank: int, function: Any, *args: Any) -> Any:
+    from .verl_cpu.hf_rollout import run_on_server
+
+    return run_on_server(rank, function, *args)
+
+
+# The engine-side halves run in the server's process, on the HFRolloutServer (Ray's __ray_call__).
+
+
+def _engine_remember(server: Any, parameter: str | None) -> str:
+    import torch
+
+    name = parameter
+    if name is None:
+        name = next(f"{n}.weight" for n, m in server.model.named_modules() if isinstance(m, torch.nn.Linear))
+    server._verl_events_kept = (name, server.model.get_parameter(name).detach().clone())
+    return name
+
+
+def _engine_put_back(server: Any) -> str:
+    import torch
+
+    name, values = server._verl_events_kept
+    with torch.no_grad():
+        server.model.get_parameter(name).copy_(values)
+    return str(name)
+
+
+def _engine_scale(server: Any, layer: int, scale: float) -> list[str]:
+    import torch
+
+    marker = f"layers.{layer}."
+    names = [name for name, _ in server.model.named_parameters() if marker in name]
+    with torch.no_grad():
+        for name in names:
+            server.model.get_parameter(name).mul_(scale)
+    return names

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .formats import anomaly_record, hang_record, mismatch_record, msprobe_layout, timing_log
+from .formats import anomaly_record, hang_record, mismatch_record, msprobe_layout, timing_log, weight_sync_record
 
 __all__ = ["TOOLS", "Holding", "Tool", "add_commands", "command_module", "run_holds"]
 
@@ -81,6 +81,14 @@ TOOLS: tuple[Tool, ...] = (
         mismatch_record,
         "mismatch record file(s)",
         mismatch_record.mismatch_files,
+    ),
+    Tool(
+        "weights",
+        "verl_events.apps.weights",
+        "weight_sync",
+        weight_sync_record,
+        "weight-sync ledger(s)",
+        weight_sync_record.weight_sync_files,
     ),
     Tool("diagnose", "verl_events.apps.diagnose"),
 )

@@ -9,7 +9,9 @@
   after an exception outside any stage;
 * ``hangs.jsonl``: a stage past its deadline (``hang``);
 * the timing logs: a stage that raised on a rank the watchdog did not watch;
-* the sentinel's ``anomalies.jsonl`` (``anomaly``).
+* the sentinel's ``anomalies.jsonl`` (``anomaly``);
+* the weight_sync observer's ledger: each alarm of a sync (``anomaly``, at
+  stage ``update_weights``).
 
 Each reader skips what it cannot read with a sentence in ``warnings``, and
 records of another run (their ``run`` is not the folder's, from
@@ -23,7 +25,7 @@ from typing import Any
 
 from verl_events.layout import owner_of
 
-from ..formats import anomaly_record, hang_record, timing_log
+from ..formats import anomaly_record, hang_record, timing_log, weight_sync_record
 from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
 from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
 
@@ -42,6 +44,7 @@ def gather(run: Path) -> Evidence:
     _hangs(evidence)
     _timing(evidence)
     _anomalies(evidence)
+    _weight_alarms(evidence)
     return evidence
 
 
@@ -119,3 +122,21 @@ def _anomalies(evidence: Evidence) -> None:
                 source=relative(evidence, path),
             )
         )
+
+
+def _weight_alarms(evidence: Evidence) -> None:
+    path = weight_sync_record.weight_sync_log_path(evidence.run)
+    for _, record in records_of(evidence, path, weight_sync_record.SyncRecord.from_json):
+        for alarm in record.alarms:
+            where = f" ({alarm.layer})" if alarm.layer else ""
+            evidence.failures.append(
+                Failure(
+                    "anomaly",
+                    record.rank,
+                    record.time,
+                    f"weight sync alarm {alarm.kind}{where}: {alarm.detail}",
+                    record.step,
+                    weight_sync_record.STAGE,
+                    source=relative(evidence, path),
+                )
+            )

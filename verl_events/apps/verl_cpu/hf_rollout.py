@@ -21,7 +21,7 @@ import os
 import zlib
 from array import array
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 import torch
@@ -36,7 +36,16 @@ from verl_events import stage
 
 from ..formats import mismatch_record
 
-__all__ = ["PREFILL_STAGE", "HFReplica", "HFRolloutServer", "HFServerAdapter", "request_prefill", "server_name"]
+__all__ = [
+    "PREFILL_STAGE",
+    "HFReplica",
+    "HFRolloutServer",
+    "HFServerAdapter",
+    "request_prefill",
+    "request_receipt",
+    "run_on_server",
+    "server_name",
+]
 
 #: The stage the server runs a trainer's sequences in, for the layer profile (docs/mismatch.md).
 PREFILL_STAGE = mismatch_record.ENGINE_STAGE
@@ -168,6 +177,20 @@ class HFRolloutServer:
         self.model.load_state_dict(state_dict, strict=True)
         self.global_steps = global_steps
 
+    async def weight_fingerprints(self) -> dict[str, tuple[str, str]]:
+        """``{name: (dtype, fingerprint)}`` of the weights this server holds, taken here, in
+        the server's own process: the weight_sync observer's receipt (docs/weight-sync.md)."""
+        # Under two names for mypy's sake: see verl_events.apps.formats.
+        if TYPE_CHECKING:
+            from observers.weight_sync.fingerprint import fingerprint
+        else:
+            from verl_events.observers.weight_sync.fingerprint import fingerprint
+
+        return {
+            name: (str(tensor.dtype).removeprefix("torch."), fingerprint(tensor))
+            for name, tensor in self.model.state_dict().items()
+        }
+
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
 
@@ -269,15 +292,32 @@ class HFServerAdapter(BaseRollout):
             await self._server_handle().update_weights.remote(state_dict, global_steps)
 
 
+def _server_for(rank: int) -> Any:
+    """The replica numbered like the rank when there is one (one replica per trainer rank, as
+    with ``tensor_model_parallel_size=1``), else replica 0."""
+    try:
+        return ray.get_actor(server_name(rank))
+    except ValueError:  # Ray's answer for a name no actor has
+        return ray.get_actor(server_name(0))
+
+
+def request_receipt(rank: int) -> dict[str, tuple[str, str]]:
+    """The weight_sync observer's ``receipt_engine`` for this rollout: the fingerprints of the
+    weights that trainer ``rank``'s server holds, computed in the server's process."""
+    held: dict[str, tuple[str, str]] = ray.get(_server_for(rank).weight_fingerprints.remote())
+    return held
+
+
+def run_on_server(rank: int, function: Any, *args: Any) -> Any:
+    """``function(server, *args)`` run in trainer ``rank``'s server process, on the
+    :class:`HFRolloutServer` itself (Ray's ``__ray_call__``); its result."""
+    return ray.get(_server_for(rank).__ray_call__.remote(function, *args))
+
+
 def request_prefill(sequences: list[list[int]], step: int, rank: int) -> None:
     """The mismatch observer's ``prefill_engine`` for this rollout: trainer ``rank``'s
     sequences go to a server, which runs them (:meth:`HFRolloutServer.prefill`).
 
-    The replica numbered like the rank when there is one (one replica per trainer rank, as
-    with ``tensor_model_parallel_size=1``), else replica 0: every replica serves the same
-    weights, synced at the start of the step."""
-    try:
-        server: Any = ray.get_actor(server_name(rank))
-    except ValueError:  # Ray's answer for a name no actor has
-        server = ray.get_actor(server_name(0))
-    ray.get(server.prefill.remote(sequences, step, rank))
+    The replica is :func:`_server_for`'s: every replica serves the same weights, synced at the
+    start of the step."""
+    ray.get(_server_for(rank).prefill.remote(sequences, step, rank))

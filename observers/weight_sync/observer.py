@@ -1,0 +1,257 @@
+"""The weight_sync observer: did the rollout engine get the weights the trainer sent?
+
+Config::
+
+    - name: weight_sync
+      receipt_engine: verl_events.apps.verl_cpu.hf_rollout:request_receipt  # the default; null: no receipt
+
+At every weight sync it selects (verl's ``update_weights`` stage, on every
+trainer rank) it keeps:
+
+* a **manifest** of what the trainer sent, taken as the tensors pass the
+  rollout adapter's ``update_weights`` (:mod:`verl_events._weights`): each
+  tensor's name, shape, dtype, size, a fingerprint (:mod:`.fingerprint`)
+  and its count of NaN and infinite values;
+* a **receipt** of what the engine holds afterwards: ``receipt_engine``, a
+  function ``(rank) -> {name: (dtype, fingerprint)}`` that fingerprints the
+  engine's own weights in the engine's process (for the CPU rollout, its Ray
+  actor);
+* whether the optimizer stepped since the previous sync: an
+  ``actor_update`` ended without error on this rank in between (null when
+  the observer's stages leave ``actor_update`` out).
+
+It judges them (:mod:`.judge`), appends one line per sync and rank to
+``weight_sync.jsonl`` (:mod:`.record`), and sends each alarm as an
+``anomaly`` (stage ``update_weights``, metric ``weight_sync/<kind>``), so an
+armed capture observer starts and trackers and ``verl-events diagnose`` see
+it.  ``verl-events weights RUN`` reads the ledger back.
+
+Passive.  verl runs one sync at a time in a process; the state kept from
+one sync to the next is locked all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from verl_events import AnomalyEvent, ConfigError, InstallContext, Observer, StageEnd, anomaly, prepare_output_dir
+from verl_events._weights import Payload, unwatch, watch
+from verl_events.config import import_target, is_import_path
+from verl_events.layout import run_id
+
+from .._lines import append_line
+from .judge import Entry, Receipt, judge
+from .record import STAGE, SyncRecord, weight_sync_files, weight_sync_log_path
+
+__all__ = ["DEFAULT_RECEIPT_ENGINE", "OPTIMIZER_STAGE", "WeightSyncObserver"]
+
+logger = logging.getLogger("verl_events.weight_sync")
+
+#: The engine the CPU job runs: verl_events' HF rollout server.
+DEFAULT_RECEIPT_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_receipt"
+#: The stage whose end means the optimizer stepped.
+OPTIMIZER_STAGE = "actor_update"
+
+
+class WeightSyncObserver(Observer):
+    """Manifest, receipt and alarms at every selected weight sync (see the module docstring)."""
+
+    passive = True
+    sends_anomalies = True
+    output_noun = "weight-sync ledger(s)"
+
+    def __init__(self, receipt_engine: str | None = DEFAULT_RECEIPT_ENGINE) -> None:
+        if receipt_engine is not None and not is_import_path(receipt_engine):
+            raise ConfigError(
+                f"option receipt_engine: {receipt_engine!r} is not allowed; use an import path like "
+                f"{DEFAULT_RECEIPT_ENGINE!r}, or null for no receipt"
+            )
+        self.receipt_engine = receipt_engine
+        self._receipt: Any = None
+        self._lock = threading.Lock()
+        self._root = Path()
+        self._strict = False
+        self._run: str | None = None
+        self._fingerprint: Any = None
+        self._nonfinite: Any = None
+        # The sync being sent, the last one sent, and this rank's previous sync.
+        self._sending: _Sending | None = None
+        self._sent: _Sending | None = None
+        self._previous: dict[str, Entry] | None = None
+        self._previous_receipt: Receipt | None = None
+        self._stepped = False
+        self._warned_no_payload = False
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        return weight_sync_files(save_path)
+
+    def setup(self, context: InstallContext) -> None:
+        from .fingerprint import fingerprint, nonfinite_count  # torch: only where the observer runs
+
+        self._fingerprint, self._nonfinite = fingerprint, nonfinite_count
+        self._root = Path(context.save_path)
+        self._strict = context.strict
+        prepare_output_dir(self._root)
+        watch(self)
+
+    def close(self) -> None:
+        unwatch(self)
+
+    def describe(self) -> str:
+        receipt = f"the engine's receipt through {self.receipt_engine}" if self.receipt_engine else "no receipt"
+        return f"a manifest of every {STAGE} payload, {receipt}, alarms as anomalies"
+
+    # What passes the rollout adapter (verl_events._weights.PayloadWatcher).
+
+    def began(self, payload: Payload) -> None:
+        with self._lock:
+            self._sending = _Sending(payload)
+
+    def tensor(self, name: str, tensor: Any) -> None:
+        started = time.perf_counter()
+        entry = Entry(
+            shape=tuple(tensor.shape),
+            dtype=str(tensor.dtype).removeprefix("torch."),
+            nbytes=tensor.numel() * tensor.element_size(),
+            fingerprint=self._fingerprint(tensor),
+            nonfinite=self._nonfinite(tensor),
+        )
+        with self._lock:
+            if self._sending is not None:
+                self._sending.manifest[name] = entry
+                self._sending.seconds += time.perf_counter() - started
+
+    def ended(self, payload: Payload, complete: bool) -> None:
+        with self._lock:
+            sending, self._sending = self._sending, None
+            if sending is not None:
+                sending.complete = complete
+                self._sent = sending
+
+    # Stages.
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        if event.stage == OPTIMIZER_STAGE and event.error is None:
+            with self._lock:
+                self._stepped = True
+            return
+        if event.stage != STAGE:
+            return
+        with self._lock:
+            sent, self._sent = self._sent, None
+        if event.error is not None:
+            return  # the sync raised: the timing log and the watchdog say so
+        if sent is None:
+            self._warn_no_payload(event)
+            return
+        self._judge(event, sent)
+
+    def _judge(self, event: StageEnd, sent: _Sending) -> None:
+        started = time.perf_counter()
+        receipt = self._ask_receipt(event.rank)
+        receipt_s = time.perf_counter() - started
+        with self._lock:
+            stepped: bool | None = self._stepped if self._watches_optimizer() else None
+            verdict = judge(
+                sent.manifest,
+                self._previous,
+                receipt,
+                self._previous_receipt,
+                optimizer_stepped=stepped,
+                adapter=sent.payload.adapter,
+            )
+            self._previous, self._previous_receipt, self._stepped = sent.manifest, receipt, False
+        if self._run is None:
+            self._run = run_id()
+        record = SyncRecord(
+            run=self._run,
+            step=event.step if event.step is not None else sent.payload.step,
+            rank=event.rank,
+            time=time.time(),
+            complete=sent.complete,
+            tensors=len(sent.manifest),
+            bytes=sum(entry.nbytes for entry in sent.manifest.values()),
+            adapter=sent.payload.adapter,
+            adapter_tensors=verdict.adapter_tensors,
+            changed=verdict.changed,
+            unchanged=verdict.unchanged,
+            optimizer_stepped=stepped,
+            nonfinite=verdict.nonfinite,
+            receipt=verdict.receipt,
+            alarms=verdict.alarms,
+            seconds={"manifest": round(sent.seconds, 6), "receipt": round(receipt_s, 6)},
+        )
+        append_line(weight_sync_log_path(self._root), record.to_json())
+        for alarm in record.alarms:
+            self._send(record, alarm.kind, alarm.count, alarm.detail)
+
+    def _send(self, record: SyncRecord, kind: str, count: int, detail: str) -> None:
+        found = AnomalyEvent(
+            step=record.step,
+            stage=STAGE,
+            rank=record.rank,
+            metric=f"weight_sync/{kind}",
+            value=float(count),
+            rule=kind,
+            detail=f"weight sync of step {record.step}: {detail}",
+        )
+        logger.warning("weight_sync: rank %d: %s", record.rank, found.detail)
+        try:
+            anomaly.send(STAGE, event=found)
+        except Exception:
+            if self._strict:
+                raise
+            logger.exception("weight_sync: a receiver of the anomaly signal failed for %s", kind)
+
+    def _ask_receipt(self, rank: int) -> Receipt | None:
+        if self.receipt_engine is None:
+            return None
+        try:
+            if self._receipt is None:
+                # Imported at first use, not at setup: the engine's module may be the one whose
+                # import of verl installed the observers (verl_cpu's shim imports hf_rollout).
+                self._receipt = import_target(self.receipt_engine, "option receipt_engine")
+            held = self._receipt(rank)
+        except Exception as exc:
+            if self._strict:
+                raise
+            logger.warning(
+                "weight_sync: no receipt from the engine through %s (%s: %s); the ledger compares what was "
+                "sent only, from now on",
+                self.receipt_engine,
+                type(exc).__name__,
+                exc,
+            )
+            self.receipt_engine = None
+            return None
+        return {str(name): (str(dtype), str(fingerprint)) for name, (dtype, fingerprint) in held.items()}
+
+    def _watches_optimizer(self) -> bool:
+        stages = self.selection.stages
+        return stages is None or OPTIMIZER_STAGE in stages
+
+    def _warn_no_payload(self, event: StageEnd) -> None:
+        if self._warned_no_payload:
+            return
+        self._warned_no_payload = True
+        logger.warning(
+            "weight_sync: rank %d: %s ran at step %s but no tensor passed a rollout adapter's update_weights in "
+            "this process (a checkpoint engine that sends from elsewhere?): nothing to check",
+            event.rank,
+            STAGE,
+            event.step,
+        )
+
+
+class _Sending:
+    """One sync's manifest as the tensors pass."""
+
+    def __init__(self, payload: Payload) -> None:
+        self.payload = payload
+        self.manifest: dict[str, Entry] = {}
+        self.seconds = 0.0
+        self.complete = False

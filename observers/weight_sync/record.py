@@ -1,0 +1,129 @@
+"""The weight-sync ledger, ``{save_path}/weight_sync.jsonl``: one line per sync and rank.
+
+This module owns the format; the ``weight_sync`` observer writes it and
+``verl-events weights`` and ``verl-events diagnose`` read it back, both
+through the names here.  A line is a :class:`SyncRecord`::
+
+    {"run": "ray-0a1b", "step": 2, "rank": 0, "time": 1796025667.1, "complete": true,
+     "tensors": 290, "bytes": 1976131584, "adapter": false, "adapter_tensors": 0,
+     "changed": 290, "unchanged": [], "optimizer_stepped": true, "nonfinite": [],
+     "receipt": {"tensors": 291, "compared": 290, "same_dtype": true,
+                 "missing": [], "differs": [], "not_updated": []},
+     "alarms": [], "seconds": {"manifest": 0.41, "receipt": 0.52}}
+
+``changed`` is how many tensors differ from the previous sync this rank
+sent (null at the first one); ``unchanged`` names the others (at most
+:data:`NAMES_KEPT`).  ``receipt`` is what the engine holds after the sync
+(null without one); each alarm is an :class:`Alarm`.  Lines are appended
+with one ``write`` on an ``O_APPEND`` descriptor, so the ranks' lines never
+interleave.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ALARM_KINDS",
+    "NAMES_KEPT",
+    "STAGE",
+    "WEIGHT_SYNC_LOG",
+    "Alarm",
+    "NotASyncRecord",
+    "SyncRecord",
+    "weight_sync_files",
+    "weight_sync_log_path",
+]
+
+WEIGHT_SYNC_LOG = "weight_sync.jsonl"
+#: The stage a sync runs in (verl_events._verl_transitions.WEIGHT_SYNC).
+STAGE = "update_weights"
+#: Tensor names kept per list in a line: a model has hundreds; the count says how many there were.
+NAMES_KEPT = 20
+
+#: Each alarm's kind, and what it says.
+ALARM_KINDS = {
+    "stale_payload": "the payload did not change although the optimizer stepped",
+    "not_applied": "sent, but the engine holds no tensor of that name",
+    "differs": "the engine's tensor differs from what was sent",
+    "not_updated": "the engine's tensor did not change although the sync changed it",
+    "no_adapter": "LoRA is on but no adapter tensor was sent",
+    "nonfinite": "the payload holds NaN or infinite values",
+}
+
+
+def weight_sync_log_path(save_path: Path) -> Path:
+    return Path(save_path) / WEIGHT_SYNC_LOG
+
+
+def weight_sync_files(save_path: Path) -> list[Path]:
+    """The run's ledger under ``save_path``, if it exists."""
+    log = weight_sync_log_path(save_path)
+    return [log] if log.exists() else []
+
+
+class NotASyncRecord(ValueError):
+    """A line that is not a weight-sync record; the message says what it lacks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alarm:
+    """What went wrong at one sync: ``kind`` (a key of :data:`ALARM_KINDS`), the tensors
+    (at most :data:`NAMES_KEPT` names; ``count`` says how many), the first layer they are
+    in, and a sentence."""
+
+    kind: str
+    tensors: list[str]
+    count: int
+    layer: str | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncRecord:
+    """One sync on one rank (see the module docstring)."""
+
+    run: str
+    step: int | None
+    rank: int
+    time: float
+    complete: bool
+    tensors: int
+    bytes: int
+    adapter: bool
+    adapter_tensors: int
+    changed: int | None
+    unchanged: list[str]
+    optimizer_stepped: bool | None
+    nonfinite: list[str]
+    receipt: dict[str, Any] | None
+    alarms: list[Alarm] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), allow_nan=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> SyncRecord:
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise NotASyncRecord(f"not JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise NotASyncRecord("not a JSON object")
+        missing = [name for name in _REQUIRED if name not in data]
+        if missing:
+            raise NotASyncRecord(f"no {', '.join(missing)}")
+        try:
+            alarms = [Alarm(**alarm) for alarm in data.get("alarms") or []]
+            known = {name: data[name] for name in _FIELDS if name in data and name != "alarms"}
+            return cls(alarms=alarms, **known)
+        except TypeError as exc:
+            raise NotASyncRecord(f"not a weight-sync record ({exc})") from None
+
+
+_FIELDS = tuple(f.name for f in fields(SyncRecord))
+_REQUIRED = tuple(f.name for f in fields(SyncRecord) if f.name not in ("alarms", "seconds"))

@@ -1,0 +1,427 @@
+"""The weight_sync observer on real torch models, without verl (issue 27, part 2).
+
+A sync here is what verl's trainer does, in one process: the trainer's weights pass the
+payload tap (``verl_events._weights.passing``, as the verl bridge puts it around a rollout
+adapter's ``update_weights``) inside an ``update_weights`` stage, and an "engine" model loads
+them.  The engine's receipt is taken from that model by :func:`engine_receipt`, the
+``receipt_engine`` the observer is given.  Each fault really happens to a real tensor: an
+engine that keeps a tensor's old value, a payload sent again after a real optimizer step, an
+engine layer altered after loading, a NaN in the trainer's weights, a LoRA sync (real peft)
+without its adapter.  verl's own trainer carries the same checks in
+tests/test_verl_weight_sync.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import verl_events
+from verl_events import AnomalyEvent, ConfigError, Observer, stage
+from verl_events._weights import Payload, passing, unwatch, watch
+from verl_events.apps.cli import main as verl_events_main
+from verl_events.observers.weight_sync.fingerprint import fingerprint
+from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
+
+#: The engine each trainer rank syncs into, by rank (what request_receipt reaches on the CPU job).
+ENGINES: dict[int, torch.nn.Module] = {}
+
+
+def engine_receipt(rank: int) -> dict[str, tuple[str, str]]:
+    return {
+        name: (str(t.dtype).removeprefix("torch."), fingerprint(t)) for name, t in ENGINES[rank].state_dict().items()
+    }
+
+
+def failing_receipt(rank: int) -> dict[str, tuple[str, str]]:
+    raise ConnectionError("the engine is gone")
+
+
+class Decoder(torch.nn.Module):
+    """Three layers named as in a HF decoder (``model.layers.N...``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(16, 8)
+        self.model.layers = torch.nn.ModuleList(
+            torch.nn.ModuleDict({"q_proj": torch.nn.Linear(8, 8), "up_proj": torch.nn.Linear(8, 8)}) for _ in range(3)
+        )
+        self.lm_head = torch.nn.Linear(8, 16, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            hidden = hidden + torch.tanh(layer["up_proj"](layer["q_proj"](hidden)))
+        return self.lm_head(hidden)
+
+
+class Anomalies(Observer):
+    passive = True
+
+    def __init__(self) -> None:
+        self.heard: list[AnomalyEvent] = []
+
+    def on_anomaly(self, event: AnomalyEvent) -> None:
+        self.heard.append(event)
+
+
+def train_step(model: Decoder, optimizer: Any, step: int) -> None:
+    with stage("actor_update", role="actor", step=step, model=model):
+        ids = torch.arange(12).remainder(16).view(2, 6)
+        loss = model(ids).logsumexp(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def sync(
+    trainer: torch.nn.Module, step: int, *, weights: Any = None, after_loading: Callable[[], None] = lambda: None
+) -> None:
+    """Send ``weights`` (by default the trainer's full state dict) to ``ENGINES[0]``, as verl's
+    naive sync does: one tensor at a time through the adapter, the engine loads them all, then
+    ``after_loading`` runs, still inside the sync."""
+    pairs = weights if weights is not None else ((n, t.detach().clone()) for n, t in trainer.state_dict().items())
+    with stage("update_weights", role="actor", step=step):
+        ENGINES[0].load_state_dict(dict(passing(pairs, Payload(step=step, adapter=False))))
+        after_loading()
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[tuple[Path, Anomalies, Decoder, Any]]:
+    torch.manual_seed(0)
+    trainer = Decoder()
+    ENGINES[0] = Decoder()
+    listener = Anomalies()
+    installed = verl_events.install(
+        {
+            "save_path": str(tmp_path),
+            "observers": [{"name": "weight_sync", "receipt_engine": f"{__name__}:engine_receipt"}],
+        },
+        observers=[listener],
+    )
+    try:
+        yield tmp_path, listener, trainer, torch.optim.SGD(trainer.parameters(), lr=0.1)
+    finally:
+        installed.close()
+        ENGINES.clear()
+
+
+def ledger(save_path: Path) -> list[SyncRecord]:
+    return [SyncRecord.from_json(line) for line in weight_sync_log_path(save_path).read_text().splitlines()]
+
+
+def weights_command(save_path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
+    code = verl_events_main(["weights", str(save_path), *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_fingerprints_are_equal_for_equal_bytes_and_differ_for_any_changed_word() -> None:
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(64, 33, generator=generator)
+    assert fingerprint(weight) == fingerprint(weight.clone())
+    assert fingerprint(weight.t()) == fingerprint(weight.t().contiguous())  # the bytes in logical order
+    for index in (0, 1000, weight.numel() - 1):
+        changed = weight.clone()
+        changed.view(-1)[index] = torch.nextafter(changed.view(-1)[index], torch.tensor(float("inf")))
+        assert fingerprint(changed) != fingerprint(weight), index
+    swapped = weight.clone()
+    swapped.view(-1)[[0, 1]] = swapped.view(-1)[[1, 0]]
+    assert fingerprint(swapped) != fingerprint(weight)  # position counts, not only the values
+    assert fingerprint(weight.to(torch.bfloat16)) != fingerprint(weight)
+    # Sizes that are not a multiple of 8 bytes: the trailing bytes count too.
+    odd = torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16)
+    odd_changed = odd.clone()
+    odd_changed[2] = 4.0
+    assert fingerprint(odd) == fingerprint(odd.clone()) != fingerprint(odd_changed)
+    assert fingerprint(torch.zeros(3, dtype=torch.uint8)) != fingerprint(torch.zeros(4, dtype=torch.uint8))
+
+
+def test_a_healthy_run_of_syncs_has_no_alarm_and_counts_what_changed(
+    run: tuple[Path, Anomalies, Decoder, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_path, listener, trainer, optimizer = run
+    sync(trainer, 0)
+    for step in (1, 2):
+        train_step(trainer, optimizer, step)
+        sync(trainer, step)
+    records = ledger(save_path)
+    names = len(trainer.state_dict())
+    assert [(r.step, r.tensors, r.changed, r.optimizer_stepped) for r in records] == [
+        (0, names, None, False),
+        (1, names, names, True),
+        (2, names, names, True),
+    ]
+    assert all(r.alarms == [] and r.complete for r in records)
+    assert all(r.receipt == {**r.receipt, "tensors": names, "compared": names, "same_dtype": True} for r in records)
+    assert records[0].bytes == sum(t.numel() * t.element_size() for t in trainer.state_dict().values())
+    assert listener.heard == []
+    code, out, _ = weights_command(save_path, capsys)
+    assert code == 0
+    assert "3 sync(s) on 1 rank(s), steps 0-2; no alarms" in out
+    code, out, _ = weights_command(save_path, capsys, "--json")
+    shown = json.loads(out)
+    assert code == 0
+    assert [(s["step"], s["changed"], s["optimizer_stepped"], s["alarms"]) for s in shown["syncs"]] == [
+        (0, None, False, []),
+        (1, names, True, []),
+        (2, names, True, []),
+    ]
+    assert {"tensors", "receipt"} <= shown["syncs"][0].keys()
+
+
+def _keep_old_value(trainer: Decoder, step: int) -> None:
+    name = "model.layers.1.q_proj.weight"
+    old = ENGINES[0].state_dict()[name].clone()
+
+    def keep() -> None:
+        with torch.no_grad():
+            ENGINES[0].get_parameter(name).copy_(old)  # the engine silently kept it
+
+    sync(trainer, step, after_loading=keep)
+
+
+def _resend_previous(trainer: Decoder, step: int, previous: dict[str, Any]) -> None:
+    sync(trainer, step, weights=iter(previous.items()))
+
+
+def _alter_layer(trainer: Decoder, step: int) -> None:
+    def alter() -> None:
+        with torch.no_grad():
+            for name, parameter in ENGINES[0].named_parameters():
+                if name.startswith("model.layers.2."):
+                    parameter.mul_(1.01)
+
+    sync(trainer, step, after_loading=alter)
+
+
+def _nan_in_payload(trainer: Decoder, step: int) -> None:
+    with torch.no_grad():
+        trainer.model.layers[0]["up_proj"].weight[0, 0] = float("nan")
+    sync(trainer, step)
+
+
+def _engine_without_a_tensor(trainer: Decoder, step: int) -> None:
+    """An engine whose model names the output layer otherwise: the sent ``lm_head.weight``
+    has nowhere to go."""
+    engine = ENGINES[0]
+    pairs = [(n, t.detach().clone()) for n, t in trainer.state_dict().items()]
+    with stage("update_weights", role="actor", step=step):
+        received = dict(passing(iter(pairs), Payload(step=step, adapter=False)))
+        engine.output = engine.lm_head
+        del engine.lm_head
+        engine.load_state_dict(received, strict=False)
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind", "tensor", "layer"),
+    [
+        ("keeps", "not_updated", "model.layers.1.q_proj.weight", "layer 1"),
+        ("stale", "stale_payload", "model.embed_tokens.weight", "model.embed_tokens"),
+        ("altered", "differs", "model.layers.2.q_proj.weight", "layer 2"),
+        ("nan", "nonfinite", "model.layers.0.up_proj.weight", "layer 0"),
+        ("missing", "not_applied", "lm_head.weight", "lm_head"),
+    ],
+)
+def test_each_fault_is_one_alarm_naming_the_tensor_and_layer_in_the_ledger_the_bus_and_diagnose(
+    run: tuple[Path, Anomalies, Decoder, Any],
+    capsys: pytest.CaptureFixture[str],
+    fault: str,
+    kind: str,
+    tensor: str,
+    layer: str,
+) -> None:
+    save_path, listener, trainer, optimizer = run
+    sync(trainer, 0)
+    train_step(trainer, optimizer, 1)
+    sync(trainer, 1)
+    previous = {n: t.detach().clone() for n, t in trainer.state_dict().items()}
+    train_step(trainer, optimizer, 2)
+    if fault == "keeps":
+        _keep_old_value(trainer, 2)
+    elif fault == "stale":
+        _resend_previous(trainer, 2, previous)
+    elif fault == "altered":
+        _alter_layer(trainer, 2)
+    elif fault == "nan":
+        _nan_in_payload(trainer, 2)
+    else:
+        _engine_without_a_tensor(trainer, 2)
+    records = ledger(save_path)
+    assert [r.alarms for r in records[:2]] == [[], []]
+    alarms = records[2].alarms
+    assert [a.kind for a in alarms] == [kind], alarms
+    assert alarms[0].tensors[0] == tensor
+    assert alarms[0].layer == layer
+    assert [(e.metric, e.step, e.stage, e.rank) for e in listener.heard] == [
+        (f"weight_sync/{kind}", 2, "update_weights", 0)
+    ]
+    code, out, _ = weights_command(save_path, capsys)
+    assert code == 1
+    assert f"step 2, rank 0: {kind} ({layer}):" in out
+    assert tensor in out
+    code = verl_events_main(["diagnose", str(save_path)])
+    out, _ = capsys.readouterr()
+    assert code == 1
+    assert f"weight sync alarm {kind} ({layer})" in out
+
+
+def test_a_lora_sync_without_adapter_tensors_is_named_and_with_them_is_not(tmp_path: Path) -> None:
+    """A real peft model; what verl's adapter-mode sync sends is peft's adapter state dict
+    (verl's collect_lora_params), which #7495 and verl-omni #608 found empty.  verl's CPU
+    trainer is not run with LoRA here: the check is the observer's, on peft's real names."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model = peft.get_peft_model(Decoder(), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    ENGINES[0] = Decoder()
+    installed = verl_events.install(
+        {"save_path": str(tmp_path), "observers": [{"name": "weight_sync", "receipt_engine": None}]}
+    )
+    try:
+        adapter = peft.get_peft_model_state_dict(model)
+        assert adapter and all("lora_" in name for name in adapter)
+        with stage("update_weights", role="actor", step=1):
+            list(passing(iter(adapter.items()), Payload(step=1, adapter=True)))
+        base_only = {n: t for n, t in model.state_dict().items() if "lora_" not in n}
+        with stage("update_weights", role="actor", step=2):
+            list(passing(iter(base_only.items()), Payload(step=2, adapter=True)))
+    finally:
+        installed.close()
+        ENGINES.clear()
+    first, second = ledger(tmp_path)
+    assert (first.adapter, first.adapter_tensors, first.alarms) == (True, len(adapter), [])
+    assert first.receipt is None
+    assert (second.adapter_tensors, [a.kind for a in second.alarms]) == (0, ["no_adapter"])
+
+
+def test_an_engine_that_gives_no_receipt_is_a_warning_and_the_syncs_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    trainer = Decoder()
+    ENGINES[0] = Decoder()
+    installed = verl_events.install(
+        {
+            "save_path": str(tmp_path),
+            "observers": [{"name": "weight_sync", "receipt_engine": f"{__name__}:failing_receipt"}],
+        }
+    )
+    try:
+        with caplog.at_level(logging.WARNING, "verl_events.weight_sync"):
+            sync(trainer, 0)
+            sync(trainer, 1)
+    finally:
+        installed.close()
+        ENGINES.clear()
+    assert [(r.step, r.receipt, r.alarms) for r in ledger(tmp_path)] == [(0, None, []), (1, None, [])]
+    warned = [r.getMessage() for r in caplog.records if "no receipt" in r.getMessage()]
+    assert len(warned) == 1 and "ConnectionError: the engine is gone" in warned[0]
+
+
+def test_the_tap_hands_every_pair_on_unchanged_and_a_failing_watcher_never_stops_the_sync() -> None:
+    pairs = [("a", torch.ones(2)), ("b", torch.zeros(3))]
+    assert passing(pairs, Payload(1, False)) is pairs  # no watcher: the sender's own iterable
+
+    class Broken:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def began(self, payload: Payload) -> None: ...
+
+        def tensor(self, name: str, tensor: Any) -> None:
+            self.seen.append(name)
+            raise RuntimeError("a watcher's bug")
+
+        def ended(self, payload: Payload, complete: bool) -> None:
+            raise AssertionError("a dropped watcher is not called again")
+
+    class Counting:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+            self.complete: bool | None = None
+
+        def began(self, payload: Payload) -> None: ...
+
+        def tensor(self, name: str, tensor: Any) -> None:
+            self.seen.append(name)
+
+        def ended(self, payload: Payload, complete: bool) -> None:
+            self.complete = complete
+
+    broken, counting = Broken(), Counting()
+    watch(broken)
+    watch(counting)
+    try:
+        assert list(passing(iter(pairs), Payload(1, False))) == pairs
+        assert (broken.seen, counting.seen, counting.complete) == (["a"], ["a", "b"], True)
+
+        async def pairs_async() -> Any:
+            for pair in pairs:
+                yield pair
+
+        async def drain() -> list[Any]:
+            return [pair async for pair in passing(pairs_async(), Payload(2, False))]
+
+        counting.seen = []
+        assert asyncio.run(drain()) == pairs
+        assert counting.seen == ["a", "b"]
+        stopped = passing(iter(pairs), Payload(3, False))
+        next(stopped)
+        stopped.close()  # the sender stopped after the first tensor
+        assert counting.complete is False
+    finally:
+        unwatch(broken)
+        unwatch(counting)
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"receipt_engine": "my engine.py"}, "option receipt_engine: 'my engine.py' is not allowed"),
+        ({"receipt_engine": 3}, "option receipt_engine: 3 is not allowed; use a string or null"),
+    ],
+)
+def test_bad_options_are_refused_by_name(tmp_path: Path, options: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "weight_sync", **options}]})
+
+
+def test_weights_says_what_is_wrong_with_its_input(
+    run: tuple[Path, Anomalies, Decoder, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    save_path, _, trainer, optimizer = run
+    empty = tmp_path_factory.mktemp("empty")
+    code, _, err = weights_command(empty, capsys)
+    assert code == 2
+    assert "has no weight_sync.jsonl: no weight_sync observer watched this run; add '- name: weight_sync'" in err
+    code, _, err = weights_command(empty / "nowhere", capsys)
+    assert (code, "is not a directory" in err) == (2, True)
+
+    sync(trainer, 0)
+    train_step(trainer, optimizer, 1)
+    sync(trainer, 1)
+    log = weight_sync_log_path(save_path)
+    whole = log.read_text()
+    log.write_text(whole + whole.splitlines()[-1][:40])  # a line cut short by a process that died writing it
+    code, out, err = weights_command(save_path, capsys)
+    assert code == 0
+    assert "2 sync(s)" in out
+    assert f"{log}:3: not a weight-sync record (not JSON" in err
+
+    other = tmp_path_factory.mktemp("other")
+    (other / "run.json").write_text(json.dumps({"run_id": "run-another"}))
+    (other / log.name).write_text(whole)
+    code, _, err = weights_command(other, capsys)
+    assert code == 2
+    assert "holds no sync of run run-another: every record is of another run (run-" in err

@@ -1,0 +1,133 @@
+"""The weights a sync sends, as they pass from the trainer to the rollout engine.
+
+verl hands a rollout adapter the sync's tensors as a generator of
+``(name, tensor)`` pairs (``update_weights(weights, ...)``), each one made
+when it is asked for and dropped once the adapter sent it.  The verl bridge
+passes that generator through :func:`passing`, so a watcher (the
+``weight_sync`` observer) sees every pair on its way without holding the
+payload: each pair is shown to the watchers, then handed on unchanged.
+
+With no watcher, :func:`passing` returns the generator itself: the sync
+costs nothing more.  A watcher that raises is logged and left out for the
+rest of that sync; the sync goes on.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["Payload", "PayloadWatcher", "passing", "unwatch", "watch"]
+
+logger = logging.getLogger("verl_events.weights")
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """What a sync says about itself besides its tensors.
+
+    ``step`` is verl's ``global_steps`` (None when the caller gave none);
+    ``adapter`` is True when the sync carries a LoRA ``peft_config``, that
+    is, when adapter tensors are expected.
+    """
+
+    step: int | None
+    adapter: bool
+
+
+class PayloadWatcher(Protocol):
+    """Sees one sync's tensors: ``began``, then ``tensor`` once per pair, then ``ended``
+    (``complete`` False when the sender stopped before the last pair)."""
+
+    def began(self, payload: Payload) -> None: ...
+
+    def tensor(self, name: str, tensor: Any) -> None: ...
+
+    def ended(self, payload: Payload, complete: bool) -> None: ...
+
+
+_watchers: list[PayloadWatcher] = []
+_lock = threading.Lock()
+
+
+def watch(watcher: PayloadWatcher) -> None:
+    """Show every sync from now on to ``watcher``."""
+    with _lock:
+        if watcher not in _watchers:
+            _watchers.append(watcher)
+
+
+def unwatch(watcher: PayloadWatcher) -> None:
+    with _lock:
+        if watcher in _watchers:
+            _watchers.remove(watcher)
+
+
+def passing(weights: Any, payload: Payload) -> Any:
+    """``weights`` (an iterable or async iterable of ``(name, tensor)``), shown to the watchers as it passes."""
+    with _lock:
+        watchers = list(_watchers)
+    if not watchers:
+        return weights
+    if isinstance(weights, AsyncIterable):
+        return _passing_async(weights, payload, watchers)
+    return _passing(weights, payload, watchers)
+
+
+def _passing(weights: Iterable[tuple[str, Any]], payload: Payload, watchers: list[PayloadWatcher]) -> Iterator[Any]:
+    showing = _Showing(payload, watchers)
+    complete = False
+    try:
+        for pair in weights:
+            showing.tensor(pair)
+            yield pair
+        complete = True
+    finally:
+        showing.ended(complete)
+
+
+async def _passing_async(
+    weights: AsyncIterable[tuple[str, Any]], payload: Payload, watchers: list[PayloadWatcher]
+) -> AsyncIterator[Any]:
+    showing = _Showing(payload, watchers)
+    complete = False
+    try:
+        async for pair in weights:
+            showing.tensor(pair)
+            yield pair
+        complete = True
+    finally:
+        showing.ended(complete)
+
+
+class _Showing:
+    """One sync shown to its watchers; a watcher that raises is dropped from it."""
+
+    def __init__(self, payload: Payload, watchers: list[PayloadWatcher]) -> None:
+        self.payload = payload
+        self.watchers = [w for w in watchers if self._call(w, "began", payload)]
+
+    def tensor(self, pair: Any) -> None:
+        try:
+            name, tensor = pair
+        except (TypeError, ValueError):
+            return  # not a (name, tensor) pair: the sender's business, not ours
+        self.watchers = [w for w in self.watchers if self._call(w, "tensor", name, tensor)]
+
+    def ended(self, complete: bool) -> None:
+        for watcher in self.watchers:
+            self._call(watcher, "ended", self.payload, complete)
+
+    @staticmethod
+    def _call(watcher: PayloadWatcher, hook: str, *args: Any) -> bool:
+        try:
+            getattr(watcher, hook)(*args)
+        except Exception:  # a watcher must never stop the sync
+            logger.exception(
+                "verl_events: %r failed in %s of the weight sync; it sees no more of this sync", watcher, hook
+            )
+            return False
+        return True

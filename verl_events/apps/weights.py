@@ -1,0 +1,161 @@
+"""``verl-events weights RUN``: every weight sync of a run, what changed, what the engine holds, the alarms.
+
+Reads the ``weight_sync`` observer's ledger (``weight_sync.jsonl``, format
+owner :mod:`verl_events.observers.weight_sync.record`): one row per sync and
+rank, then each alarm with the tensors and the layer it names.  ``--json``
+prints ``{"run", "syncs": [{"step", "rank", "tensors", "changed",
+"optimizer_stepped", "receipt", "alarms": [{"kind", "tensors", "layer",
+"detail"}], ...}], "warnings"}``.
+
+A line that is not a record (cut short by a process that died while writing
+it) and a record of another run (its ``run`` is not the folder's, from
+``run.json``) are skipped with a warning.
+
+Exit codes: 0 no alarm, 1 an alarm, 2 bad input (no such folder, no ledger,
+no record of this run in it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_events.layout import owner_of
+
+from .formats import weight_sync_record
+from .jsonl import read_log
+
+__all__ = ["WeightsInputError", "add_command", "command", "read_syncs"]
+
+
+class WeightsInputError(ValueError):
+    """The run cannot be read; the message says why and what to do."""
+
+
+@dataclass(slots=True)
+class Syncs:
+    run: Path
+    records: list[Any]  # weight_sync_record.SyncRecord, by step then rank
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def alarms(self) -> list[tuple[Any, Any]]:
+        """(record, alarm) for every alarm, in step and rank order."""
+        return [(record, alarm) for record in self.records for alarm in record.alarms]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run": str(self.run),
+            "syncs": [asdict(record) for record in self.records],
+            "warnings": self.warnings,
+        }
+
+
+def read_syncs(run: Path) -> Syncs:
+    """The ledger's records of this run (see the module docstring)."""
+    if not run.is_dir():
+        raise WeightsInputError(f"{run} is not a directory; give the run's save_path")
+    path = weight_sync_record.weight_sync_log_path(run)
+    try:
+        log = read_log(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WeightsInputError(f"{path} cannot be read: {exc}") from None
+    if not log.lines:
+        raise WeightsInputError(
+            f"{run} has no {weight_sync_record.WEIGHT_SYNC_LOG}: no weight_sync observer watched this run; "
+            "add '- name: weight_sync' to its observers (docs/weight-sync.md)"
+        )
+    syncs = Syncs(run, [])
+    this_run = owner_of(run)
+    others: set[str] = set()
+
+    def skipped(number: int, exc: Exception) -> None:
+        syncs.warnings.append(f"{path}:{number}: not a weight-sync record ({exc}); skipped")
+
+    for number, record in log.records(weight_sync_record.SyncRecord.from_json, skipped):
+        if this_run is not None and record.run != this_run:
+            others.add(record.run)
+            syncs.warnings.append(
+                f"{path}:{number}: a record of run {record.run!r}, and this folder is run {this_run!r}; skipped"
+            )
+            continue
+        syncs.records.append(record)
+    if not syncs.records:
+        why = f"every record is of another run ({', '.join(sorted(others))})" if others else "no line is a record"
+        raise WeightsInputError(f"{path} holds no sync of run {this_run or run}: {why}")
+    syncs.records.sort(key=lambda r: (r.step if r.step is not None else -1, r.rank, r.time))
+    return syncs
+
+
+def render(syncs: Syncs) -> str:
+    records = syncs.records
+    ranks = len({r.rank for r in records})
+    steps = [r.step for r in records if r.step is not None]
+    span = f"steps {min(steps)}-{max(steps)}" if steps else "steps unknown"
+    alarms = syncs.alarms
+    lines = [
+        f"run {syncs.run}: {len(records)} sync(s) on {ranks} rank(s), {span}; "
+        f"{len(alarms) or 'no'} alarm{'' if len(alarms) == 1 else 's'}",
+        "",
+        f"{'step':>4}  {'rank':>4}  {'tensors':>7}  {'MB':>8}  {'changed':>7}  {'stepped':>7}  {'receipt':<22}  alarms",
+    ]
+    for r in records:
+        changed = "-" if r.changed is None else str(r.changed)
+        stepped = {True: "yes", False: "no", None: "?"}[r.optimizer_stepped]
+        kinds = ", ".join(alarm.kind for alarm in r.alarms) or "-"
+        lines.append(
+            f"{_step(r.step):>4}  {r.rank:>4}  {r.tensors:>7}  {r.bytes / 1e6:>8.1f}  {changed:>7}  "
+            f"{stepped:>7}  {_receipt(r.receipt):<22}  {kinds}"
+        )
+    if alarms:
+        lines += ["", "alarms:"]
+        for record, alarm in alarms:
+            where = f" ({alarm.layer})" if alarm.layer else ""
+            lines.append(f"  step {_step(record.step)}, rank {record.rank}: {alarm.kind}{where}: {alarm.detail}")
+            shown = alarm.tensors[:5]
+            if shown:
+                more = f" and {alarm.count - len(shown)} more" if alarm.count > len(shown) else ""
+                lines.append(f"    tensors: {', '.join(shown)}{more}")
+    return "\n".join(lines)
+
+
+def _step(step: int | None) -> str:
+    return "?" if step is None else str(step)
+
+
+def _receipt(receipt: dict[str, Any] | None) -> str:
+    if receipt is None:
+        return "none"
+    wrong = sum(len(receipt.get(key) or ()) for key in ("missing", "differs", "not_updated"))
+    if wrong:
+        return f"{wrong} wrong of {receipt['tensors']}"
+    how = "bytes match" if receipt.get("same_dtype", True) else "changes match"
+    return f"{receipt['tensors']} held, {how}"
+
+
+def add_command(commands: Any) -> None:
+    """Add ``weights`` to the ``verl-events`` parser's subcommands."""
+    parser = commands.add_parser(
+        "weights",
+        help="every weight sync: what was sent, what changed, what the engine holds, the alarms "
+        "(exit 0 none, 1 an alarm, 2 bad input)",
+    )
+    parser.add_argument("run", help=f"the run's save_path (holding {weight_sync_record.WEIGHT_SYNC_LOG})")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(run_command=command)
+
+
+def command(args: Any) -> int:
+    """``verl-events weights RUN [--json]``; the exit code (see the module docstring)."""
+    try:
+        syncs = read_syncs(Path(args.run))
+    except WeightsInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in syncs.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    print(json.dumps(syncs.as_json(), indent=1, allow_nan=False) if args.json else render(syncs))
+    return 1 if syncs.alarms else 0
