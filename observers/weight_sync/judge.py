@@ -94,6 +94,7 @@ def judge(
                     f"none of the {len(manifest)} tensors changed since the previous sync, although "
                     "actor_update ran in between: the engine got the weights it already had "
                     "(expected only if verl skipped the optimizer step, for a grad_norm that was not finite)",
+                    whole=True,
                 )
             )
     summary = None
@@ -165,12 +166,15 @@ def _differ(entry: Entry, before: Entry | None) -> bool:
     )
 
 
-def _alarm(kind: str, tensors: list[str], detail: str) -> Alarm:
+def _alarm(kind: str, tensors: list[str], detail: str, *, whole: bool = False) -> Alarm:
+    """An alarm about ``tensors``, in the layer of the first; ``whole``: about the whole
+    payload, which no one layer stands for."""
     assert kind in ALARM_KINDS
     count = len(tensors)
-    if count > 1:
+    if count > 1 and not whole:
         detail += f" ({count} tensors{_in_layers(tensors)})"
-    return Alarm(kind, tensors[:NAMES_KEPT], count, layer_of(tensors[0]) if tensors else None, detail)
+    layer = layer_of(tensors[0]) if tensors and not whole else None
+    return Alarm(kind, tensors[:NAMES_KEPT], count, layer, detail)
 
 
 def _in_layers(tensors: list[str]) -> str:
