@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("torch")  # verl's real trainer
 pytest.importorskip("verl")
 
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
+from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
 
 from .support import REPO, DocCommand, doc_blocks, doc_commands, on, read_margins, tensorboard_scalars
 
@@ -74,6 +76,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     plugin, hook = tmp_path_factory.mktemp("plugin"), tmp_path_factory.mktemp("hook")
     for root in (plugin, hook):
         write_doc_config(root)
+    # The plugin run also checks every weight sync: the healthy control of tests/test_verl_weight_sync.py.
+    with_weight_sync = yaml.safe_load((plugin / "observers.yaml").read_text())
+    with_weight_sync["observers"].append({"name": "weight_sync", "canary": True})
+    (plugin / "observers.yaml").write_text(yaml.safe_dump(with_weight_sync))
     (switch,) = doc_commands("VERL_EVENTS_CONFIG=/shared/observers.yaml", without="+ray_kwargs")
     # This run also saves a checkpoint every step, for its transition stages, in a folder of its
     # own: verl resumes from what it finds in the default one (resume_mode: auto).
@@ -138,6 +144,34 @@ def test_every_transition_stage_is_timed_every_step_with_its_step(runs: Runs) ->
     assert sorted(p.name for p in (runs.plugin / "checkpoints").glob("global_step_*")) == [
         f"global_step_{step}" for step in steps["save_checkpoint"]
     ]
+
+
+def test_every_healthy_sync_is_in_the_ledger_with_the_engines_receipt_and_no_alarm(
+    runs: Runs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The control for the weight_sync observer's alarms: verl's healthy run, every sync
+    (step 0's starting weights, then one after each step) sent, received and held, and the
+    canary's forward on both sides within its tolerances: no alarm."""
+    save_path = runs.plugin / "profile"
+    lines = weight_sync_log_path(save_path).read_text().splitlines()
+    records = [SyncRecord.from_json(line) for line in lines]
+    assert [(r.step, r.rank, r.optimizer_stepped) for r in records] == [
+        (0, 0, False),
+        (1, 0, True),
+        (2, 0, True),
+        (3, 0, True),
+    ]
+    assert all(r.alarms == [] and r.nonfinite == [] for r in records), [r.alarms for r in records]
+    for record in records:
+        assert record.receipt is not None, record
+        assert (record.receipt["compared"], record.receipt["same_dtype"]) == (record.tensors, True), record
+        # The canary at every sync: the first is the baseline, the others within its tolerances.
+        assert record.canary is not None and record.canary["first_layer"] is None, record
+    assert [r.canary["tolerance"] is None for r in records if r.canary] == [True, False, False, False]
+    # An optimizer step changes every tensor it sends (a tied lm_head included).
+    assert [r.changed for r in records] == [None, *(r.tensors for r in records[1:])]
+    assert verl_events_main(["weights", str(save_path)]) == 0
+    assert "4 sync(s) on 1 rank(s), steps 0-3; no alarms" in capsys.readouterr().out
 
 
 def test_report_reads_the_run(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:

@@ -69,7 +69,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     save_path = root / "profile"
     # weight_sync first: a fault's end hook then runs before the observer's (end hooks run in
     # reverse order), so the fault is in place when the receipt is taken.
-    config = {"save_path": str(save_path), "observers": [{"name": "weight_sync"}, *FAULTS]}
+    config = {"save_path": str(save_path), "observers": [{"name": "weight_sync", "canary": True}, *FAULTS]}
     (root / "weight_sync.yaml").write_text(json.dumps(config, indent=1))
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(root / "weight_sync.yaml")}
@@ -94,6 +94,9 @@ def test_every_sync_of_both_ranks_is_in_the_ledger_with_its_receipt(run: Run) ->
         # The engine holds the trainer's dtype (rollout.dtype=float32): every sent tensor's bytes compared.
         assert record.receipt is not None and record.receipt["same_dtype"], record
         assert record.receipt["compared"] + len(record.receipt["not_updated"]) == record.tensors, record
+        # The canary on both ranks at every sync (a collective forward under FSDP); step 0 is the baseline.
+        assert record.canary is not None, record
+        assert (record.canary["tolerance"] is None) is (step == 0), record
     assert records[(0, 0)].changed is None
     assert all(records[(1, rank)].changed == records[(1, rank)].tensors for rank in (0, 1))
 
@@ -107,22 +110,31 @@ def test_each_fault_is_one_alarm_naming_its_tensor_or_layer_and_every_other_sync
     assert alarms.pop((1, 0)) == [("not_updated", "layer 0", KEPT)]
     stale = [alarms.pop((2, rank)) for rank in (0, 1)]
     assert [[kind for kind, _, _ in found] for found in stale] == [["stale_payload"], ["stale_payload"]]
-    ((kind, layer, tensor),) = alarms.pop((3, 1))
+    # The altered layer: by name (its bytes differ from what was sent), and by the canary,
+    # which needs no name: the engine's output departs from the trainer's at layer 1.
+    (kind, layer, tensor), canary = alarms.pop((3, 1))
     assert (kind, layer) == ("differs", "layer 1")
     assert tensor is not None and tensor.startswith("model.layers.1.")
+    assert canary == ("canary", "layer 1", None)
     assert alarms == {}
 
 
 def test_weights_and_diagnose_name_the_first_alarm(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
     assert verl_events_main(["weights", str(run.save_path)]) == 1
     out = capsys.readouterr().out
-    assert "8 sync(s) on 2 rank(s), steps 0-3; 4 alarms" in out
+    assert "8 sync(s) on 2 rank(s), steps 0-3; 5 alarms" in out
     assert f"step 1, rank 0: not_updated (layer 0): {KEPT} changed in the payload" in out
     assert "step 3, rank 1: differs (layer 1)" in out
+    assert "step 3, rank 1: canary (layer 1): the engine's forward of the canary sequences departs" in out
     assert verl_events_main(["weights", str(run.save_path), "--json"]) == 1
     shown = json.loads(capsys.readouterr().out)
     kinds = [(s["step"], s["rank"], [a["kind"] for a in s["alarms"]]) for s in shown["syncs"] if s["alarms"]]
-    assert kinds == [(1, 0, ["not_updated"]), (2, 0, ["stale_payload"]), (2, 1, ["stale_payload"]), (3, 1, ["differs"])]
+    assert kinds == [
+        (1, 0, ["not_updated"]),
+        (2, 0, ["stale_payload"]),
+        (2, 1, ["stale_payload"]),
+        (3, 1, ["differs", "canary"]),
+    ]
     assert verl_events_main(["diagnose", str(run.save_path)]) == 1
     out = capsys.readouterr().out
     assert "first anomaly:" in out

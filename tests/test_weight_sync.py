@@ -426,3 +426,95 @@ def test_weights_says_what_is_wrong_with_its_input(
     code, _, err = weights_command(other, capsys)
     assert code == 2
     assert "holds no sync of run run-another: every record is of another run (run-" in err
+
+
+def engine_canary(rank: int, ids: list[list[int]]) -> Any:
+    from verl_events.observers.weight_sync.canary import forward
+
+    return forward(ENGINES[rank], ids)
+
+
+def tiny_qwen2() -> Any:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def canary_run(save_path: Path, receipt: bool, faults: dict[int, Callable[[], None]]) -> list[SyncRecord]:
+    """Syncs 0-3 of a real (tiny) Qwen2, with a real AdamW step before each after the first;
+    ``faults[step]`` runs on the engine after it loaded that sync."""
+    torch.manual_seed(0)
+    trainer = tiny_qwen2()
+    ENGINES[0] = tiny_qwen2()
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-4)
+    receipt_engine = f"{__name__}:engine_receipt" if receipt else None
+    options = {"receipt_engine": receipt_engine, "canary": True, "canary_engine": f"{__name__}:engine_canary"}
+    installed = verl_events.install({"save_path": str(save_path), "observers": [{"name": "weight_sync", **options}]})
+    try:
+        for step in range(4):
+            if step:
+                ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(step))
+                with stage("actor_update", role="actor", step=step, model=trainer):
+                    loss = trainer(input_ids=ids, labels=ids).loss
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            pairs = ((n, t.detach().clone()) for n, t in trainer.state_dict().items())
+            with stage("update_weights", role="actor", step=step, model=trainer):
+                ENGINES[0].load_state_dict(dict(passing(pairs, Payload(step=step, adapter=False))))
+                faults.get(step, lambda: None)()
+    finally:
+        installed.close()
+        ENGINES.clear()
+    return ledger(save_path)
+
+
+def _scale_engine_layer(layer: int) -> Callable[[], None]:
+    def scale() -> None:
+        with torch.no_grad():
+            for name, parameter in ENGINES[0].named_parameters():
+                if name.startswith(f"model.layers.{layer}."):
+                    parameter.mul_(1.01)
+
+    return scale
+
+
+def test_the_canary_is_quiet_on_healthy_syncs_and_names_the_layer_an_engine_fault_enters(tmp_path: Path) -> None:
+    healthy, faulty = (
+        canary_run(tmp_path / "healthy", True, {}),
+        canary_run(tmp_path / "faulty", True, {2: _scale_engine_layer(1)}),
+    )
+    assert [r.alarms for r in healthy] == [[], [], [], []]
+    assert [r.canary and r.canary["tolerance"] for r in healthy] == [None, 1e-3, 1e-3, 1e-3]
+    assert all(r.canary and r.canary["max"] <= 1e-3 for r in healthy)
+    kinds = [[(a.kind, a.layer) for a in r.alarms] for r in faulty]
+    assert kinds == [[], [], [("differs", "layer 1"), ("canary", "layer 1")], []]
+    check = faulty[2].canary
+    assert check is not None and check["first_layer"] == "layer 1"
+    assert check["layers"][0] <= 1e-3 < check["layers"][1]  # layer 0 untouched, layer 1 off
+
+
+def test_without_names_to_compare_the_canary_alone_finds_the_fault(tmp_path: Path) -> None:
+    """An engine whose weights cannot be compared by name (vLLM fuses q, k and v): no receipt,
+    and the canary still names the layer."""
+    records = canary_run(tmp_path, False, {3: _scale_engine_layer(2)})
+    assert [r.receipt for r in records] == [None] * 4
+    assert [[(a.kind, a.layer) for a in r.alarms] for r in records] == [[], [], [], [("canary", "layer 2")]]
+
+
+def test_the_canary_refuses_a_ranks_selection_and_a_bad_tolerance(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"must select every rank, not ranks \[0\]; drop its ranks"):
+        verl_events.install(
+            {"save_path": str(tmp_path), "observers": [{"name": "weight_sync", "canary": True, "ranks": [0]}]}
+        )
+    with pytest.raises(ConfigError, match="option canary_tolerance: 0 is not allowed; use a number of nats > 0"):
+        verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "weight_sync", "canary_tolerance": 0}]})

@@ -45,7 +45,7 @@ from typing import Any
 
 from ._emit import stage
 from ._errors import ConfigError
-from ._resolve import check_step
+from ._resolve import check_step, find_model
 from ._stack import open_stages
 from ._weights import Payload, passing
 
@@ -98,6 +98,7 @@ def weight_sync(
 ) -> Callable[..., Any]:
     """The worker's ``update_weights(global_steps=N, ...)`` as the ``update_weights`` stage of step N.
 
+    The stage's model is the worker's actor model, whose weights the sync sends.
     ``before(N)`` runs first (what runs inside the sync belongs to step N),
     ``after(N)`` once it returned (the stages that follow belong to N + 1);
     ``after(None)`` when it raised.
@@ -112,7 +113,7 @@ def weight_sync(
             before(step)
             done: int | None = None
             try:
-                with stage(WEIGHT_SYNC, role="actor", step=step):
+                with stage(WEIGHT_SYNC, role="actor", step=step, model=_actor_model(args)):
                     result = await update_weights(*args, **kwargs)
                 done = step
             finally:
@@ -127,7 +128,7 @@ def weight_sync(
         before(step)
         done: int | None = None
         try:
-            with stage(WEIGHT_SYNC, role="actor", step=step):
+            with stage(WEIGHT_SYNC, role="actor", step=step, model=_actor_model(args)):
                 result = update_weights(*args, **kwargs)
             done = step
         finally:
@@ -135,6 +136,11 @@ def weight_sync(
         return result
 
     return sync
+
+
+def _actor_model(args: tuple[Any, ...]) -> Any:
+    """The worker's actor model (what the sync sends), found as for the actor's compute stages."""
+    return find_model(args[0], "actor")[0] if args else None
 
 
 def checkpoint(name: str, method: Callable[..., Any]) -> Callable[..., Any]:

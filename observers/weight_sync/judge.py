@@ -14,7 +14,7 @@ from typing import Any
 
 from .record import ALARM_KINDS, NAMES_KEPT, Alarm
 
-__all__ = ["Entry", "Judgement", "Receipt", "judge", "layer_of"]
+__all__ = ["Entry", "Judgement", "Receipt", "canary_alarm", "judge", "layer_of"]
 
 #: Adapter tensors, as peft names them (``...q_proj.lora_A.weight``).
 _ADAPTER = "lora_"
@@ -109,6 +109,21 @@ def judge(
         receipt=summary,
         alarms=alarms,
     )
+
+
+def canary_alarm(check: Any) -> Alarm:
+    """The alarm of a canary check past a tolerance (a :class:`.canary.CanaryCheck`)."""
+    layer = check.first_layer if check.first_layer and check.first_layer.startswith("layer ") else None
+    if layer is not None:
+        index = int(layer.removeprefix("layer "))
+        detail = (
+            f"the engine's forward of the canary sequences departs from the trainer's at {layer}: relative error "
+            f"{check.layers[index]:.3g}, tolerance {check.layer_tolerances[index]:.3g}; "
+        )
+    else:
+        detail = f"the engine's canary log-probs depart from the trainer's {check.first_layer or ''}: "
+    detail += f"|Δ log p| up to {check.max:.3g} nats (tolerance {check.tolerance:.3g})"
+    return Alarm("canary", [], 0, layer, detail)
 
 
 def _check_receipt(

@@ -4,6 +4,9 @@ Config::
 
     - name: weight_sync
       receipt_engine: verl_events.apps.verl_cpu.hf_rollout:request_receipt  # the default; null: no receipt
+      canary: false            # true: also the canary, on every rank (see below)
+      canary_tolerance: 0.001  # the smallest |Δ log p| (nats) that is past the tolerance
+      canary_engine: verl_events.apps.verl_cpu.hf_rollout:request_canary    # the default
 
 At every weight sync it selects (verl's ``update_weights`` stage, on every
 trainer rank) it keeps:
@@ -18,7 +21,13 @@ trainer rank) it keeps:
   actor);
 * whether the optimizer stepped since the previous sync: an
   ``actor_update`` ended without error on this rank in between (null when
-  the observer's stages leave ``actor_update`` out).
+  the observer's stages leave ``actor_update`` out);
+* with ``canary: true``, the canary (:mod:`.canary`): a few fixed sequences
+  through the trainer's actor model (the stage's model) and through the
+  engine's (``canary_engine``, a function ``(rank, ids) -> canary.Side``
+  run in the engine's process), compared log-prob by log-prob and layer by
+  layer.  Under FSDP the trainer's forward gathers weights from every rank:
+  every rank runs it, so the canary refuses a ``ranks`` selection.
 
 It judges them (:mod:`.judge`), appends one line per sync and rank to
 ``weight_sync.jsonl`` (:mod:`.record`), and sends each alarm as an
@@ -33,10 +42,11 @@ one sync to the next is locked all the same.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_events import AnomalyEvent, ConfigError, InstallContext, Observer, StageEnd, anomaly, prepare_output_dir
 from verl_events._weights import Payload, unwatch, watch
@@ -44,15 +54,19 @@ from verl_events.config import import_target, is_import_path
 from verl_events.layout import run_id
 
 from .._lines import append_line
-from .judge import Entry, Receipt, judge
+from .judge import Entry, Receipt, canary_alarm, judge
 from .record import STAGE, SyncRecord, weight_sync_files, weight_sync_log_path
 
-__all__ = ["DEFAULT_RECEIPT_ENGINE", "OPTIMIZER_STAGE", "WeightSyncObserver"]
+if TYPE_CHECKING:
+    from .canary import CanaryCheck
+
+__all__ = ["DEFAULT_CANARY_ENGINE", "DEFAULT_RECEIPT_ENGINE", "OPTIMIZER_STAGE", "WeightSyncObserver"]
 
 logger = logging.getLogger("verl_events.weight_sync")
 
 #: The engine the CPU job runs: verl_events' HF rollout server.
 DEFAULT_RECEIPT_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_receipt"
+DEFAULT_CANARY_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_canary"
 #: The stage whose end means the optimizer stepped.
 OPTIMIZER_STAGE = "actor_update"
 
@@ -64,14 +78,36 @@ class WeightSyncObserver(Observer):
     sends_anomalies = True
     output_noun = "weight-sync ledger(s)"
 
-    def __init__(self, receipt_engine: str | None = DEFAULT_RECEIPT_ENGINE) -> None:
+    def __init__(
+        self,
+        receipt_engine: str | None = DEFAULT_RECEIPT_ENGINE,
+        canary: bool = False,
+        canary_tolerance: float = 1e-3,
+        canary_engine: str = DEFAULT_CANARY_ENGINE,
+    ) -> None:
         if receipt_engine is not None and not is_import_path(receipt_engine):
             raise ConfigError(
                 f"option receipt_engine: {receipt_engine!r} is not allowed; use an import path like "
                 f"{DEFAULT_RECEIPT_ENGINE!r}, or null for no receipt"
             )
+        if not is_import_path(canary_engine):
+            raise ConfigError(
+                f"option canary_engine: {canary_engine!r} is not allowed; use an import path like "
+                f"{DEFAULT_CANARY_ENGINE!r}"
+            )
+        if isinstance(canary_tolerance, bool) or not (
+            isinstance(canary_tolerance, int | float) and 0 < canary_tolerance < math.inf
+        ):
+            raise ConfigError(
+                f"option canary_tolerance: {canary_tolerance!r} is not allowed; use a number of nats > 0, such as 0.001"
+            )
         self.receipt_engine = receipt_engine
+        self.canary = canary
+        self.canary_tolerance = float(canary_tolerance)
+        self.canary_engine: str | None = canary_engine
         self._receipt: Any = None
+        self._canary: Any = None
+        self._baseline: Any = None  # this rank's first canary check
         self._lock = threading.Lock()
         self._root = Path()
         self._strict = False
@@ -93,6 +129,12 @@ class WeightSyncObserver(Observer):
         from .fingerprint import fingerprint, nonfinite_count  # torch: only where the observer runs
 
         self._fingerprint, self._nonfinite = fingerprint, nonfinite_count
+        if self.canary and self.selection.ranks is not None:
+            raise ConfigError(
+                f"option canary: the canary runs the trainer's forward on every rank at once (under FSDP each "
+                f"rank gathers weights from the others), so weight_sync with canary: true must select every rank, "
+                f"not ranks {sorted(self.selection.ranks)}; drop its ranks, or set canary: false"
+            )
         self._root = Path(context.save_path)
         self._strict = context.strict
         prepare_output_dir(self._root)
@@ -103,7 +145,8 @@ class WeightSyncObserver(Observer):
 
     def describe(self) -> str:
         receipt = f"the engine's receipt through {self.receipt_engine}" if self.receipt_engine else "no receipt"
-        return f"a manifest of every {STAGE} payload, {receipt}, alarms as anomalies"
+        canary = f", the canary through {self.canary_engine}" if self.canary else ""
+        return f"a manifest of every {STAGE} payload, {receipt}{canary}, alarms as anomalies"
 
     # What passes the rollout adapter (verl_events._weights.PayloadWatcher).
 
@@ -154,6 +197,9 @@ class WeightSyncObserver(Observer):
         started = time.perf_counter()
         receipt = self._ask_receipt(event.rank)
         receipt_s = time.perf_counter() - started
+        started = time.perf_counter()
+        canary = self._run_canary(event) if self.canary else None
+        canary_s = time.perf_counter() - started
         with self._lock:
             stepped: bool | None = self._stepped if self._watches_optimizer() else None
             verdict = judge(
@@ -182,8 +228,13 @@ class WeightSyncObserver(Observer):
             optimizer_stepped=stepped,
             nonfinite=verdict.nonfinite,
             receipt=verdict.receipt,
-            alarms=verdict.alarms,
-            seconds={"manifest": round(sent.seconds, 6), "receipt": round(receipt_s, 6)},
+            canary=canary.as_json() if canary is not None else None,
+            alarms=verdict.alarms + ([canary_alarm(canary)] if canary is not None and canary.past else []),
+            seconds={
+                "manifest": round(sent.seconds, 6),
+                "receipt": round(receipt_s, 6),
+                **({"canary": round(canary_s, 6)} if canary is not None else {}),
+            },
         )
         append_line(weight_sync_log_path(self._root), record.to_json())
         for alarm in record.alarms:
@@ -229,6 +280,36 @@ class WeightSyncObserver(Observer):
             self.receipt_engine = None
             return None
         return {str(name): (str(dtype), str(fingerprint)) for name, (dtype, fingerprint) in held.items()}
+
+    def _run_canary(self, event: StageEnd) -> CanaryCheck | None:
+        """The canary of this sync (None when it cannot run: said once)."""
+        from .canary import canary_ids, compare, forward, vocab_size
+
+        if self.canary_engine is None:
+            return None
+        if event.model is None:
+            self._stop_canary(f"the {STAGE} stage has no model (the trainer's actor model was not found)")
+            return None
+        try:
+            ids = canary_ids(vocab_size(event.model))
+            # The trainer's side first: under FSDP it is collective, and every rank gets here.
+            trainer = forward(event.model, ids)
+            if self._canary is None:
+                self._canary = import_target(self.canary_engine, "option canary_engine")
+            engine = self._canary(event.rank, ids)
+            check = compare(trainer, engine, self._baseline, self.canary_tolerance)
+        except Exception as exc:
+            if self._strict:
+                raise
+            self._stop_canary(f"{type(exc).__name__}: {exc}")
+            return None
+        if self._baseline is None:
+            self._baseline = check
+        return check
+
+    def _stop_canary(self, why: str) -> None:
+        logger.warning("weight_sync: the canary cannot run (%s); it is off from now on", why)
+        self.canary_engine = None
 
     def _watches_optimizer(self) -> bool:
         stages = self.selection.stages

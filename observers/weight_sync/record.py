@@ -9,12 +9,16 @@ through the names here.  A line is a :class:`SyncRecord`::
      "changed": 290, "unchanged": [], "optimizer_stepped": true, "nonfinite": [],
      "receipt": {"tensors": 291, "compared": 290, "same_dtype": true,
                  "missing": [], "differs": [], "not_updated": []},
-     "alarms": [], "seconds": {"manifest": 0.41, "receipt": 0.52}}
+     "canary": {"max": 3.1e-07, "mean": 4.2e-08, "layers": [1.1e-07, 2.3e-07], "tolerance": 0.001,
+                "first_layer": null},
+     "alarms": [], "seconds": {"manifest": 0.41, "receipt": 0.52, "canary": 0.08}}
 
 ``changed`` is how many tensors differ from the previous sync this rank
 sent (null at the first one); ``unchanged`` names the others (at most
 :data:`NAMES_KEPT`).  ``receipt`` is what the engine holds after the sync
-(null without one); each alarm is an :class:`Alarm`.  Lines are appended
+(null without one); ``canary`` the canary's comparison (null without one;
+its ``tolerance`` is null at the rank's first check, the baseline: see
+:mod:`.canary`); each alarm is an :class:`Alarm`.  Lines are appended
 with one ``write`` on an ``O_APPEND`` descriptor, so the ranks' lines never
 interleave.  Standard library only.
 """
@@ -52,6 +56,7 @@ ALARM_KINDS = {
     "not_updated": "the engine's tensor did not change although the sync changed it",
     "no_adapter": "LoRA is on but no adapter tensor was sent",
     "nonfinite": "the payload holds NaN or infinite values",
+    "canary": "the engine's log-probs of the canary sequences are past the tolerance from the trainer's",
 }
 
 
@@ -100,6 +105,7 @@ class SyncRecord:
     optimizer_stepped: bool | None
     nonfinite: list[str]
     receipt: dict[str, Any] | None
+    canary: dict[str, Any] | None = None
     alarms: list[Alarm] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -126,4 +132,4 @@ class SyncRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(SyncRecord))
-_REQUIRED = tuple(f.name for f in fields(SyncRecord) if f.name not in ("alarms", "seconds"))
+_REQUIRED = tuple(f.name for f in fields(SyncRecord) if f.name not in ("canary", "alarms", "seconds"))

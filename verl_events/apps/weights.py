@@ -116,7 +116,7 @@ def render(syncs: Syncs) -> str:
             where = f" ({alarm.layer})" if alarm.layer else ""
             lines.append(f"  step {_step(record.step)}, rank {record.rank}: {alarm.kind}{where}: {alarm.detail}")
             shown = alarm.tensors[:5]
-            if shown:
+            if shown and alarm.count < record.tensors:  # the whole payload: no list says more
                 more = f" and {alarm.count - len(shown)} more" if alarm.count > len(shown) else ""
                 lines.append(f"    tensors: {', '.join(shown)}{more}")
     return "\n".join(lines)

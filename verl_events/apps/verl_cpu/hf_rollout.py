@@ -41,6 +41,7 @@ __all__ = [
     "HFReplica",
     "HFRolloutServer",
     "HFServerAdapter",
+    "request_canary",
     "request_prefill",
     "request_receipt",
     "run_on_server",
@@ -191,6 +192,17 @@ class HFRolloutServer:
             for name, tensor in self.model.state_dict().items()
         }
 
+    async def canary(self, ids: list[list[int]]) -> Any:
+        """The weight_sync observer's canary on this server's model, in its process: each next
+        token's log-prob and each decoder layer's output (a ``canary.Side``)."""
+        # Under two names for mypy's sake: see verl_events.apps.formats.
+        if TYPE_CHECKING:
+            from observers.weight_sync.canary import forward
+        else:
+            from verl_events.observers.weight_sync.canary import forward
+
+        return forward(self.model, ids)
+
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
 
@@ -306,6 +318,12 @@ def request_receipt(rank: int) -> dict[str, tuple[str, str]]:
     weights that trainer ``rank``'s server holds, computed in the server's process."""
     held: dict[str, tuple[str, str]] = ray.get(_server_for(rank).weight_fingerprints.remote())
     return held
+
+
+def request_canary(rank: int, ids: list[list[int]]) -> Any:
+    """The weight_sync observer's ``canary_engine`` for this rollout: ``ids`` through trainer
+    ``rank``'s server, teacher-forced, in the server's process."""
+    return ray.get(_server_for(rank).canary.remote(ids))
 
 
 def run_on_server(rank: int, function: Any, *args: Any) -> Any:
