@@ -10,7 +10,10 @@ Prints, on this machine's CPU (torch's own threads):
    installed, against the same pass with nothing watching: seconds, and seconds per GB;
 3. the canary's forward on a tiny Qwen2 (both sides of it run one such forward);
 4. the estimate for a 7B model (7.6 G parameters, 15.2 GB in bfloat16, 30.5 GB in float32)
-   from the throughput in 1, next to 1 % of a step of 60 s and of 300 s.
+   from the throughput in 1, next to 1 % of a step of 60 s and of 300 s; and on a GPU, where
+   the same torch operations run on the device, as an estimate (no GPU measured it): the bytes
+   the manifest's operations move per byte of weights (:data:`TRAFFIC`, counted from the code)
+   at the GPU's nominal memory bandwidth.
 
 The share of a step on verl's CPU trainer is read from the ledger's ``seconds`` of a real
 run (tests/test_verl_weight_sync.py) and docs/performance.md.
@@ -48,6 +51,9 @@ def timed(call: Callable[[], Any], repeats: int) -> tuple[float, float]:
 
 
 def fingerprint_throughput(repeats: int) -> float:
+    """The manifest's throughput on 256 MB bfloat16 (GB/s)."""
+    from verl_events.observers.weight_sync.fingerprint import nonfinite_count
+
     print("1. fingerprint throughput")
     best = 0.0
     for dtype in (torch.float32, torch.bfloat16):
@@ -57,7 +63,14 @@ def fingerprint_throughput(repeats: int) -> float:
             rate = tensor.numel() * tensor.element_size() / median / 1e9
             best = max(best, rate) if megabytes == 256 else best
             print(f"   {str(dtype):15s} {megabytes:4d} MB: median {median * 1e3:7.1f} ms  {rate:5.2f} GB/s")
-    return best
+    # One tensor's whole manifest entry (fingerprint and NaN count) against one read of its bytes.
+    words = tensor.view(torch.int64)
+    one_read, _ = timed(lambda: words.sum(), repeats)
+    entry, _ = timed(lambda: (fingerprint(tensor), nonfinite_count(tensor)), repeats)
+    rate = tensor.numel() * tensor.element_size() / entry / 1e9
+    reads = entry / one_read
+    print(f"   a manifest entry, 256 MB bfloat16: {entry * 1e3:.1f} ms, {rate:.2f} GB/s, {reads:.0f} x one read")
+    return rate
 
 
 def decoder_state(params_m: int) -> dict[str, torch.Tensor]:
@@ -119,14 +132,27 @@ def canary_cost(repeats: int) -> None:
     print(f"3. canary forward, {shape}, Qwen2 of {params:.0f} M parameters: median {median * 1e3:.1f} ms")
 
 
+#: Nominal memory bandwidth, TB/s (vendors' figures).
+GPUS = {"A100 80GB": 2.0, "H100 SXM": 3.35, "H200": 4.8}
+#: Bytes a manifest entry moves per byte of weights, counted from fingerprint.py: key + offset
+#: (read 1, write 1), xor (2, 1), multiply (1, 1), shift (1, 1), xor (2, 1), sum (1); then the NaN
+#: check's sum (1).  All 8-byte words.
+TRAFFIC = 2 + 3 + 2 + 2 + 3 + 1 + 1
+
+
 def estimate(rate: float) -> None:
-    print(f"4. a 7B model's manifest at {rate:.2f} GB/s (this CPU):")
+    print(f"4. a 7B model's manifest at {rate:.2f} GB/s (this CPU, fingerprint and NaN count):")
     for label, nbytes in (("bfloat16", SEVEN_B * 2), ("float32", SEVEN_B * 4)):
         seconds = nbytes / 1e9 / rate
         print(
             f"   {label}: {nbytes / 1e9:.1f} GB, {seconds:.1f} s per rank and sync "
             f"= {seconds / 60:.1%} of a 60 s step, {seconds / 300:.1%} of a 300 s step"
         )
+    print(f"   on a GPU, estimated: {TRAFFIC} bytes moved per byte, at nominal bandwidth:")
+    for gpu, bandwidth in GPUS.items():
+        for label, nbytes in (("bfloat16", SEVEN_B * 2), ("float32", SEVEN_B * 4)):
+            seconds = TRAFFIC * nbytes / (bandwidth * 1e12)
+            print(f"   {gpu:10s} {label}: {seconds:.3f} s = {seconds / 60:.2%} of a 60 s step")
 
 
 def main() -> None:

@@ -3,7 +3,8 @@ under Ray, FSDP2 on gloo, CPU, two FSDP ranks — with three faults made to happ
 
 Each rank syncs into its own rollout server (verl_events.apps.verl_cpu.hf_rollout, a Ray actor:
 ``tensor_model_parallel_size=1`` gives one replica per rank), and the observer's receipt is
-taken in that actor.  The faults (:class:`verl_events.apps.inject.SyncFault`), one per sync:
+taken in that actor.  The faults (:class:`verl_events.apps.inject.SyncFault`), one per sync, in docs/weight-sync.md's
+"Try it" config, which is the run's config:
 
 * sync 1, rank 0: the engine keeps one tensor's old value (written back in the server's
   process after it loaded the sync);
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,20 +35,14 @@ from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
 from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
 
+from .support import REPO, doc_blocks, on
+
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow]
 
 KEPT = "model.layers.0.self_attn.q_proj.weight"
-FAULTS = [
-    {
-        "_target_": "verl_events.apps.inject:SyncFault",
-        "kind": "engine_keeps",
-        "step": 1,
-        "parameter": KEPT,
-        "ranks": [0],
-    },
-    {"_target_": "verl_events.apps.inject:SyncFault", "kind": "stale_payload", "step": 2},
-    {"_target_": "verl_events.apps.inject:SyncFault", "kind": "engine_alters", "step": 3, "layer": 1, "ranks": [1]},
-]
+WEIGHT_SYNC_DOC = (REPO / "docs/weight-sync.md").read_text()
+#: The doc's "Try it" config: weight_sync with its canary, then the three faults.
+(DOC_CONFIG,) = [block for block in doc_blocks("yaml", WEIGHT_SYNC_DOC) if "SyncFault" in block]
 TWO_RANKS = [
     "trainer.n_gpus_per_node=2",
     "+ray_kwargs.ray_init.num_gpus=2",
@@ -67,10 +63,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     files = job.prepare(tmp_path_factory.mktemp("weight-sync-job"))
     root = tmp_path_factory.mktemp("weight-sync")
     save_path = root / "profile"
-    # weight_sync first: a fault's end hook then runs before the observer's (end hooks run in
-    # reverse order), so the fault is in place when the receipt is taken.
-    config = {"save_path": str(save_path), "observers": [{"name": "weight_sync", "canary": True}, *FAULTS]}
-    (root / "weight_sync.yaml").write_text(json.dumps(config, indent=1))
+    (root / "weight_sync.yaml").write_text(on(root, DOC_CONFIG))
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(root / "weight_sync.yaml")}
     overrides = job.merge_overrides(job.trainer_args(files, steps=3), TWO_RANKS)
@@ -139,3 +132,19 @@ def test_weights_and_diagnose_name_the_first_alarm(run: Run, capsys: pytest.Capt
     out = capsys.readouterr().out
     assert "first anomaly:" in out
     assert "weight sync alarm not_updated (layer 0)" in out
+
+
+def test_the_docs_command_prints_the_docs_output_twice_in_a_row(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/weight-sync.md's ``verl-events weights`` and its output, from this run (the figures
+    of the canary's line depend on the CPU's rounding: they are compared as numbers-to-be)."""
+    (command,) = [b for b in doc_blocks("bash", WEIGHT_SYNC_DOC) if b.startswith("verl-events weights")]
+    (shown,) = [b for b in doc_blocks("text", WEIGHT_SYNC_DOC) if b.startswith("run /shared/profile")]
+    argv = on(run.save_path.parent, command).split()[1:]
+    for _ in range(2):
+        assert verl_events_main(argv) == 1
+        out = capsys.readouterr().out
+        assert _figures_masked(out) == _figures_masked(on(run.save_path.parent, shown))
+
+
+def _figures_masked(text: str) -> str:
+    return re.sub(r"\d+\.\d+(e-?\d+)?", "<x>", text.strip())
