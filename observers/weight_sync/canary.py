@@ -49,7 +49,8 @@ LAYER_FLOOR = 1e-3
 
 @dataclass(frozen=True, slots=True)
 class Side:
-    """One side's forward: ``log_probs`` [sequences, tokens - 1]; one output per decoder layer."""
+    """One side's forward: ``log_probs`` [sequences, tokens - 1]; one output per decoder layer
+    (none from an engine that gives log-probs only: the check then names no layer)."""
 
     log_probs: torch.Tensor
     layers: list[torch.Tensor]
@@ -117,7 +118,7 @@ def forward(model: Any, ids: list[list[int]]) -> Side:
 
     def keep(_module: Any, _args: Any, output: Any) -> None:
         hidden = output[0] if isinstance(output, (tuple, list)) else output
-        outputs.append(hidden.detach().to("cpu", torch.float64))
+        outputs.append(hidden.detach().to("cpu", torch.float32))  # float32: half the bytes over Ray
 
     hooks = [layer.register_forward_hook(keep) for layer in decoder_layers(module)]
     try:
@@ -133,13 +134,14 @@ def forward(model: Any, ids: list[list[int]]) -> Side:
 
 def compare(trainer: Side, engine: Side, baseline: CanaryCheck | None, floor: float) -> CanaryCheck:
     """The engine's side against the trainer's; ``baseline`` None makes this check the baseline."""
-    if trainer.log_probs.shape != engine.log_probs.shape or len(trainer.layers) != len(engine.layers):
+    layered = bool(engine.layers)  # an inference server gives log-probs only
+    if trainer.log_probs.shape != engine.log_probs.shape or (layered and len(trainer.layers) != len(engine.layers)):
         raise ValueError(
             f"the two sides differ in shape: log-probs {list(trainer.log_probs.shape)} and "
             f"{list(engine.log_probs.shape)}, {len(trainer.layers)} and {len(engine.layers)} layers"
         )
     gap = (engine.log_probs.double() - trainer.log_probs.double()).abs()
-    errors = [_relative_error(t, e) for t, e in zip(trainer.layers, engine.layers, strict=True)]
+    errors = [_relative_error(t, e) for t, e in zip(trainer.layers, engine.layers, strict=True)] if layered else []
     check = CanaryCheck(max=_max(gap), mean=float(gap.mean()), layers=errors)
     if baseline is None:
         return check
@@ -151,12 +153,13 @@ def compare(trainer: Side, engine: Side, baseline: CanaryCheck | None, floor: fl
     check.past = bool(past) or not check.max <= check.tolerance  # NaN is past
     if past:
         check.first_layer = f"layer {past[0]}"
-    elif check.past:
+    elif check.past and layered:
         check.first_layer = "after the last layer"  # every layer within its own: the head
     return check
 
 
 def _relative_error(trainer: torch.Tensor, engine: torch.Tensor) -> float:
+    trainer, engine = trainer.double(), engine.double()
     reference = float(torch.linalg.vector_norm(trainer))
     difference = float(torch.linalg.vector_norm(engine - trainer))
     if reference == 0.0:

@@ -120,8 +120,10 @@ def canary_alarm(check: Any) -> Alarm:
             f"the engine's forward of the canary sequences departs from the trainer's at {layer}: relative error "
             f"{check.layers[index]:.3g}, tolerance {check.layer_tolerances[index]:.3g}; "
         )
+    elif check.first_layer:
+        detail = f"the engine's canary log-probs depart from the trainer's {check.first_layer}: "
     else:
-        detail = f"the engine's canary log-probs depart from the trainer's {check.first_layer or ''}: "
+        detail = "the engine's canary log-probs depart from the trainer's (the engine gives no layer outputs): "
     detail += f"|Δ log p| up to {check.max:.3g} nats (tolerance {check.tolerance:.3g})"
     return Alarm("canary", [], 0, layer, detail)
 
