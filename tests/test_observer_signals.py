@@ -11,7 +11,17 @@ from typing import Any
 import pytest
 
 import verl_events
-from verl_events import AnomalyEvent, HangEvent, Observer, ObserverError, ObserverSetupError, Selection, anomaly, hang
+from verl_events import (
+    AnomalyEvent,
+    HangEvent,
+    Observer,
+    ObserverError,
+    ObserverSetupError,
+    Selection,
+    StageEnd,
+    anomaly,
+    hang,
+)
 from verl_events._observer import HOOKS
 from verl_events._registry import available_observers, check_hook_names
 from verl_events.testing import RecordingObserver
@@ -122,9 +132,14 @@ def _run_step(step: int) -> None:
         pass
 
 
+class StagesOnly(Observer):
+    def on_stage_end(self, event: StageEnd) -> None:
+        pass
+
+
 def test_observers_without_the_hooks_add_no_receiver(tmp_path: Path) -> None:
     anomalies, hangs = len(anomaly.receivers), len(hang.receivers)
-    with install(tmp_path, RecordingObserver()):
+    with install(tmp_path, StagesOnly()):
         assert (len(anomaly.receivers), len(hang.receivers)) == (anomalies, hangs)
     with install(tmp_path, Hearing([])):
         assert (len(anomaly.receivers), len(hang.receivers)) == (anomalies + 1, hangs + 1)

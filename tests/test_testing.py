@@ -27,3 +27,15 @@ def test_reset_keeps_a_run_id_someone_else_set(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(RUN_ID_ENV, "from-the-launcher")
     reset()
     assert run_id() == "from-the-launcher"
+
+
+def test_the_recording_observer_keeps_the_anomalies_delivered_to_it() -> None:
+    from verl_events import AnomalyEvent, anomaly, stage
+
+    recorder = RecordingObserver()
+    sent = AnomalyEvent(2, "actor_update", 0, "loss", float("nan"), "non_finite")
+    with verl_events.install(observers=[recorder]):
+        with stage("actor_update", role="actor", step=2):
+            anomaly.send("actor_update", event=sent)
+    assert recorder.alerts == [sent]
+    assert recorder.calls == [("begin", "actor_update", 2), ("end", "actor_update", 2)]

@@ -25,11 +25,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import verl_events
-from verl_events import AnomalyEvent, ConfigError, Observer, stage
+from verl_events import ConfigError, stage
 from verl_events._weights import Payload, passing, unwatch, watch
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.observers.weight_sync.fingerprint import fingerprint
 from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
+from verl_events.testing import RecordingObserver
 
 #: The engine each trainer rank syncs into, by rank (what request_receipt reaches on the CPU job).
 ENGINES: dict[int, torch.nn.Module] = {}
@@ -64,16 +65,6 @@ class Decoder(torch.nn.Module):
         return self.lm_head(hidden)
 
 
-class Anomalies(Observer):
-    passive = True
-
-    def __init__(self) -> None:
-        self.heard: list[AnomalyEvent] = []
-
-    def on_anomaly(self, event: AnomalyEvent) -> None:
-        self.heard.append(event)
-
-
 def train_step(model: Decoder, optimizer: Any, step: int) -> None:
     with stage("actor_update", role="actor", step=step, model=model):
         ids = torch.arange(12).remainder(16).view(2, 6)
@@ -96,11 +87,11 @@ def sync(
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[tuple[Path, Anomalies, Decoder, Any]]:
+def run(tmp_path: Path) -> Iterator[tuple[Path, RecordingObserver, Decoder, Any]]:
     torch.manual_seed(0)
     trainer = Decoder()
     ENGINES[0] = Decoder()
-    listener = Anomalies()
+    listener = RecordingObserver()
     installed = verl_events.install(
         {
             "save_path": str(tmp_path),
@@ -147,7 +138,7 @@ def test_fingerprints_are_equal_for_equal_bytes_and_differ_for_any_changed_word(
 
 
 def test_a_healthy_run_of_syncs_has_no_alarm_and_counts_what_changed(
-    run: tuple[Path, Anomalies, Decoder, Any], capsys: pytest.CaptureFixture[str]
+    run: tuple[Path, RecordingObserver, Decoder, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     save_path, listener, trainer, optimizer = run
     sync(trainer, 0)
@@ -164,7 +155,7 @@ def test_a_healthy_run_of_syncs_has_no_alarm_and_counts_what_changed(
     assert all(r.alarms == [] and r.complete for r in records)
     assert all(r.receipt == {**r.receipt, "tensors": names, "compared": names, "same_dtype": True} for r in records)
     assert records[0].bytes == sum(t.numel() * t.element_size() for t in trainer.state_dict().values())
-    assert listener.heard == []
+    assert listener.alerts == []
     code, out, _ = weights_command(save_path, capsys)
     assert code == 0
     assert "3 sync(s) on 1 rank(s), steps 0-2; no alarms" in out
@@ -233,7 +224,7 @@ def _engine_without_a_tensor(trainer: Decoder, step: int) -> None:
     ],
 )
 def test_each_fault_is_one_alarm_naming_the_tensor_and_layer_in_the_ledger_the_bus_and_diagnose(
-    run: tuple[Path, Anomalies, Decoder, Any],
+    run: tuple[Path, RecordingObserver, Decoder, Any],
     capsys: pytest.CaptureFixture[str],
     fault: str,
     kind: str,
@@ -262,7 +253,7 @@ def test_each_fault_is_one_alarm_naming_the_tensor_and_layer_in_the_ledger_the_b
     assert [a.kind for a in alarms] == [kind], alarms
     assert alarms[0].tensors[0] == tensor
     assert alarms[0].layer == layer
-    assert [(e.metric, e.step, e.stage, e.rank) for e in listener.heard] == [
+    assert [(e.metric, e.step, e.stage, e.rank) for e in listener.alerts] == [
         (f"weight_sync/{kind}", 2, "update_weights", 0)
     ]
     where = f" ({layer})" if layer else ""
@@ -398,7 +389,7 @@ def test_bad_options_are_refused_by_name(tmp_path: Path, options: dict[str, Any]
 
 
 def test_weights_says_what_is_wrong_with_its_input(
-    run: tuple[Path, Anomalies, Decoder, Any],
+    run: tuple[Path, RecordingObserver, Decoder, Any],
     tmp_path_factory: pytest.TempPathFactory,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

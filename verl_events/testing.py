@@ -22,7 +22,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+from ._anomaly import AnomalyEvent
 from ._events import StageEnd, StageEvent, StageReport
+from ._hang import HangEvent
 from ._observer import Observer
 from ._signals import stage_begin, stage_end
 
@@ -73,8 +75,9 @@ class RecordingObserver(Observer):
     """An observer that remembers what it received.
 
     ``calls`` holds ``(hook, stage, step)`` tuples in call order, ``events``
-    the events themselves and ``reports`` the timing reports when
-    ``wants_timings`` is True (pass ``timings=True``).  Registered as the
+    the events themselves, ``reports`` the timing reports when
+    ``wants_timings`` is True (pass ``timings=True``), and ``alerts`` the
+    anomalies and hangs delivered to it (``on_anomaly``, ``on_hang``), in order.  Registered as the
     entry point ``recording``, so a config can use it to check a selection.
     """
 
@@ -82,6 +85,7 @@ class RecordingObserver(Observer):
         self.calls: list[tuple[str, str, int | None]] = []
         self.events: list[StageEvent] = []
         self.reports: list[StageReport] = []
+        self.alerts: list[AnomalyEvent | HangEvent] = []
         self.closed = False
         self.fail_on = fail_on
         self.wants_timings = timings
@@ -103,6 +107,14 @@ class RecordingObserver(Observer):
     def on_stage_report(self, report: StageReport) -> None:
         with self._lock:
             self.reports.append(report)
+
+    def on_anomaly(self, event: AnomalyEvent) -> None:
+        with self._lock:
+            self.alerts.append(event)
+
+    def on_hang(self, event: HangEvent) -> None:
+        with self._lock:
+            self.alerts.append(event)
 
     def close(self) -> None:
         self.closed = True
