@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 import verl_events
 from verl_events import ConfigError, stage
-from verl_events._weights import Payload, passing, unwatch, watch
+from verl_events._weights import Payload, passing, unwatch_payloads, watch_payloads
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.observers.weight_sync.fingerprint import fingerprint
 from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
@@ -351,8 +351,8 @@ def test_the_tap_hands_every_pair_on_unchanged_and_a_failing_watcher_never_stops
             self.complete = complete
 
     broken, counting = Broken(), Counting()
-    watch(broken)
-    watch(counting)
+    watch_payloads(broken)
+    watch_payloads(counting)
     try:
         assert list(passing(iter(pairs), Payload(1, False))) == pairs
         assert (broken.seen, counting.seen, counting.complete) == (["a"], ["a", "b"], True)
@@ -372,8 +372,8 @@ def test_the_tap_hands_every_pair_on_unchanged_and_a_failing_watcher_never_stops
         stopped.close()  # the sender stopped after the first tensor
         assert counting.complete is False
     finally:
-        unwatch(broken)
-        unwatch(counting)
+        unwatch_payloads(broken)
+        unwatch_payloads(counting)
 
 
 @pytest.mark.parametrize(

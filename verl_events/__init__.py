@@ -8,7 +8,9 @@ The names here serve two audiences:
 * observer authors: :class:`Observer`, :class:`InstallContext`,
   :class:`Selection`, :func:`find_rank`, the events, the ``anomaly``
   signal with its :class:`AnomalyEvent`, the ``hang`` signal with its
-  :class:`HangEvent`, the output-path helpers and the errors.
+  :class:`HangEvent`, the output-path helpers and the errors; and, to see
+  each weight sync's tensors pass, :func:`watch_payloads` with its
+  :class:`Payload` and :class:`PayloadWatcher`.
 
 Tools that read or check a config import :mod:`verl_events.config`; the
 on-disk layout lives in :mod:`verl_events.layout`; verl's worker classes are
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from ._resolve import add_model_paths, find_rank, set_step
     from ._selection import Selection
     from ._signals import stage_begin, stage_end
+    from ._weights import Payload, PayloadWatcher, unwatch_payloads, watch_payloads
 
 _HOMES = {
     "AnomalyEvent": "._anomaly",
@@ -66,6 +69,10 @@ _HOMES = {
     "find_rank": "._resolve",
     "set_step": "._resolve",
     "Selection": "._selection",
+    "Payload": "._weights",
+    "PayloadWatcher": "._weights",
+    "unwatch_payloads": "._weights",
+    "watch_payloads": "._weights",
 }
 
 # verl_events.config.load_config(...) works without importing the submodule first.
@@ -96,6 +103,8 @@ __all__ = [
     "Observer",
     "ObserverError",
     "ObserverSetupError",
+    "Payload",
+    "PayloadWatcher",
     "Selection",
     "StageEnd",
     "StageEvent",
@@ -114,6 +123,8 @@ __all__ = [
     "stage_begin",
     "stage_end",
     "stage_output_dir",
+    "unwatch_payloads",
+    "watch_payloads",
 ]
 
 

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Payload", "PayloadWatcher", "passing", "unwatch", "watch"]
+__all__ = ["Payload", "PayloadWatcher", "passing", "unwatch_payloads", "watch_payloads"]
 
 logger = logging.getLogger("verl_events.weights")
 
@@ -53,14 +53,14 @@ _watchers: list[PayloadWatcher] = []
 _lock = threading.Lock()
 
 
-def watch(watcher: PayloadWatcher) -> None:
+def watch_payloads(watcher: PayloadWatcher) -> None:
     """Show every sync from now on to ``watcher``."""
     with _lock:
         if watcher not in _watchers:
             _watchers.append(watcher)
 
 
-def unwatch(watcher: PayloadWatcher) -> None:
+def unwatch_payloads(watcher: PayloadWatcher) -> None:
     with _lock:
         if watcher in _watchers:
             _watchers.remove(watcher)

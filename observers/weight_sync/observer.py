@@ -12,7 +12,7 @@ At every weight sync it selects (verl's ``update_weights`` stage, on every
 trainer rank) it keeps:
 
 * a **manifest** of what the trainer sent, taken as the tensors pass the
-  rollout adapter's ``update_weights`` (:mod:`verl_events._weights`): each
+  rollout adapter's ``update_weights`` (:func:`verl_events.watch_payloads`): each
   tensor's name, shape, dtype, size, a fingerprint (:mod:`.fingerprint`)
   and its count of NaN and infinite values;
 * a **receipt** of what the engine holds afterwards: ``receipt_engine``, a
@@ -48,8 +48,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_events import AnomalyEvent, ConfigError, InstallContext, Observer, StageEnd, anomaly, prepare_output_dir
-from verl_events._weights import Payload, unwatch, watch
+from verl_events import (
+    AnomalyEvent,
+    ConfigError,
+    InstallContext,
+    Observer,
+    Payload,
+    StageEnd,
+    anomaly,
+    prepare_output_dir,
+    unwatch_payloads,
+    watch_payloads,
+)
 from verl_events.config import import_target, is_import_path
 from verl_events.layout import run_id
 
@@ -138,10 +148,10 @@ class WeightSyncObserver(Observer):
         self._root = Path(context.save_path)
         self._strict = context.strict
         prepare_output_dir(self._root)
-        watch(self)
+        watch_payloads(self)
 
     def close(self) -> None:
-        unwatch(self)
+        unwatch_payloads(self)
 
     def describe(self) -> str:
         receipt = f"the engine's receipt through {self.receipt_engine}" if self.receipt_engine else "no receipt"
