@@ -11,9 +11,11 @@ times and anomalies to TensorBoard, W&B or MLflow, ``watchdog``, which
 reports a stage that runs past its deadline (a hang) with every thread's
 stack and records how each process ended, ``mismatch``, which compares
 the trainer's log-probs with the rollout engine's, token by token, and
-``weight_sync``, which checks that the engine holds what each weight sync sent.
+``weight_sync``, which checks that the engine holds what each weight sync sent,
+and ``memory``, which records each stage's host, cgroup and device memory.
 """
 
+from .memory import MemoryObserver
 from .mismatch import MismatchObserver
 from .msprobe import MsprobeObserver
 from .npu import NpuProfilerObserver
@@ -26,6 +28,7 @@ from .watchdog import WatchdogObserver
 from .weight_sync import WeightSyncObserver
 
 __all__ = [
+    "MemoryObserver",
     "MismatchObserver",
     "MsprobeObserver",
     "NpuProfilerObserver",

@@ -42,6 +42,7 @@ FOLDERS = {
     "heartbeats": "observers/watchdog/record.py",
     "hangs": "observers/watchdog/record.py",  # the hang reports
     "crashes": "observers/watchdog/crash.py",  # crash records, fatal dumps, ends.jsonl
+    "memory": "observers/memory/record.py",
 }
 # Each name as a layout uses it: a file name on its own (not ``data_dump.json_writer``),
 # and ``step_`` before a step (``step_3``, ``step_{N}``, ``step_*``, ``step_unknown``), not

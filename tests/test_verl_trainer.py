@@ -24,6 +24,7 @@ pytest.importorskip("verl")
 
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
+from verl_events.observers.memory.record import MemoryRecord, memory_log_path
 from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
 
 from .support import REPO, DocCommand, doc_blocks, doc_commands, on, read_margins, tensorboard_scalars
@@ -76,10 +77,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     plugin, hook = tmp_path_factory.mktemp("plugin"), tmp_path_factory.mktemp("hook")
     for root in (plugin, hook):
         write_doc_config(root)
-    # The plugin run also checks every weight sync: the healthy control of tests/test_verl_weight_sync.py.
-    with_weight_sync = yaml.safe_load((plugin / "observers.yaml").read_text())
-    with_weight_sync["observers"].append({"name": "weight_sync", "canary": True})
-    (plugin / "observers.yaml").write_text(yaml.safe_dump(with_weight_sync))
+    # The plugin run also checks every weight sync (the healthy control of
+    # tests/test_verl_weight_sync.py) and records every stage's memory.
+    config = yaml.safe_load((plugin / "observers.yaml").read_text())
+    config["observers"] += [{"name": "weight_sync", "canary": True}, {"name": "memory"}]
+    (plugin / "observers.yaml").write_text(yaml.safe_dump(config))
     (switch,) = doc_commands("VERL_EVENTS_CONFIG=/shared/observers.yaml", without="+ray_kwargs")
     # This run also saves a checkpoint every step, for its transition stages, in a folder of its
     # own: verl resumes from what it finds in the default one (resume_mode: auto).
@@ -172,6 +174,23 @@ def test_every_healthy_sync_is_in_the_ledger_with_the_engines_receipt_and_no_ala
     assert [r.changed for r in records] == [None, *(r.tensors for r in records[1:])]
     assert verl_events_main(["weights", str(save_path)]) == 0
     assert "4 sync(s) on 1 rank(s), steps 0-3; no alarms" in capsys.readouterr().out
+
+
+def test_every_stage_of_every_step_has_its_memory_the_transitions_included(runs: Runs) -> None:
+    """The memory observer in verl's worker: one record per stage the timing log has, with the
+    same steps, and host figures that are the worker's own (a Python process with torch and a
+    model holds more than 100 MB; its peak is at least what it held at either end)."""
+    save_path = runs.plugin / "profile"
+    timed = [json.loads(line) for line in (save_path / "timing/rank0.jsonl").read_text().splitlines()]
+    memory = [MemoryRecord.from_json(line) for line in memory_log_path(save_path, 0).read_text().splitlines()]
+    assert sorted((r.stage, r.step) for r in memory) == sorted((r["stage"], r["step"]) for r in timed)
+    stages = {r.stage for r in memory}
+    assert {*STAGES, *TRANSITIONS} <= stages
+    for record in memory:
+        assert record.host_peak == "reset" and record.host_begin_bytes and record.host_end_bytes, record
+        assert record.host_begin_bytes > 100 * 2**20, record
+        assert record.host_peak_bytes >= max(record.host_begin_bytes, record.host_end_bytes), record
+        assert record.device is None  # no device on this machine
 
 
 def test_report_reads_the_run(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,176 @@
+"""The memory observer: how much memory each stage took, on the host and on the device.
+
+Config::
+
+    - name: memory
+
+For every stage it selects, on every rank, one line in
+``{save_path}/memory/rank{R}.jsonl`` (:mod:`.record`):
+
+* **host**: the process's resident memory when the stage began and ended,
+  and its peak in between (:mod:`.host`: the kernel's own high-water mark,
+  reset when the stage began, so no spike is missed);
+* **cgroup**: the memory cgroup's limit, usage and OOM-kill count when it
+  ended, where readable (:mod:`.cgroup`);
+* **device** (CUDA, Ascend NPU, when present): torch's allocated and
+  reserved bytes at begin and end, their peaks over the stage, and the
+  whole device's used bytes (:mod:`.device`; it says what resetting the
+  peaks changes in verl's own metrics).
+
+The peaks are process-wide and reset when a stage begins; nested and
+concurrent stages each keep theirs (:mod:`.peaks`).  Passive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from verl_events import InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
+from verl_events.layout import run_id
+
+from .cgroup import CgroupReader, find_cgroup
+from .device import DeviceGauge, device_module
+from .host import HostGauge
+from .peaks import PeakTracker
+from .record import MemoryRecord, memory_files, memory_log_path
+
+__all__ = ["MemoryObserver"]
+
+logger = logging.getLogger("verl_events.memory")
+
+
+class MemoryObserver(Observer):
+    """Host, cgroup and device memory of every selected stage (see the module docstring)."""
+
+    passive = True
+    output_noun = "memory log(s)"
+
+    def __init__(self) -> None:
+        self._root = Path()
+        self._gauge = HostGauge()
+        self._host = PeakTracker(self._gauge)
+        self._logs: dict[int, tuple[int, int]] = {}  # rank -> (pid, descriptor) of its log
+        self._device: PeakTracker | None = None
+        self._device_kind: str | None = None
+        self._device_checked = False
+        self._cgroup = CgroupReader(None)
+        self._lock = threading.Lock()
+        self._begun: dict[int, tuple[list[int] | None, list[int] | None]] = {}
+        self._run: str | None = None
+        self._warned_no_reset = False
+
+    def outputs(self, save_path: Path) -> list[Path]:
+        return memory_files(save_path)
+
+    def setup(self, context: InstallContext) -> None:
+        self._root = Path(context.save_path)
+        prepare_output_dir(self._root)
+        self._cgroup = CgroupReader(find_cgroup())
+
+    def describe(self) -> str:
+        return "host (resident, peak), cgroup and device memory of every selected stage"
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        device = self._device_tracker()
+        begun = (self._host.begin(event.seq), device.begin(event.seq) if device is not None else None)
+        with self._lock:
+            self._begun[event.seq] = begun
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        with self._lock:
+            host_begin, device_begin = self._begun.pop(event.seq, (None, None))
+        host = self._host.end(event.seq)
+        device = self._device.end(event.seq) if self._device is not None else None
+        if not self._host.resets and not self._warned_no_reset:
+            self._warned_no_reset = True
+            logger.warning(
+                "memory: /proc/self/clear_refs cannot be written here: a stage's host peak is the larger of its "
+                "begin and end figures, and a spike in between is missed"
+            )
+        cgroup = self._cgroup.read()
+        record = MemoryRecord(
+            run=self._run_id(),
+            step=event.step,
+            stage=event.stage,
+            rank=event.rank,
+            role=event.role,
+            time=time.time(),
+            pid=os.getpid(),
+            error=type(event.error).__name__ if event.error is not None else None,
+            host_begin_bytes=host_begin[0] if host_begin else None,
+            host_peak_bytes=host[1][0] if host else None,
+            host_end_bytes=host[0][0] if host else None,
+            host_peak="reset" if self._host.resets else "begin_end",
+            device_peak_bytes=device[1][0] if device else None,
+            device=self._device_figures(device_begin, device),
+            cgroup=None
+            if cgroup is None
+            else {
+                "version": cgroup.version,
+                "limit_bytes": cgroup.limit_bytes,
+                "usage_bytes": cgroup.usage_bytes,
+                "oom_kills": cgroup.oom_kills,
+            },
+        )
+        os.write(self._log(event.rank), (record.to_json() + "\n").encode())
+
+    def _log(self, rank: int) -> int:
+        """The rank's log, kept open for appending (one ``write`` per line, as append_line)."""
+        with self._lock:
+            pid, fd = self._logs.get(rank, (-1, -1))
+            if pid != os.getpid():
+                path = memory_log_path(self._root, rank)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._logs[rank] = (os.getpid(), fd)
+            return fd
+
+    def close(self) -> None:
+        with self._lock:
+            for pid, fd in self._logs.values():
+                if pid == os.getpid():
+                    os.close(fd)
+            self._logs.clear()
+        self._gauge.close()
+        self._cgroup.close()
+
+    def _device_tracker(self) -> PeakTracker | None:
+        # Looked up at the first stage, not at setup: torch (or torch_npu) may be imported later.
+        if not self._device_checked:
+            self._device_checked = True
+            found = device_module()
+            if found is not None:
+                self._device_kind, module = found
+                self._device = PeakTracker(DeviceGauge(module))
+        return self._device
+
+    def _device_figures(
+        self, begin: list[int] | None, end: tuple[list[int], list[int]] | None
+    ) -> dict[str, Any] | None:
+        if self._device is None or end is None:
+            return None
+        now, peaks = end
+        gauge = self._device.gauge
+        assert isinstance(gauge, DeviceGauge)
+        used, total = gauge.device_used()
+        return {
+            "kind": self._device_kind,
+            "allocated_begin": begin[0] if begin else None,
+            "allocated_end": now[0],
+            "reserved_begin": begin[1] if begin else None,
+            "reserved_end": now[1],
+            "peak_allocated": peaks[0],
+            "peak_reserved": peaks[1],
+            "used": used,
+            "total": total,
+        }
+
+    def _run_id(self) -> str:
+        if self._run is None:
+            self._run = run_id()
+        return self._run

@@ -1,0 +1,88 @@
+"""The memory observer's records, ``{save_path}/memory/rank{R}.jsonl``: one line per stage and rank.
+
+This module owns the format; the ``memory`` observer writes it and the
+readers read it back through the names here.  A line is a
+:class:`MemoryRecord`::
+
+    {"run": "ray-0a1b", "step": 2, "stage": "actor_update", "rank": 0, "role": "actor",
+     "time": 1796025667.1, "pid": 4242, "error": null,
+     "host_begin_bytes": 1288490188, "host_peak_bytes": 1825361100, "host_end_bytes": 1290000000,
+     "host_peak": "reset",
+     "device_peak_bytes": null, "device": null,
+     "cgroup": {"version": 1, "limit_bytes": null, "usage_bytes": 6012928000, "oom_kills": 0}}
+
+``host_peak`` says how the host peak was taken: ``reset`` (the process's
+``VmHWM``, reset when the stage began: no spike is missed) or ``begin_end``
+(the larger of the two figures: a spike between them is missed).
+``device`` holds ``kind`` (cuda, npu), ``allocated_begin``,
+``allocated_end``, ``reserved_begin``, ``reserved_end``, ``peak_allocated``,
+``peak_reserved``, ``used`` and ``total`` (the whole device's, every
+process's); ``device_peak_bytes`` is ``peak_allocated``.  Lines are appended
+with one ``write`` each.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MEMORY_DIR", "MemoryRecord", "NotAMemoryRecord", "memory_files", "memory_log_path"]
+
+MEMORY_DIR = "memory"
+
+
+def memory_log_path(save_path: Path, rank: int) -> Path:
+    return Path(save_path) / MEMORY_DIR / f"rank{rank}.jsonl"
+
+
+def memory_files(save_path: Path) -> list[Path]:
+    """Every rank's memory log under ``save_path``, by rank."""
+    folder = Path(save_path) / MEMORY_DIR
+    return sorted(folder.glob("rank*.jsonl"), key=lambda p: (len(p.name), p.name)) if folder.is_dir() else []
+
+
+class NotAMemoryRecord(ValueError):
+    """A line that is not a memory record; the message says what it lacks."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRecord:
+    """One stage on one rank (see the module docstring)."""
+
+    run: str
+    step: int | None
+    stage: str
+    rank: int
+    role: str | None
+    time: float
+    pid: int
+    error: str | None
+    host_begin_bytes: int | None
+    host_peak_bytes: int | None
+    host_end_bytes: int | None
+    host_peak: str
+    device_peak_bytes: int | None
+    device: dict[str, Any] | None
+    cgroup: dict[str, Any] | None
+
+    def to_json(self) -> str:
+        # The fields as they are: asdict would deep-copy the nested dicts first, for the same text.
+        return json.dumps({name: getattr(self, name) for name in _FIELDS})
+
+    @classmethod
+    def from_json(cls, line: str) -> MemoryRecord:
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise NotAMemoryRecord(f"not JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise NotAMemoryRecord("not a JSON object")
+        missing = [name for name in _FIELDS if name not in data]
+        if missing:
+            raise NotAMemoryRecord(f"no {', '.join(missing)}")
+        return cls(**{name: data[name] for name in _FIELDS})
+
+
+_FIELDS = tuple(f.name for f in fields(MemoryRecord))

@@ -1,0 +1,214 @@
+"""The memory observer on real allocations (issue 28, part 1).
+
+Host figures are the process's own (``/proc/self/status``), with its peak reset when a stage
+begins; the stages allocate real tensors.  The device paths run against a stand-in device
+module, since no CUDA or NPU is here: the stand-in is checked to take the calls the observer
+makes with the real ``torch.cuda`` functions' signatures.  The cgroup reader is tried on this
+machine's own cgroup and on folders holding the kernel's v1 and v2 file formats.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import verl_events
+from verl_events import ConfigError, stage
+from verl_events.observers.memory.cgroup import find_cgroup, read_cgroup
+from verl_events.observers.memory.host import read_status
+from verl_events.observers.memory.record import MemoryRecord, memory_log_path
+
+MB = 1 << 20
+pytestmark = pytest.mark.skipif(read_status() is None, reason="needs Linux /proc/self/status")
+
+
+@pytest.fixture
+def memory(tmp_path: Path) -> Iterator[Path]:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "memory"}]}):
+        yield tmp_path
+
+
+def records(save_path: Path, rank: int = 0) -> list[MemoryRecord]:
+    return [MemoryRecord.from_json(line) for line in memory_log_path(save_path, rank).read_text().splitlines()]
+
+
+def allocate(megabytes: int) -> None:
+    held = torch.ones(megabytes * MB // 4)  # touched: resident
+    del held
+
+
+def test_a_stage_that_allocates_512_mb_peaks_500_mb_above_its_begin_and_an_idle_one_does_not(memory: Path) -> None:
+    with stage("actor_update", role="actor", step=1):
+        allocate(512)
+    with stage("ref_compute_log_prob", role="ref", step=1):
+        pass
+    big, idle = records(memory)
+    assert (big.stage, big.step, big.rank, big.host_peak) == ("actor_update", 1, 0, "reset")
+    assert big.host_peak_bytes - big.host_begin_bytes >= 500 * MB
+    assert big.host_end_bytes - big.host_begin_bytes < 100 * MB  # given back
+    assert idle.host_peak_bytes - idle.host_begin_bytes < 50 * MB
+    assert (big.device_peak_bytes, big.device) == (None, None)  # no device here
+
+
+def test_an_enclosing_stage_keeps_the_peak_its_inner_stage_reached(memory: Path) -> None:
+    with stage("actor_update", role="actor", step=2):
+        with stage("train_batch", step=2):
+            allocate(300)
+        with stage("train_batch", step=2):
+            pass
+    first, second, outer = records(memory)
+    assert [r.stage for r in (first, second, outer)] == ["train_batch", "train_batch", "actor_update"]
+    assert first.host_peak_bytes - first.host_begin_bytes >= 290 * MB
+    assert second.host_peak_bytes - second.host_begin_bytes < 50 * MB
+    assert outer.host_peak_bytes >= first.host_peak_bytes
+
+
+def test_a_stage_that_raises_is_recorded_with_its_error(memory: Path) -> None:
+    with pytest.raises(ValueError), stage("actor_update", role="actor", step=3):
+        raise ValueError("boom")
+    (record,) = records(memory)
+    assert record.error == "ValueError"
+
+
+class StandInCuda:
+    """A device module with a caching allocator's counters, for the device paths."""
+
+    def __init__(self) -> None:
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        self.resets = 0
+
+    def is_available(self) -> bool:
+        return True
+
+    def alloc(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.reserved = max(self.reserved, self.allocated)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self.allocated
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self.reserved
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self.peak_allocated
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        return self.peak_reserved
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self.resets += 1
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        return 80 * 2**30 - self.reserved - 2**30, 80 * 2**30  # another process holds 1 GiB
+
+
+CALLED = (
+    "is_available",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "mem_get_info",
+)
+
+
+def test_the_stand_in_takes_the_calls_as_torch_cudas_real_functions_do() -> None:
+    """The observer calls each of these with no argument: the real torch.cuda functions
+    (present in CPU builds too) must accept that, and the stand-in must mirror them."""
+    for name in CALLED:
+        real = inspect.signature(getattr(torch.cuda, name))
+        real.bind()
+        stand_in = inspect.signature(getattr(StandInCuda(), name))
+        assert list(stand_in.parameters) == list(real.parameters), name
+
+
+def test_on_a_device_each_stage_gets_its_own_peak_and_the_devices_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda = StandInCuda()
+    monkeypatch.setattr("verl_events.observers.memory.observer.device_module", lambda: ("cuda", cuda))
+    cuda.alloc(4 * 2**30)  # the model, held throughout
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "memory"}]}):
+        with stage("actor_update", role="actor", step=1):
+            cuda.alloc(6 * 2**30)  # activations
+            cuda.allocated -= 6 * 2**30
+        with stage("ref_compute_log_prob", role="ref", step=1):
+            cuda.alloc(2**30)
+    update, ref = records(tmp_path)
+    assert update.device_peak_bytes == 10 * 2**30
+    assert update.device == {
+        "kind": "cuda",
+        "allocated_begin": 4 * 2**30,
+        "allocated_end": 4 * 2**30,
+        "reserved_begin": 4 * 2**30,
+        "reserved_end": 10 * 2**30,
+        "peak_allocated": 10 * 2**30,
+        "peak_reserved": 10 * 2**30,
+        "used": 11 * 2**30,
+        "total": 80 * 2**30,
+    }
+    # The second stage's peak is its own, not the first one's: reset when it began.
+    assert ref.device_peak_bytes == 5 * 2**30
+    assert cuda.resets == 2
+
+
+def test_the_cgroup_reader_takes_both_kernel_formats_and_reads_this_machines(tmp_path: Path) -> None:
+    v1 = tmp_path / "v1"
+    job = v1.joinpath("memory", "job")  # cgroup v1's memory controller folder, not the observer's
+    job.mkdir(parents=True)
+    (job / "memory.usage_in_bytes").write_text("6012928000\n")
+    (job / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (job / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (tmp_path / "cgroup-v1").write_text("5:devices:/\n4:memory:/job\n0::/\n")
+    found = find_cgroup(tmp_path / "cgroup-v1", v1)
+    assert found == (1, job)
+    read = read_cgroup(found)
+    assert read is not None and (read.limit_bytes, read.usage_bytes, read.oom_kills) == (None, 6012928000, 2)
+
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "job/memory.current").write_text("1048576\n")
+    (v2 / "job/memory.max").write_text("4294967296\n")
+    (v2 / "job/memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (tmp_path / "cgroup-v2").write_text("0::/job\n")
+    read = read_cgroup(find_cgroup(tmp_path / "cgroup-v2", v2))
+    assert read is not None and (read.version, read.limit_bytes, read.usage_bytes, read.oom_kills) == (
+        2,
+        4 * 2**30,
+        2**20,
+        1,
+    )
+    here = find_cgroup()
+    if here is not None:  # a machine without a memory cgroup has nothing to read
+        mine = read_cgroup(here)
+        assert mine is not None and mine.usage_bytes is not None and mine.usage_bytes > 0
+
+
+def test_the_records_hold_the_issues_fields_and_the_option_free_observer_refuses_options(tmp_path: Path) -> None:
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "memory"}]}):
+        with stage("actor_update", role="actor", step=1):
+            pass
+    line = json.loads(memory_log_path(tmp_path, 0).read_text())
+    assert {
+        "step",
+        "stage",
+        "rank",
+        "host_begin_bytes",
+        "host_peak_bytes",
+        "host_end_bytes",
+        "device_peak_bytes",
+    } <= set(line)
+    with pytest.raises(ConfigError, match="interval"):
+        verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "memory", "interval": 1}]})
