@@ -5,7 +5,7 @@ This module owns the two formats; the watchdog writes them and
 
     {save_path}/crashes/rank1.jsonl        one CrashRecord per line: a stage that raised, a signal
     {save_path}/crashes/rank1.fatal.txt    faulthandler's dump of every thread at a fatal signal
-    {save_path}/crashes/rank1.SIGTERM.txt  the same at SIGTERM (or SIGHUP, SIGINT) left to its default action
+    {save_path}/crashes/rank1.SIGTERM.txt  the stack of the thread that took SIGTERM (SIGHUP, SIGINT), default action
     {save_path}/crashes/ends.jsonl         one ProcessEnd per process: how it ended, and its ranks
 
 A line of ``rank{R}.jsonl``; ``kind`` is ``"exception"`` (a stage body
@@ -223,7 +223,8 @@ class FatalDump:
     """A fatal dump, read: the signal, when, and each thread's frames.
 
     ``threads`` maps a thread's header (``Current thread 0x…`` for the one
-    that got the signal) to its frames, innermost first, as (file, line,
+    that got the signal; ``Stack`` in a terminating signal's dump, which
+    holds that thread alone) to its frames, innermost first, as (file, line,
     function); ``current`` is that thread's frames (for a terminating
     signal, the thread the kernel chose to run the handler on: any thread).
     """
@@ -239,7 +240,8 @@ class FatalDump:
 
 
 _ERROR = re.compile(r"^Fatal Python error: (.+?)\s*$")
-_THREAD = re.compile(r"^((?:Current thread|Thread) 0x[0-9a-fA-F]+.*?)(?: \(most recent call first\))?:\s*$")
+# "Stack" heads the one thread's stack of a terminating signal's dump (faulthandler's all_threads=False).
+_THREAD = re.compile(r"^((?:Current thread|Thread) 0x[0-9a-fA-F]+.*?|Stack)(?: \(most recent call first\))?:\s*$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
 
 
@@ -260,7 +262,7 @@ def read_fatal(path: Path) -> FatalDump | None:
             error = match[1]
         elif match := _THREAD.match(line):
             frames = threads.setdefault(match[1], [])
-            if match[1].startswith("Current thread"):
+            if match[1].startswith(("Current thread", "Stack")):
                 current = frames
         elif frames is not None and (match := _FRAME.match(line)):
             frames.append((match[1], int(match[2]), match[3]))
