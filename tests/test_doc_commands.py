@@ -43,6 +43,7 @@ RUN_ELSEWHERE = {
         "VERL_EVENTS_CONFIG=/shared/mismatch.yaml",
     ): "tests/test_verl_mismatch.py (verl's trainer on the CPU job, twice in a row)",
     ("docs/mismatch.md", "verl-events mismatch /shared/"): "tests/test_verl_mismatch.py (twice on each run)",
+    ("docs/weight-sync.md", "verl-events weights /shared/"): "tests/test_verl_weight_sync.py (twice, on the doc's run)",
 }
 #: The test command itself (README.md): it runs this test, so it is not run from here.
 TEST_COMMAND = "bash scripts/test.sh"
