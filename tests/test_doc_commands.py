@@ -37,6 +37,7 @@ RUN_ELSEWHERE = {
     ("docs/sentinel.md", "pytest tests/test_sentinel_healthy.py"): "those tests themselves (the command runs them)",
     ("docs/msprobe.md", ""): "tests/test_msprobe_tools.py (the msprobe tools section, block by block)",
     ("docs/quickstart.md", "pip install torch==2.13.0"): "tests/test_packaging.py (the wheel in a fresh venv)",
+    ("docs/quickstart.md", "bash scripts/demo.sh"): "this test, on README.md's block: the same command",
     ("docs/trackers.md", "verl-events demo --config examples/tracker.yaml"): "tests/observers/test_tracker.py",
     (
         "docs/mismatch.md",
