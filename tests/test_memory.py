@@ -212,3 +212,53 @@ def test_the_records_hold_the_issues_fields_and_the_option_free_observer_refuses
     } <= set(line)
     with pytest.raises(ConfigError, match="interval"):
         verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "memory", "interval": 1}]})
+
+
+OOM_RANK = """\
+import resource, sys
+sys.path.insert(0, {repo!r})
+import torch
+import verl_events
+
+config = {{"save_path": {save_path!r}, "observers": [{{"name": "watchdog"}}, {{"name": "memory"}}]}}
+with verl_events.install(config):
+    with verl_events.stage("actor_update", role="actor", step=1, rank=0):
+        torch.ones(1000)
+    # The address space it has now and 512 MiB more: the next 4 GiB cannot be had.
+    size = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (size + 512 * 2**20, resource.RLIM_INFINITY))
+    with verl_events.stage("actor_update", role="actor", step=2, rank=0):
+        torch.ones(2**30)  # 4 GiB of float32
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_runs_out_of_memory_inside_a_stage_is_diagnosed_oom_with_that_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real out-of-memory: the address space limited with RLIMIT_AS, then torch's CPU
+    allocator asked for 4 GiB inside step 2's actor_update."""
+    import subprocess
+    import sys
+
+    from verl_events.apps.cli import main as verl_events_main
+
+    from .support import REPO
+
+    script = tmp_path / "rank.py"
+    script.write_text(OOM_RANK.format(repo=str(REPO), save_path=str(tmp_path / "run")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "DefaultCPUAllocator: can't allocate memory" in done.stderr
+    raised = [r for r in records(tmp_path / "run") if r.error is not None]
+    assert [(r.step, r.stage, r.error, r.oom) for r in raised] == [
+        (2, "actor_update", "RuntimeError", {"device": "cpu", "asked_bytes": 4 * 2**30})
+    ]
+    assert verl_events_main(["diagnose", str(tmp_path / "run"), "--json"]) == 1
+    first = json.loads(capsys.readouterr().out)["first"]
+    assert (first["kind"], first["rank"], first["step"], first["stage"]) == ("oom", 0, 2, "actor_update")
+    assert first["detail"].startswith("out of memory (cpu); asked for 4.00 GiB; the process held ")
+    assert "when actor_update began" in first["detail"]
+    assert verl_events_main(["diagnose", str(tmp_path / "run")]) == 1
+    out = capsys.readouterr().out
+    assert "step 2, actor_update: oom: out of memory (cpu); asked for 4.00 GiB; the process held" in out

@@ -12,6 +12,9 @@ For every stage it selects, on every rank, one line in
   reset when the stage began, so no spike is missed);
 * **cgroup**: the memory cgroup's limit, usage and OOM-kill count when it
   ended, where readable (:mod:`.cgroup`);
+* **an out-of-memory error** the stage raised (torch's CPU, CUDA or NPU
+  allocator, Python's ``MemoryError``): where, and the bytes it asked for
+  (:mod:`.oom`);
 * **device** (CUDA, Ascend NPU, when present): torch's allocated and
   reserved bytes at begin and end, their peaks over the stage, and the
   whole device's used bytes (:mod:`.device`; it says what resetting the
@@ -36,6 +39,7 @@ from verl_events.layout import run_id
 from .cgroup import CgroupReader, find_cgroup
 from .device import DeviceGauge, device_module
 from .host import HostGauge
+from .oom import out_of_memory
 from .peaks import PeakTracker
 from .record import MemoryRecord, memory_files, memory_log_path
 
@@ -108,6 +112,7 @@ class MemoryObserver(Observer):
             host_peak="reset" if self._host.resets else "begin_end",
             device_peak_bytes=device[1][0] if device else None,
             device=self._device_figures(device_begin, device),
+            oom=_oom(event.error),
             cgroup=None
             if cgroup is None
             else {
@@ -174,3 +179,9 @@ class MemoryObserver(Observer):
         if self._run is None:
             self._run = run_id()
         return self._run
+
+
+def _oom(error: BaseException | None) -> dict[str, Any] | None:
+    """What an out-of-memory error says (:mod:`.oom`), or None for any other ending."""
+    found = out_of_memory(f"{type(error).__name__}: {error}") if error is not None else None
+    return None if found is None else {"device": found.device, "asked_bytes": found.asked_bytes}

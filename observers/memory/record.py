@@ -17,7 +17,10 @@ readers read it back through the names here.  A line is a
 ``device`` holds ``kind`` (cuda, npu), ``allocated_begin``,
 ``allocated_end``, ``reserved_begin``, ``reserved_end``, ``peak_allocated``,
 ``peak_reserved``, ``used`` and ``total`` (the whole device's, every
-process's); ``device_peak_bytes`` is ``peak_allocated``.  Lines are appended
+process's); ``device_peak_bytes`` is ``peak_allocated``.  ``oom`` is set
+when the stage raised an out-of-memory error (:mod:`.oom`): ``device``
+(cpu, cuda, npu or null) and ``asked_bytes`` (null when the message has
+no size).  Lines are appended
 with one ``write`` each.  Standard library only.
 """
 
@@ -66,6 +69,7 @@ class MemoryRecord:
     device_peak_bytes: int | None
     device: dict[str, Any] | None
     cgroup: dict[str, Any] | None
+    oom: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         # The fields as they are: asdict would deep-copy the nested dicts first, for the same text.
@@ -79,10 +83,10 @@ class MemoryRecord:
             raise NotAMemoryRecord(f"not JSON ({exc.msg})") from None
         if not isinstance(data, dict):
             raise NotAMemoryRecord("not a JSON object")
-        missing = [name for name in _FIELDS if name not in data]
+        missing = [name for name in _FIELDS if name not in data and name != "oom"]
         if missing:
             raise NotAMemoryRecord(f"no {', '.join(missing)}")
-        return cls(**{name: data[name] for name in _FIELDS})
+        return cls(**{name: data[name] for name in _FIELDS if name in data})
 
 
 _FIELDS = tuple(f.name for f in fields(MemoryRecord))

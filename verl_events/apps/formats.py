@@ -10,7 +10,9 @@
 * :data:`mismatch_record`: the mismatch observer's log
   (:mod:`verl_events.observers.mismatch.record`);
 * :data:`weight_sync_record`: the weight_sync observer's ledger
-  (:mod:`verl_events.observers.weight_sync.record`).
+  (:mod:`verl_events.observers.weight_sync.record`);
+* :data:`memory_record`: the memory observer's logs
+  (:mod:`verl_events.observers.memory.record`).
 
 The tools import them from here, in one place, because mypy checks the
 repository's observers/ folder as the package ``observers`` ([tool.mypy] in
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from observers import timing as timing_log
+    from observers.memory import record as memory_record
     from observers.mismatch import record as mismatch_record
     from observers.msprobe import layout as msprobe_layout
     from observers.sentinel import record as anomaly_record
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from observers.weight_sync import record as weight_sync_record
 else:
     from verl_events.observers import timing as timing_log
+    from verl_events.observers.memory import record as memory_record
     from verl_events.observers.mismatch import record as mismatch_record
     from verl_events.observers.msprobe import layout as msprobe_layout
     from verl_events.observers.sentinel import record as anomaly_record
@@ -43,6 +47,7 @@ __all__ = [
     "anomaly_record",
     "crash_record",
     "hang_record",
+    "memory_record",
     "mismatch_record",
     "msprobe_layout",
     "timing_log",

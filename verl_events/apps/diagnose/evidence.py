@@ -13,6 +13,11 @@
 * the weight_sync observer's ledger: each alarm of a sync (``anomaly``, at
   stage ``update_weights``).
 
+An exception that is an out-of-memory error (torch's CPU, CUDA or NPU
+allocator, Python's ``MemoryError``) becomes ``oom``, with the bytes it asked
+for and, where the memory observer ran, what the process held when the
+stage began and at its peak, and its cgroup's limit.
+
 Each reader skips what it cannot read with a sentence in ``warnings``, and
 records of another run (their ``run`` is not the folder's, from
 ``run.json``) likewise.
@@ -20,14 +25,20 @@ records of another run (their ``run`` is not the folder's, from
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_events.layout import owner_of
 
-from ..formats import anomaly_record, hang_record, timing_log, weight_sync_record
+from ..formats import anomaly_record, hang_record, memory_record, timing_log, weight_sync_record
 from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
 from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
+
+if TYPE_CHECKING:
+    from observers.memory.oom import OutOfMemory, out_of_memory
+else:
+    from verl_events.observers.memory.oom import OutOfMemory, out_of_memory
 
 __all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "gather"]
 
@@ -45,6 +56,7 @@ def gather(run: Path) -> Evidence:
     _timing(evidence)
     _anomalies(evidence)
     _weight_alarms(evidence)
+    _out_of_memory(evidence)
     return evidence
 
 
@@ -140,3 +152,50 @@ def _weight_alarms(evidence: Evidence) -> None:
                     source=relative(evidence, path),
                 )
             )
+
+
+def _out_of_memory(evidence: Evidence) -> None:
+    """Each exception that is an out-of-memory error, as ``oom`` (see the module docstring)."""
+    ooms = [
+        (i, found)
+        for i, f in enumerate(evidence.failures)
+        if f.kind == "exception" and (found := out_of_memory(f.detail))
+    ]
+    if not ooms:
+        return
+    held = _stages_that_raised(evidence)
+    for index, found in ooms:
+        failure = evidence.failures[index]
+        figures = held.get((failure.rank, failure.step, failure.stage))
+        evidence.failures[index] = replace(failure, kind="oom", detail=_oom_detail(found, figures, failure))
+
+
+def _stages_that_raised(evidence: Evidence) -> dict[tuple[int, int | None, str | None], Any]:
+    """The memory observer's records of stages that raised, by (rank, step, stage)."""
+    found: dict[tuple[int, int | None, str | None], Any] = {}
+    for path in memory_record.memory_files(evidence.run):
+        for _, record in records_of(evidence, path, memory_record.MemoryRecord.from_json):
+            if record.error is not None:
+                found[(record.rank, record.step, record.stage)] = record
+    return found
+
+
+def _oom_detail(found: OutOfMemory, record: Any, failure: Failure) -> str:
+    where = f" ({found.device})" if found.device else ""
+    said = [f"out of memory{where}"]
+    if found.asked_bytes is not None:
+        said.append(f"asked for {_size(found.asked_bytes)}")
+    if record is not None and record.host_begin_bytes is not None:
+        held = f"the process held {_size(record.host_begin_bytes)} when {record.stage} began"
+        if record.host_peak_bytes is not None:
+            held += f", {_size(record.host_peak_bytes)} at its peak"
+        limit = (record.cgroup or {}).get("limit_bytes")
+        said.append(held + (f" (cgroup limit {_size(limit)})" if limit else ""))
+        device = record.device or {}
+        if device.get("peak_allocated") is not None:
+            said.append(f"{device.get('kind')} peak {_size(device['peak_allocated'])} of {_size(device['total'])}")
+    return "; ".join(said) + f" — {failure.detail}"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"

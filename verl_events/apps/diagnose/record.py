@@ -24,7 +24,7 @@ class Failure:
     """One rank's failure.  ``time`` is when it happened (Unix seconds); for
     ``killed``, the last heartbeat (it died within one liveness beat after)."""
 
-    kind: str  # exception, signal, killed, hang, anomaly
+    kind: str  # exception, oom, signal, killed, hang, anomaly
     rank: int
     time: float
     detail: str

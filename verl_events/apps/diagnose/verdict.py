@@ -43,7 +43,7 @@ PEER_WORDS = (
     (re.compile(r"nccl|gloo|hccl|distbackenderror|process ?group|collective|rendezvous", re.I), "a gloo/NCCL error"),
     (re.compile(r"ActorDiedError|RayActorError|WorkerCrashedError|actor died", re.I), "a dead Ray actor"),
 )
-_DEATHS = ("exception", "signal", "killed")
+_DEATHS = ("exception", "oom", "signal", "killed")
 
 
 @dataclass(slots=True)
@@ -96,7 +96,7 @@ def judge(failures: list[Failure], running: bool = False) -> Verdict:
     return Verdict(verdict, first, cascade)
 
 
-_NOUNS = {"exception": "exception", "signal": "signal", "killed": "death", "hang": "hang"}
+_NOUNS = {"exception": "exception", "oom": "out-of-memory error", "signal": "signal", "killed": "death", "hang": "hang"}
 
 
 def _why(failure: Failure, first: Failure) -> str:
