@@ -262,3 +262,47 @@ def test_a_rank_that_runs_out_of_memory_inside_a_stage_is_diagnosed_oom_with_tha
     assert verl_events_main(["diagnose", str(tmp_path / "run")]) == 1
     out = capsys.readouterr().out
     assert "step 2, actor_update: oom: out of memory (cpu); asked for 4.00 GiB; the process held" in out
+
+
+def test_the_report_names_a_stage_that_keeps_50_mb_a_step_as_a_leak_and_not_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_events.apps.cli import main as verl_events_main
+
+    kept = []
+    config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}, {"name": "memory"}]}
+    with verl_events.install(config):
+        for step in range(1, 7):
+            with stage("actor_update", role="actor", step=step):
+                kept.append(torch.ones(50 * MB // 4))  # kept: 50 MB more at every step
+            with stage("ref_compute_log_prob", role="ref", step=step):
+                allocate(100)  # a peak, given back
+    assert verl_events_main(["report", str(tmp_path), "--json"]) == 0
+    rows = {row["stage"]: row for row in json.loads(capsys.readouterr().out)["memory"]}
+    update, ref = rows["actor_update"], rows["ref_compute_log_prob"]
+    assert update["leak"] and 45 <= update["kept_median_mb"] <= 60, update
+    assert not ref["leak"] and abs(ref["kept_median_mb"]) < 10, ref
+    assert ref["host_peak_max_mb"] - update["host_peak_max_mb"] >= 40  # ref's 100 MB peak on top of what update kept
+    assert rows.keys() == {"actor_update", "ref_compute_log_prob"}
+    assert verl_events_main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Memory by stage" in out
+    assert "leak: actor_update keeps" in out and "leak: ref_compute_log_prob" not in out
+
+
+@pytest.mark.slow
+def test_the_healthy_demo_flags_no_leak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Six steps of the tiny PPO demo, a run the leak rule was not tuned on: no stage flagged."""
+    from verl_events.apps.cli import main as verl_events_main
+
+    config = tmp_path / "memory.yaml"
+    config.write_text(
+        json.dumps({"save_path": str(tmp_path / "run"), "observers": [{"name": "timing"}, {"name": "memory"}]})
+    )
+    assert verl_events_main(["demo", "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert verl_events_main(["report", str(tmp_path / "run"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["memory"]
+    assert {row["stage"] for row in rows} >= {"actor_compute_log_prob", "ref_compute_log_prob", "actor_update"}
+    assert all(row["steps"] == 6 for row in rows), rows
+    assert [row["stage"] for row in rows if row["leak"]] == []

@@ -1,7 +1,9 @@
 """``verl-events report RUN``: what profiling cost, per stage and step, from disk alone.
 
-Reads ``{RUN}/timing/rank*.jsonl`` (the timing observer's logs) and nothing
-else, so it works on a copy of a run fetched from a cluster.  Stages that
+Reads ``{RUN}/timing/rank*.jsonl`` (the timing observer's logs), and the
+memory observer's ``{RUN}/memory/rank*.jsonl`` when there are any
+(:mod:`.memory`), and nothing else, so it works on a copy of a run fetched
+from a cluster.  Stages that
 raised are counted apart and kept out of every figure (:mod:`.raised`).
 """
 
@@ -19,6 +21,7 @@ from verl_events.layout import LATEST_LINK
 from ..formats import msprobe_layout, timing_log
 from .grouping import index_records
 from .headline import headline, headline_text
+from .memory import StageMemory, read_memory, render_memory, stage_memory
 from .overhead import (
     StageOverhead,
     TimingLogError,
@@ -73,6 +76,7 @@ def as_json(
     overhead: list[StageOverhead],
     straggling: list[StageStragglers],
     raised: list[RaisedStage],
+    memory: list[StageMemory],
 ) -> str:
     """The report as JSON: ``records`` and ``ranks`` count every record, the
     tables are of ``figures`` (the records of stages that did not raise),
@@ -88,6 +92,7 @@ def as_json(
             "observer_hooks": [asdict(row) for row in observer_hooks(figures, STAGE_ORDER)],
             "stragglers": [asdict(row) for row in straggling],
             "raised": [asdict(row) for row in raised],
+            "memory": [asdict(row) for row in memory],
         },
         indent=1,
     )
@@ -148,11 +153,16 @@ def _report_records(
     if trace is not None:
         write_trace(run, records, _output(trace, "--trace"))
     straggling = stragglers(figures, STAGE_ORDER, groups, failed)
+    memory_warnings: list[str] = []
+    memory = stage_memory(read_memory(run, memory_warnings), list(STAGE_ORDER))
+    for note in memory_warnings:
+        print(f"warning: {note}", file=sys.stderr)
     if as_json_output:
-        return as_json(run, records, figures, rows, overhead, straggling, raised)
+        return as_json(run, records, figures, rows, overhead, straggling, raised, memory)
     hooks = observer_hooks(figures, STAGE_ORDER)
     console.print(headline_text(headline(records, figures)), highlight=False, soft_wrap=True)
     render(rows, overhead, hooks, straggling, raised, console, multi_rank=len({r.rank for r in records}) > 1)
+    render_memory(memory, console)  # none without the memory observer's logs
     return None
 
 
