@@ -306,3 +306,93 @@ def test_the_healthy_demo_flags_no_leak(tmp_path: Path, capsys: pytest.CaptureFi
     assert {row["stage"] for row in rows} >= {"actor_compute_log_prob", "ref_compute_log_prob", "actor_update"}
     assert all(row["steps"] == 6 for row in rows), rows
     assert [row["stage"] for row in rows if row["leak"]] == []
+
+
+class StandInCudaMemory:
+    """torch.cuda.memory's history functions, as the observer calls them (no CUDA here)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.metadata = ""
+
+    def _record_memory_history(
+        self,
+        enabled: Any = "all",
+        context: Any = "all",
+        stacks: str = "all",
+        max_entries: int = 2**63 - 1,
+        device: Any = None,
+        clear_history: bool = False,
+        compile_context: bool = False,
+        global_record_annotations: bool = False,
+        skip_actions: Any = None,
+    ) -> None:
+        self.calls.append(("history", (enabled, context, stacks, max_entries)))
+
+    def _set_memory_metadata(self, metadata: str) -> None:
+        self.metadata = metadata
+
+    def _dump_snapshot(self, filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+        Path(filename).write_bytes(b"snapshot while " + self.metadata.encode())
+
+
+def test_the_history_stand_in_has_torchs_own_signatures() -> None:
+    """The three history functions exist in CPU builds too (they fail only when called):
+    the stand-in's parameters are theirs, and the observer's calls bind to the real ones."""
+    memory = StandInCudaMemory()
+    for name in ("_record_memory_history", "_set_memory_metadata", "_dump_snapshot"):
+        real = inspect.signature(getattr(torch.cuda.memory, name))
+        assert list(inspect.signature(getattr(memory, name)).parameters) == list(real.parameters), name
+    real = inspect.signature(torch.cuda.memory._record_memory_history)
+    real.bind(enabled="all", context="all", stacks="python", max_entries=100_000)
+    real.bind(enabled=None)
+    inspect.signature(torch.cuda.memory._set_memory_metadata).bind("actor_update step 3 rank 0")
+    inspect.signature(torch.cuda.memory._dump_snapshot).bind("/x/oom_rank0_step3_actor_update.pickle")
+
+
+def test_with_cuda_the_history_is_tagged_by_stage_and_an_oom_leaves_a_snapshot_named_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA stood in for: the allocator's out-of-memory observer is called as the caching
+    allocator calls it (device, size asked, total, free), from inside the stage."""
+    from verl_events.observers.memory import observer
+
+    memory, attached = StandInCudaMemory(), []
+    cuda = StandInCuda()
+    cuda.memory = memory  # type: ignore[attr-defined]
+    monkeypatch.setattr(observer, "device_module", lambda: ("cuda", cuda))
+    monkeypatch.setattr(observer, "cuda_oom_attacher", lambda: attached.append)
+    monkeypatch.setattr(torch.cuda, "memory", memory)
+    config = {
+        "save_path": str(tmp_path),
+        "observers": [{"name": "memory", "record_history": True, "history_entries": 5000}],
+    }
+    with verl_events.install(config):
+        assert memory.calls == [("history", ("all", "all", "python", 5000))]
+        (on_oom,) = attached
+        with stage("actor_update", role="actor", step=3, rank=1):
+            with stage("train_batch", step=3, rank=1):
+                assert memory.metadata == "train_batch step 3 rank 1"
+                on_oom(0, 2**30, 80 * 2**30, 2**20)
+            assert memory.metadata == "actor_update step 3 rank 1"
+        assert memory.metadata == ""
+    assert memory.calls[-1] == ("history", (None, "all", "all", 2**63 - 1))  # turned off at close
+    snapshot = tmp_path / "memory/oom_rank1_step3_train_batch.pickle"
+    assert snapshot.read_bytes() == b"snapshot while train_batch step 3 rank 1"
+
+
+def test_record_history_without_cuda_is_one_warning_and_the_figures_are_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "memory", "record_history": True}]}
+    with caplog.at_level("WARNING", "verl_events.memory"), verl_events.install(config):
+        with stage("actor_update", role="actor", step=1):
+            pass
+    warned = [r.getMessage() for r in caplog.records if "record_history" in r.getMessage()]
+    assert warned == [
+        "memory: record_history needs CUDA, and this process has no device: the per-stage figures are recorded, "
+        "the allocator history and the out-of-memory snapshot are not"
+    ]
+    assert [r.stage for r in records(tmp_path)] == ["actor_update"]
+    with pytest.raises(ConfigError, match="option history_entries: 0 is not allowed"):
+        verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "memory", "history_entries": 0}]})

@@ -3,6 +3,9 @@
 Config::
 
     - name: memory
+      record_history: false      # true: CUDA's allocator history, tagged by stage, and a snapshot
+                                 # at an out-of-memory (see .history)
+      history_entries: 100000    # the history's ring: the last this many allocator events
 
 For every stage it selects, on every rank, one line in
 ``{save_path}/memory/rank{R}.jsonl`` (:mod:`.record`):
@@ -33,11 +36,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_events import InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
+from verl_events.config import check_count
 from verl_events.layout import run_id
 
 from .cgroup import CgroupReader, find_cgroup
 from .device import DeviceGauge, device_module
+from .history import History, cuda_oom_attacher
 from .host import HostGauge
 from .oom import out_of_memory
 from .peaks import PeakTracker
@@ -54,7 +59,14 @@ class MemoryObserver(Observer):
     passive = True
     output_noun = "memory log(s)"
 
-    def __init__(self) -> None:
+    def __init__(self, record_history: bool = False, history_entries: int = 100_000) -> None:
+        if not isinstance(record_history, bool):
+            raise ConfigError(f"option record_history: {record_history!r} is not allowed; use true or false")
+        self.record_history = record_history
+        self.history_entries = check_count(
+            history_entries, "option history_entries", allowed="a number of allocator events >= 1", minimum=1
+        )
+        self._history: History | None = None
         self._root = Path()
         self._gauge = HostGauge()
         self._host = PeakTracker(self._gauge)
@@ -75,17 +87,42 @@ class MemoryObserver(Observer):
         self._root = Path(context.save_path)
         prepare_output_dir(self._root)
         self._cgroup = CgroupReader(find_cgroup())
+        if self.record_history:
+            self._start_history()
+
+    def _start_history(self) -> None:
+        import torch  # asked for: the history is torch's
+
+        found = device_module()
+        if found is None or found[0] != "cuda":
+            logger.warning(
+                "memory: record_history needs CUDA, and this process has %s: the per-stage figures are recorded, "
+                "the allocator history and the out-of-memory snapshot are not",
+                "no device" if found is None else found[0],
+            )
+            return
+        self._history = History(torch.cuda.memory, cuda_oom_attacher(), self._root, self.history_entries)
+        self._history.start()
 
     def describe(self) -> str:
-        return "host (resident, peak), cgroup and device memory of every selected stage"
+        history = (
+            f"; CUDA allocator history ({self.history_entries} events) and a snapshot at an OOM"
+            if self.record_history
+            else ""
+        )
+        return f"host (resident, peak), cgroup and device memory of every selected stage{history}"
 
     def on_stage_begin(self, event: StageEvent) -> None:
+        if self._history is not None:
+            self._history.stage_begins(event.seq, event.stage, event.step, event.rank)
         device = self._device_tracker()
         begun = (self._host.begin(event.seq), device.begin(event.seq) if device is not None else None)
         with self._lock:
             self._begun[event.seq] = begun
 
     def on_stage_end(self, event: StageEnd) -> None:
+        if self._history is not None:
+            self._history.stage_ends(event.seq)
         with self._lock:
             host_begin, device_begin = self._begun.pop(event.seq, (None, None))
         host = self._host.end(event.seq)
@@ -143,6 +180,9 @@ class MemoryObserver(Observer):
             self._logs.clear()
         self._gauge.close()
         self._cgroup.close()
+        if self._history is not None:
+            self._history.stop()
+            self._history = None
 
     def _device_tracker(self) -> PeakTracker | None:
         # Looked up at the first stage, not at setup: torch (or torch_npu) may be imported later.

@@ -31,13 +31,18 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MEMORY_DIR", "MemoryRecord", "NotAMemoryRecord", "memory_files", "memory_log_path"]
+__all__ = ["MEMORY_DIR", "MemoryRecord", "NotAMemoryRecord", "memory_files", "memory_log_path", "oom_snapshot_path"]
 
 MEMORY_DIR = "memory"
 
 
 def memory_log_path(save_path: Path, rank: int) -> Path:
     return Path(save_path) / MEMORY_DIR / f"rank{rank}.jsonl"
+
+
+def oom_snapshot_path(save_path: Path, rank: int, step: int | None, stage: str) -> Path:
+    """Where a CUDA allocator snapshot taken at an out-of-memory goes (``record_history``)."""
+    return Path(save_path) / MEMORY_DIR / f"oom_rank{rank}_step{step}_{stage}.pickle"
 
 
 def memory_files(save_path: Path) -> list[Path]:
