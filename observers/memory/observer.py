@@ -154,6 +154,7 @@ class MemoryObserver(Observer):
             if cgroup is None
             else {
                 "version": cgroup.version,
+                "path": str(self._cgroup.found[1]) if self._cgroup.found else None,
                 "limit_bytes": cgroup.limit_bytes,
                 "usage_bytes": cgroup.usage_bytes,
                 "oom_kills": cgroup.oom_kills,

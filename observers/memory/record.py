@@ -9,7 +9,8 @@ readers read it back through the names here.  A line is a
      "host_begin_bytes": 1288490188, "host_peak_bytes": 1825361100, "host_end_bytes": 1290000000,
      "host_peak": "reset",
      "device_peak_bytes": null, "device": null,
-     "cgroup": {"version": 1, "limit_bytes": null, "usage_bytes": 6012928000, "oom_kills": 0}}
+     "cgroup": {"version": 1, "path": "/sys/fs/cgroup/memory/job", "limit_bytes": null,
+                "usage_bytes": 6012928000, "oom_kills": 0}}
 
 ``host_peak`` says how the host peak was taken: ``reset`` (the process's
 ``VmHWM``, reset when the stage began: no spike is missed) or ``begin_end``

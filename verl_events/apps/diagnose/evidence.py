@@ -16,7 +16,11 @@
 An exception that is an out-of-memory error (torch's CPU, CUDA or NPU
 allocator, Python's ``MemoryError``) becomes ``oom``, with the bytes it asked
 for and, where the memory observer ran, what the process held when the
-stage began and at its peak, and its cgroup's limit.
+stage began and at its peak, and its cgroup's limit.  A ``killed`` rank (it
+stopped beating without a word: SIGKILL) is said to be *most likely killed by
+the OOM killer* when the memory observer's last record of it stood at 90 % or
+more of its cgroup's limit, or when that cgroup (read now, where diagnose
+runs and the cgroup still exists) counts more OOM kills than the record did.
 
 Each reader skips what it cannot read with a sentence in ``warnings``, and
 records of another run (their ``run`` is not the folder's, from
@@ -36,8 +40,10 @@ from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, s
 from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
 
 if TYPE_CHECKING:
+    from observers.memory.cgroup import read_cgroup
     from observers.memory.oom import OutOfMemory, out_of_memory
 else:
+    from verl_events.observers.memory.cgroup import read_cgroup
     from verl_events.observers.memory.oom import OutOfMemory, out_of_memory
 
 __all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "gather"]
@@ -57,6 +63,7 @@ def gather(run: Path) -> Evidence:
     _anomalies(evidence)
     _weight_alarms(evidence)
     _out_of_memory(evidence)
+    _killed_by_oom(evidence)
     return evidence
 
 
@@ -199,3 +206,43 @@ def _oom_detail(found: OutOfMemory, record: Any, failure: Failure) -> str:
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+#: A cgroup's usage at or above this share of its limit stood near it.
+NEAR_LIMIT = 0.9
+
+
+def _killed_by_oom(evidence: Evidence) -> None:
+    """Each ``killed`` rank that most likely met the OOM killer (see the module docstring)."""
+    killed = [i for i, f in enumerate(evidence.failures) if f.kind == "killed"]
+    if not killed:
+        return
+    last: dict[int, Any] = {}
+    for path in memory_record.memory_files(evidence.run):
+        for _, record in records_of(evidence, path, memory_record.MemoryRecord.from_json):
+            if record.rank not in last or record.time >= last[record.rank].time:
+                last[record.rank] = record
+    for index in killed:
+        failure = evidence.failures[index]
+        latest = last.get(failure.rank)
+        why = _oom_kill_signs(latest) if latest is not None else None
+        if why is not None:
+            evidence.failures[index] = replace(
+                failure, detail=f"most likely killed by the OOM killer: {why} — {failure.detail}"
+            )
+
+
+def _oom_kill_signs(record: Any) -> str | None:
+    cgroup = record.cgroup or {}
+    limit, usage, counted = cgroup.get("limit_bytes"), cgroup.get("usage_bytes"), cgroup.get("oom_kills")
+    signs = []
+    if cgroup.get("path") and cgroup.get("version") and counted is not None:
+        now = read_cgroup((int(cgroup["version"]), Path(cgroup["path"])))
+        if now is not None and now.oom_kills is not None and now.oom_kills > counted:
+            signs.append(f"its cgroup counts {now.oom_kills - counted} OOM kill(s) since its last record")
+    if limit and usage is not None and usage >= NEAR_LIMIT * limit:
+        signs.append(f"its cgroup stood at {usage / limit:.0%} of its {_size(limit)} limit")
+    if not signs:
+        return None
+    held = f"{_size(record.host_end_bytes)}" if record.host_end_bytes is not None else "?"
+    return f"{' and '.join(signs)}; at the end of {record.stage} (step {record.step}) the process held {held}"
