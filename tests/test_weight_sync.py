@@ -510,3 +510,32 @@ def test_the_canary_refuses_a_ranks_selection_and_a_bad_tolerance(tmp_path: Path
         )
     with pytest.raises(ConfigError, match="option canary_tolerance: 0 is not allowed; use a number of nats > 0"):
         verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "weight_sync", "canary_tolerance": 0}]})
+
+
+def failing_canary(rank: int, ids: list[list[int]]) -> Any:
+    raise ConnectionError("the engine is gone")
+
+
+def test_after_the_engine_side_fails_the_trainers_forward_still_runs_at_every_sync(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under FSDP the trainer's forward is collective: a rank whose engine side failed must
+    still run it with its peers, or they would wait for it for ever."""
+    torch.manual_seed(0)
+    trainer = tiny_qwen2()
+    forwards = []
+    trainer.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    options = {"receipt_engine": None, "canary": True, "canary_engine": f"{__name__}:failing_canary"}
+    installed = verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "weight_sync", **options}]})
+    try:
+        with caplog.at_level(logging.WARNING, "verl_events.weight_sync"):
+            for step in range(3):
+                pairs = ((n, t.detach().clone()) for n, t in trainer.state_dict().items())
+                with stage("update_weights", role="actor", step=step, model=trainer):
+                    list(passing(pairs, Payload(step=step, adapter=False)))
+    finally:
+        installed.close()
+    assert len(forwards) == 3
+    assert [(r.canary, r.alarms) for r in ledger(tmp_path)] == [(None, [])] * 3
+    warned = [r.getMessage() for r in caplog.records if "engine side failed" in r.getMessage()]
+    assert len(warned) == 1 and "ConnectionError: the engine is gone" in warned[0]

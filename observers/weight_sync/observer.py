@@ -208,7 +208,7 @@ class WeightSyncObserver(Observer):
         receipt = self._ask_receipt(event.rank)
         receipt_s = time.perf_counter() - started
         started = time.perf_counter()
-        canary = self._run_canary(event) if self.canary else None
+        canary = self._run_canary(event)
         canary_s = time.perf_counter() - started
         with self._lock:
             stepped: bool | None = self._stepped if self._watches_optimizer() else None
@@ -292,18 +292,30 @@ class WeightSyncObserver(Observer):
         return {str(name): (str(dtype), str(fingerprint)) for name, (dtype, fingerprint) in held.items()}
 
     def _run_canary(self, event: StageEnd) -> CanaryCheck | None:
-        """The canary of this sync (None when it cannot run: said once)."""
+        """The canary of this sync (None when it cannot run: said once).
+
+        The trainer's forward runs on every rank at every sync, also once this rank's engine
+        side has failed: under FSDP the forward is collective, and a rank that left it out
+        would leave its peers waiting.  Only a forward that fails, which fails alike on every
+        rank (no model, no vocabulary), turns the canary off."""
         from .canary import canary_ids, compare, forward, vocab_size
 
-        if self.canary_engine is None:
+        if not self.canary:
             return None
         if event.model is None:
             self._stop_canary(f"the {STAGE} stage has no model (the trainer's actor model was not found)")
             return None
         try:
             ids = canary_ids(vocab_size(event.model))
-            # The trainer's side first: under FSDP it is collective, and every rank gets here.
             trainer = forward(event.model, ids)
+        except Exception as exc:
+            if self._strict:
+                raise
+            self._stop_canary(f"the trainer's forward failed: {type(exc).__name__}: {exc}")
+            return None
+        if self.canary_engine is None:
+            return None  # this rank's engine side failed before: the forward above kept its peers company
+        try:
             if self._canary is None:
                 self._canary = import_target(self.canary_engine, "option canary_engine")
             engine = self._canary(event.rank, ids)
@@ -311,7 +323,14 @@ class WeightSyncObserver(Observer):
         except Exception as exc:
             if self._strict:
                 raise
-            self._stop_canary(f"{type(exc).__name__}: {exc}")
+            logger.warning(
+                "weight_sync: rank %d: the canary's engine side failed (%s: %s); this rank's syncs are compared "
+                "without it from now on",
+                event.rank,
+                type(exc).__name__,
+                exc,
+            )
+            self.canary_engine = None
             return None
         if self._baseline is None:
             self._baseline = check
@@ -319,7 +338,7 @@ class WeightSyncObserver(Observer):
 
     def _stop_canary(self, why: str) -> None:
         logger.warning("weight_sync: the canary cannot run (%s); it is off from now on", why)
-        self.canary_engine = None
+        self.canary = False
 
     def _watches_optimizer(self) -> bool:
         stages = self.selection.stages
