@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 LIMIT = 600 * 2**20  # above what torch's import holds, far below what step 2 asks
 
 RANK = """\
-import sys
+import sys, time
 with open({procs!r}, "w") as procs:  # into the limited cgroup before anything big is loaded
     procs.write("0")
 sys.path.insert(0, {repo!r})
@@ -44,10 +44,14 @@ config = {{"save_path": {save_path!r}, "observers": [
 with verl_events.install(config):
     with verl_events.stage("actor_update", role="actor", step=1, rank=0):
         torch.ones(1000)
+    # The heartbeat names the rank from its first stage on: a process killed before the
+    # watchdog's first beat leaves nothing to read (docs/memory.md), which is not this test.
+    time.sleep(1.0)
     held = []
     with verl_events.stage("actor_update", role="actor", step=2, rank=0):
         while True:
             held.append(torch.ones(2**23))  # 32 MB at a time, touched, kept
+            time.sleep(0.02)
 """
 
 
