@@ -51,8 +51,14 @@ def find_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = _ROO
 
 
 def read_cgroup(found: tuple[int, Path] | None) -> CgroupMemory | None:
-    """The cgroup's figures now (each file opened and read)."""
-    return CgroupReader(found).read() if found is not None else None
+    """The cgroup's figures now (each file opened, read and closed)."""
+    if found is None:
+        return None
+    reader = CgroupReader(found)
+    try:
+        return reader.read()
+    finally:
+        reader.close()
 
 
 class CgroupReader:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .._lines import json_object
+
 __all__ = ["MEMORY_DIR", "MemoryRecord", "NotAMemoryRecord", "memory_files", "memory_log_path", "oom_snapshot_path"]
 
 MEMORY_DIR = "memory"
@@ -83,12 +85,7 @@ class MemoryRecord:
 
     @classmethod
     def from_json(cls, line: str) -> MemoryRecord:
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise NotAMemoryRecord(f"not JSON ({exc.msg})") from None
-        if not isinstance(data, dict):
-            raise NotAMemoryRecord("not a JSON object")
+        data = json_object(line, NotAMemoryRecord)
         missing = [name for name in _FIELDS if name not in data and name != "oom"]
         if missing:
             raise NotAMemoryRecord(f"no {', '.join(missing)}")

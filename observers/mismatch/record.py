@@ -22,6 +22,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .._lines import json_object
+
 __all__ = [
     "ENGINE_STAGE",
     "MISMATCH_LOG",
@@ -73,12 +75,7 @@ class MismatchRecord:
 
     @classmethod
     def from_json(cls, line: str) -> MismatchRecord:
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise NotAMismatchRecord(f"not JSON ({exc.msg})") from None
-        if not isinstance(data, dict):
-            raise NotAMismatchRecord("not a JSON object")
+        data = json_object(line, NotAMismatchRecord)
         names = {f.name for f in fields(cls)}
         required = {"run", "step", "stage", "rank", "time"}
         if missing := sorted(required - data.keys()):

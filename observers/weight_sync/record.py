@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .._lines import json_object
+
 __all__ = [
     "ALARM_KINDS",
     "NAMES_KEPT",
@@ -114,12 +116,7 @@ class SyncRecord:
 
     @classmethod
     def from_json(cls, line: str) -> SyncRecord:
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise NotASyncRecord(f"not JSON ({exc.msg})") from None
-        if not isinstance(data, dict):
-            raise NotASyncRecord("not a JSON object")
+        data = json_object(line, NotASyncRecord)
         missing = [name for name in _REQUIRED if name not in data]
         if missing:
             raise NotASyncRecord(f"no {', '.join(missing)}")
