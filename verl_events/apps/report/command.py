@@ -9,8 +9,10 @@ from typing import Any
 
 from ..formats import timing_log
 from ..tables import terminal_console
+from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
 from .overhead import TimingLogError
-from .summary import report
+from .steps import STAGE_ORDER
+from .summary import report, timing_files
 
 __all__ = ["add_command", "command"]
 
@@ -21,6 +23,13 @@ def add_command(commands: Any) -> None:
     rep.add_argument("run", help=f"the run's save_path (holding {timing_log.TIMING_DIR}/rank*.jsonl)")
     rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
     rep.add_argument("--plot", type=Path, help="write a PNG of stage time (profiled vs baseline) and disk per stage")
+    rep.add_argument(
+        MEMORY_PLOT,
+        type=Path,
+        metavar="PATH",
+        help="write a figure (.png, .svg or .pdf) of each stage's host peak and begin, largest rank, over the steps "
+        "(and its device peak), from the memory observer's logs",
+    )
     rep.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace: a track per rank, a slice per stage")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
     rep.set_defaults(run_command=command)
@@ -29,16 +38,28 @@ def add_command(commands: Any) -> None:
 def command(args: argparse.Namespace) -> int:
     """Stage times, overhead and dump sizes of a run, from its timing logs: 0, or 2 for a run it cannot read."""
     out = terminal_console(stderr=False)
+    run = Path(args.run)
     try:
-        text = report(
-            Path(args.run), console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet
-        )
+        memory_figure = _memory_figure(run, args.memory_plot) if args.memory_plot is not None else None
+        text = report(run, console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet)
+        if memory_figure is not None:
+            write_figure(memory_figure, args.memory_plot)
     except TimingLogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if text is not None:
         print(text)
-    for flag, path in (("--plot", args.plot), ("--trace", args.trace)):
+    for flag, path in (("--plot", args.plot), (MEMORY_PLOT, args.memory_plot), ("--trace", args.trace)):
         if path is not None and not args.quiet:
             print(f"{flag}: wrote {path}", file=sys.stderr)
     return 0
+
+
+def _memory_figure(run: Path, path: Path) -> Any:
+    """The ``--memory-plot`` figure, built before the report prints anything, so that a bad
+    option fails alone; None for a run that is not a directory (the report says so)."""
+    check_figure_path(path)
+    if not run.is_dir():
+        return None
+    timing_files(run)  # the report's own errors first: a folder of runs, a run without timing logs
+    return run_memory_figure(run, list(STAGE_ORDER))

@@ -27,7 +27,7 @@ from ..formats import memory_record
 from ..jsonl import read_log
 from ..tables import print_table
 
-__all__ = ["LEAK_MIN_MB", "LEAK_MIN_STEPS", "StageMemory", "render_memory", "stage_memory"]
+__all__ = ["LEAK_MIN_MB", "LEAK_MIN_STEPS", "StageMemory", "read_memory", "render_memory", "stage_memory"]
 
 #: Kept per step, MB, for a leak: far above the allocator's and Python's own wobble.
 LEAK_MIN_MB = 10.0
