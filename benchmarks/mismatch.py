@@ -18,7 +18,7 @@ a real run (64 x 1024 and 256 x 4096, a million response tokens). For the nested
 second figure, ``sentinel + mismatch``, times both observers at the same stage end, as the
 always_on preset runs them (the sentinel's :func:`extract_metrics` first): the mismatch
 observer then finds the response tokens the sentinel already picked out of the nested
-log-probs (observers/_response.py). Each call starts with that kept work forgotten, so no
+log-probs (observers/batch/response.py). Each call starts with that kept work forgotten, so no
 call finds the previous call's.
 
 Prints the median and the fastest of ``--repeats`` calls per case, and the cost per thousand
@@ -37,8 +37,7 @@ from typing import Any
 
 import torch
 
-from verl_events.observers import _response
-from verl_events.observers.metrics import extract_metrics
+from verl_events.observers.batch import extract_metrics, response
 from verl_events.observers.mismatch.tokens import measure, step_tokens
 
 SIZES = ((4, 8), (64, 1024), (256, 4096))
@@ -106,7 +105,7 @@ def timed(call: Callable[[], Any], repeats: int) -> tuple[float, float]:
     """(median, fastest) seconds of ``call``, each call with the kept alignments forgotten."""
     seconds = []
     for _ in range(repeats):
-        _response._PICKED.clear()
+        response._PICKED.clear()
         started = time.perf_counter()
         call()
         seconds.append(time.perf_counter() - started)

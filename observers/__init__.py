@@ -6,7 +6,7 @@ import time.  They are registered as entry points of the group
 observer, and are normally loaded by name from config: ``msprobe`` (alias
 ``precision_debugger``), ``timing``, ``torch_profiler``, ``nsys``, ``npu``,
 the anomaly watcher ``sentinel`` (its metric reading is in
-:mod:`verl_events.observers.metrics`), ``tracker``, which sends stage
+:mod:`verl_events.observers.batch.metrics`), ``tracker``, which sends stage
 times and anomalies to TensorBoard, W&B or MLflow, ``watchdog``, which
 reports a stage that runs past its deadline (a hang) with every thread's
 stack and records how each process ended, ``mismatch``, which compares

@@ -25,7 +25,8 @@ from verl_events.observers.memory.cgroup import find_cgroup, read_cgroup
 from verl_events.observers.memory.host import read_status
 from verl_events.observers.memory.record import MemoryRecord, memory_log_path
 
-MB = 1 << 20
+from .memory_support import MB, StandInCuda, allocate
+
 pytestmark = pytest.mark.skipif(read_status() is None, reason="needs Linux /proc/self/status")
 
 
@@ -37,11 +38,6 @@ def memory(tmp_path: Path) -> Iterator[Path]:
 
 def records(save_path: Path, rank: int = 0) -> list[MemoryRecord]:
     return [MemoryRecord.from_json(line) for line in memory_log_path(save_path, rank).read_text().splitlines()]
-
-
-def allocate(megabytes: int) -> None:
-    held = torch.ones(megabytes * MB // 4)  # touched: resident
-    del held
 
 
 def test_a_stage_that_allocates_512_mb_peaks_500_mb_above_its_begin_and_an_idle_one_does_not(memory: Path) -> None:
@@ -75,42 +71,6 @@ def test_a_stage_that_raises_is_recorded_with_its_error(memory: Path) -> None:
         raise ValueError("boom")
     (record,) = records(memory)
     assert record.error == "ValueError"
-
-
-class StandInCuda:
-    """A device module with a caching allocator's counters, for the device paths."""
-
-    def __init__(self) -> None:
-        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
-        self.resets = 0
-
-    def is_available(self) -> bool:
-        return True
-
-    def alloc(self, nbytes: int) -> None:
-        self.allocated += nbytes
-        self.reserved = max(self.reserved, self.allocated)
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-
-    def memory_allocated(self, device: Any = None) -> int:
-        return self.allocated
-
-    def memory_reserved(self, device: Any = None) -> int:
-        return self.reserved
-
-    def max_memory_allocated(self, device: Any = None) -> int:
-        return self.peak_allocated
-
-    def max_memory_reserved(self, device: Any = None) -> int:
-        return self.peak_reserved
-
-    def reset_peak_memory_stats(self, device: Any = None) -> None:
-        self.resets += 1
-        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
-
-    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
-        return 80 * 2**30 - self.reserved - 2**30, 80 * 2**30  # another process holds 1 GiB
 
 
 CALLED = (

@@ -18,8 +18,8 @@ from verl_events.apps.report.memory_plot import StageMemoryLine, memory_figure, 
 from verl_events.apps.report.steps import STAGE_ORDER
 from verl_events.observers.memory.host import read_status
 
+from .memory_support import StandInCuda, allocate
 from .support import run_steps
-from .test_memory import StandInCuda, allocate
 
 MB = 1 << 20
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -120,7 +120,7 @@ def test_the_cli_writes_the_png_and_says_so(
 def test_the_device_peak_gets_a_panel_when_the_records_carry_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The device is tests/test_memory.py's stand-in for torch.cuda (checked there against torch's
+    """The device is tests/memory_support.py's stand-in for torch.cuda (checked there against torch's
     own signatures): no CUDA device runs here."""
     cuda = StandInCuda()
     monkeypatch.setattr("verl_events.observers.memory.observer.device_module", lambda: ("cuda", cuda))

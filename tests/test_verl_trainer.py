@@ -191,6 +191,15 @@ def test_every_stage_of_every_step_has_its_memory_the_transitions_included(runs:
         assert record.host_begin_bytes > 100 * 2**20, record
         assert record.host_peak_bytes >= max(record.host_begin_bytes, record.host_end_bytes), record
         assert record.device is None  # no device on this machine
+    # The forecast read each step's tokens from verl's own batch, and on this healthy run never warned.
+    assert [r for r in memory if r.forecast is not None] == []
+    updates = [r for r in memory if r.stage == "actor_update"]
+    assert updates and all(isinstance(r.tokens, int) and r.tokens > 0 for r in updates), updates
+    by_step: dict[int | None, set[int]] = {}
+    for record in memory:
+        if record.tokens is not None:
+            by_step.setdefault(record.step, set()).add(record.tokens)
+    assert all(len(tokens) == 1 for tokens in by_step.values()), by_step  # one count per step
 
 
 def test_report_reads_the_run(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:

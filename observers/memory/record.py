@@ -21,7 +21,11 @@ readers read it back through the names here.  A line is a
 process's); ``device_peak_bytes`` is ``peak_allocated``.  ``oom`` is set
 when the stage raised an out-of-memory error (:mod:`.oom`): ``device``
 (cpu, cuda, npu or null) and ``asked_bytes`` (null when the message has
-no size).  Lines are appended
+no size).  ``tokens`` is the step's token count the forecast used (null
+without one) and ``forecast`` the warnings given when the stage began
+(:mod:`.forecast`: ``kind``, ``tokens``, ``expected_bytes``,
+``headroom_bytes``, ``limit``, ``seen_tokens``, ``seen_bytes``), or null.
+Lines are appended
 with one ``write`` each.  Standard library only.
 """
 
@@ -78,6 +82,8 @@ class MemoryRecord:
     device: dict[str, Any] | None
     cgroup: dict[str, Any] | None
     oom: dict[str, Any] | None = None
+    tokens: int | None = None
+    forecast: list[dict[str, Any]] | None = None
 
     def to_json(self) -> str:
         # The fields as they are: asdict would deep-copy the nested dicts first, for the same text.
@@ -86,10 +92,11 @@ class MemoryRecord:
     @classmethod
     def from_json(cls, line: str) -> MemoryRecord:
         data = json_object(line, NotAMemoryRecord)
-        missing = [name for name in _FIELDS if name not in data and name != "oom"]
+        missing = [name for name in _FIELDS if name not in data and name not in _OPTIONAL]
         if missing:
             raise NotAMemoryRecord(f"no {', '.join(missing)}")
         return cls(**{name: data[name] for name in _FIELDS if name in data})
 
 
 _FIELDS = tuple(f.name for f in fields(MemoryRecord))
+_OPTIONAL = frozenset({"oom", "tokens", "forecast"})

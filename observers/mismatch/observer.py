@@ -54,7 +54,7 @@ from verl_events.config import check_count, import_target, is_import_path, parse
 from verl_events.layout import run_id
 
 from .._lines import append_line
-from ..metrics import as_batch
+from ..batch import as_batch
 from .record import TRAINER_STAGE, MismatchRecord, mismatch_files, mismatch_log_path
 from .tokens import StepTokens, measure, step_tokens
 

@@ -47,10 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._metric_tensors import keys_for
 from .._reads import Reads
-from .._response import ResponseView, as_on, computes_reference, first_tensor
-from ..metrics import as_batch
+from ..batch import ResponseView, as_batch, as_on, computes_reference, first_tensor, keys_for
 from .record import TRAINER_STAGE
 
 if TYPE_CHECKING:

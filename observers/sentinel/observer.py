@@ -1,7 +1,7 @@
 """The sentinel: a cheap watcher on every stage that raises the alarm when a metric goes wrong.
 
 At the end of each stage it reads the stage's scalars
-(:func:`verl_events.observers.metrics.extract_metrics`: verl's metrics, a few
+(:func:`verl_events.observers.batch.metrics.extract_metrics`: verl's metrics, a few
 reductions of the tensors the stage made, the training-inference gap) and
 checks them against rules.  When one breaks a rule it
 
@@ -103,7 +103,7 @@ from verl_events import AnomalyEvent, InstallContext, Observer, StageEnd, anomal
 from verl_events.config import check_count
 from verl_events.layout import run_id
 
-from ..metrics import extract_metrics
+from ..batch import extract_metrics
 from .record import AnomalyRecord, ReplayRecord, anomaly_log_path, record_files, replay_log_path
 from .replay import describe, judge, keep_inputs
 from .rules import parse_rules

@@ -16,7 +16,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.metric.utils import Metric
 from verl.workers.utils.padding import no_padding_2_padding
 
-from verl_events.observers.metrics import GAP_MAX, GAP_MEAN, as_batch, extract_metrics
+from verl_events.observers.batch import GAP_MAX, GAP_MEAN, as_batch, extract_metrics
 
 from .verl_batches import engine_inputs, nested_like, padded_batch
 
@@ -259,7 +259,7 @@ class Unreadable:
 
 
 def test_what_cannot_be_read_is_left_out_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="verl_events.sentinel")
+    caplog.set_level(logging.WARNING, logger="verl_events.batch")
 
     for _ in range(2):
         assert extract_metrics("compute_values", Unreadable()) == {"actor/grad_norm": 1.0}

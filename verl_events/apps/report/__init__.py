@@ -10,11 +10,14 @@
 * :mod:`.stragglers`: which ranks are slow in a stage across the steps;
 * :mod:`.headline`: the report's first line, the run in one sentence;
 * :mod:`.plot`: ``--plot``, the overhead table as a figure;
-* :mod:`.trace`: ``--trace``, the stages as a Chrome/Perfetto trace.
+* :mod:`.trace`: ``--trace``, the stages as a Chrome/Perfetto trace;
+* :mod:`.memory`: the memory table and its leak flag, from the memory
+  observer's logs; :mod:`.memory_plot`: ``--memory-plot``, the same over
+  the steps as a figure.
 
 Everything here reads the timing observer's logs, through their owner
-(:mod:`verl_events.observers.timing`), and of msprobe's sessions only the
-marks of those cut short.
+(:mod:`verl_events.observers.timing`), the memory observer's through
+theirs, and of msprobe's sessions only the marks of those cut short.
 """
 
 from .command import add_command, command

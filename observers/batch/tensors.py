@@ -1,12 +1,12 @@
 """The tensors a verl stage returns, reduced to the scalars :mod:`.metrics` reports.
 
-Used by :func:`verl_events.observers.metrics.extract_metrics`, which says
+Used by :func:`verl_events.observers.batch.metrics.extract_metrics`, which says
 which tensors each stage is read for (:data:`STAGE_TENSORS`) and which
 names they get; this module says what each scalar counts and what the
-reductions cost; which tokens are the response tokens is :mod:`._response`'s,
+reductions cost; which tokens are the response tokens is :mod:`.response`'s,
 shared with the mismatch observer.  Every tensor is only
 reduced: one device-to-host copy per device for all the reductions of a
-call (:class:`_Readings`), a second one only when a tensor holds a NaN or
+call (:class:`Readings`), a second one only when a tensor holds a NaN or
 an infinity.
 
 Tensor statistics
@@ -58,12 +58,12 @@ token is left.
 
 Verified against verl 0.9.1 (``verl/workers/utils/padding.py``,
 ``verl/utils/debug/metrics.py``); the shapes of what verl's workers return
-are listed in :mod:`verl_events.observers.metrics`.
+are listed in :mod:`verl_events.observers.batch.metrics`.
 
 Thread safety: no shared state; calls may run on several threads at once.
-Nothing here logs: :func:`_read_tensors` hands a tensor (or the gap) that
+Nothing here logs: :func:`read_tensors` hands a tensor (or the gap) that
 cannot be read to its ``report`` and reads the others; anything else raises
-to :func:`~verl_events.observers.metrics.extract_metrics`, which logs it.
+to :func:`~verl_events.observers.batch.metrics.extract_metrics`, which logs it.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ._response import ResponseView, Source, computes_reference, first_tensor
+from .response import ResponseView, Source, computes_reference, first_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -106,10 +106,10 @@ GAP_MEAN = "gap/log_prob_abs_mean"
 # -- readings ----------------------------------------------------------------
 
 # Carries the gap's token count through the reductions; never returned.
-_GAP_TOKENS = "gap/.tokens"
+GAP_TOKENS = "gap/.tokens"
 
 
-class _Readings:
+class Readings:
     """Values read so far, one-element tensors still on their device, and
     tensor statistics waiting for their fast path to be confirmed."""
 
@@ -182,8 +182,8 @@ class _Probe:
 # -- tensors -----------------------------------------------------------------
 
 
-def _read_tensors(
-    stage: str, out: Source, inputs: Source | None, readings: _Readings, report: Callable[[str, str, Exception], None]
+def read_tensors(
+    stage: str, out: Source, inputs: Source | None, readings: Readings, report: Callable[[str, str, Exception], None]
 ) -> None:
     """Reduce the tensors :data:`STAGE_TENSORS` names for ``stage`` (and the gap at
     ``actor_compute_log_prob``); a tensor or the gap that cannot be read goes to
@@ -205,7 +205,7 @@ def _read_tensors(
         return
     for name, tensor in found.items():
         try:
-            _reduce(name, response.elements(tensor), *response.of(tensor), readings)
+            reduce_tensor(name, response.elements(tensor), *response.of(tensor), readings)
         except Exception as exc:
             report(stage, name, exc)
     if not gap_stage:
@@ -216,7 +216,7 @@ def _read_tensors(
     rollout = rollout.detach()
     actor = found.get("old_log_probs")
     try:
-        _reduce("rollout_log_probs", rollout, rollout, response.mask_for(rollout), readings)
+        reduce_tensor("rollout_log_probs", rollout, rollout, response.mask_for(rollout), readings)
         if actor is not None:
             _gap(actor, rollout, response, readings)
     except Exception as exc:
@@ -228,7 +228,9 @@ def keys_for(stage: str, name: str) -> tuple[str, ...]:
     return tuple(key for key, named in STAGE_TENSORS[stage] if named == name)
 
 
-def _reduce(name: str, whole: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: _Readings) -> None:
+def reduce_tensor(
+    name: str, whole: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: Readings
+) -> None:
     """``name/nonfinite_count`` over every element of ``whole`` (a nested tensor: its
     values); ``name/abs_max`` and ``name/mean`` over the finite elements of ``view`` that
     ``mask`` keeps.
@@ -265,7 +267,7 @@ def _reduce(name: str, whole: torch.Tensor, view: torch.Tensor, mask: torch.Tens
 
 
 def _reduce_exact(
-    name: str, elements: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: _Readings
+    name: str, elements: torch.Tensor, view: torch.Tensor, mask: torch.Tensor | None, readings: Readings
 ) -> None:
     import torch
 
@@ -281,7 +283,7 @@ def _reduce_exact(
     readings.add(f"{name}/mean", kept.sum(dtype=torch.float32) / valid.sum().clamp(min=1))
 
 
-def _gap(actor: torch.Tensor, rollout: torch.Tensor, response: ResponseView, readings: _Readings) -> None:
+def _gap(actor: torch.Tensor, rollout: torch.Tensor, response: ResponseView, readings: Readings) -> None:
     """``gap/log_prob_abs_max`` and ``gap/log_prob_abs_mean`` (see the module docstring)."""
     import torch
 
@@ -300,6 +302,6 @@ def _gap(actor: torch.Tensor, rollout: torch.Tensor, response: ResponseView, rea
         keep &= positions
     count = keep.sum()
     difference = torch.where(keep, (actor.float() - rollout.float()).abs(), 0.0)
-    readings.add(_GAP_TOKENS, count)  # known on the host only after finish(); see extract_metrics
+    readings.add(GAP_TOKENS, count)  # known on the host only after finish(); see extract_metrics
     readings.add(GAP_MAX, difference.max())
     readings.add(GAP_MEAN, difference.sum() / count.clamp(min=1))

@@ -71,7 +71,7 @@ carry ``rollout_log_probs``, the training-inference gap adds
 ``|old_log_probs - rollout_log_probs|``.  What exactly each counts, which
 tokens are response tokens (masks, verl 0.9's nested no-padding layout)
 and what the reductions cost is documented in
-:mod:`verl_events.observers._metric_tensors`, which computes them.
+:mod:`verl_events.observers.batch.tensors`, which computes them.
 
 verl 0.9 with the reference model inside the actor (LoRA) computes the
 reference log-probs through ``actor_compute_log_prob`` too; the trainer then
@@ -105,26 +105,23 @@ import logging
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._metric_tensors import (
-    _GAP_TOKENS,
+from .tensors import (
     GAP_MAX,
     GAP_MEAN,
+    GAP_TOKENS,
     STAGE_TENSORS,
     TENSOR_STATISTICS,
-    _read_tensors,
-    _Readings,
-    _reduce,
+    Readings,
+    read_tensors,
+    reduce_tensor,
 )
-
-if TYPE_CHECKING:
-    import torch
+from .view import Batch, as_batch
 
 __all__ = ["GAP_MAX", "GAP_MEAN", "STAGE_TENSORS", "TENSOR_STATISTICS", "extract_metrics"]
 
-logger = logging.getLogger("verl_events.sentinel")
+logger = logging.getLogger("verl_events.batch")
 
 # Where verl's trainer renames an engine worker's metrics (see the module docstring).
 _ROLE_PREFIX = {"actor_update": "actor/", "critic_update": "critic/"}
@@ -134,16 +131,16 @@ def extract_metrics(stage: str, result: Any, inputs: Any = None) -> dict[str, fl
     """The scalars in ``result`` (and, for the gap, ``inputs``) of one ``stage``.
 
     Never raises: a part that cannot be read is left out (the first failure
-    of each stage and part is logged at WARNING on ``verl_events.sentinel``).
+    of each stage and part is logged at WARNING on ``verl_events.batch``).
     Tensors are not copied beyond the reductions.  See the module docstring
     for the names.
     """
     # It runs at the end of every stage, just after the stage's own work has
     # pushed it out of the CPU caches: few calls, few objects, no lambdas.
-    readings = _Readings()
+    readings = Readings()
     if result is None:
         return readings.values
-    out_batch: _Batch | None = None
+    out_batch: Batch | None = None
     try:
         out_batch = as_batch(result)
         if out_batch is None:
@@ -155,7 +152,7 @@ def extract_metrics(stage: str, result: Any, inputs: Any = None) -> dict[str, fl
     # At other stages a plain mapping's tensors were read with its metrics.
     if out_batch is not None and stage in STAGE_TENSORS and "torch" in sys.modules:
         try:
-            _read_tensors(stage, out_batch, as_batch(inputs) if inputs is not None else None, readings, _report)
+            read_tensors(stage, out_batch, as_batch(inputs) if inputs is not None else None, readings, _report)
         except Exception as exc:
             _report(stage, "tensors", exc)
     if readings.pending or readings.probes:
@@ -163,105 +160,16 @@ def extract_metrics(stage: str, result: Any, inputs: Any = None) -> dict[str, fl
             readings.finish()
         except Exception as exc:
             _report(stage, "reductions", exc)
-    if _GAP_TOKENS in readings.values and readings.values.pop(_GAP_TOKENS) == 0:  # no response token to compare
+    if GAP_TOKENS in readings.values and readings.values.pop(GAP_TOKENS) == 0:  # no response token to compare
         readings.values.pop(GAP_MAX, None)
         readings.values.pop(GAP_MEAN, None)
     return readings.values
 
 
-# -- what a result is --------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Batch:
-    """One result or input, seen the same way whatever carried it."""
-
-    tensors: Any  # has .get(key, None): a dict, a TensorDict, or None
-    found_metrics: Any  # Mapping[str, Any] | None; _UNREAD: a TensorDict's, read when first asked for
-    kind: str  # "dataproto", "tensordict", "record" or "mapping"
-    flags: Any = None  # a TensorDict whose non-tensor entries are the call's flags
-
-    @property
-    def metrics(self) -> Mapping[str, Any] | None:
-        """The metrics it carries; a TensorDict's are read at the first call (the mismatch
-        observer never asks for them)."""
-        if self.found_metrics is _UNREAD:
-            value = self.tensors
-            metrics = _unwrap(value.get("metrics", None)) if "metrics" in value.keys() else None
-            self.found_metrics = _mapping(metrics)
-        found: Mapping[str, Any] | None = self.found_metrics
-        return found
-
-    def tensor(self, key: str) -> torch.Tensor | None:
-        """The tensor under ``key``, or None (also when torch was never imported: then
-        nothing can be a tensor)."""
-        torch = sys.modules.get("torch")
-        if self.tensors is None or torch is None:
-            return None
-        found = self.tensors.get(key, None)
-        return found if isinstance(found, torch.Tensor) else None
-
-    def flag(self, key: str) -> Any:
-        """The call's flag ``key`` (a TensorDict's non-tensor entry), or None."""
-        if self.flags is None or key not in self.flags.keys():
-            return None
-        return _unwrap(self.flags.get(key, None))
-
-
-def as_batch(value: Any) -> _Batch | None:
-    """``value`` as a batch, or None for a bare value (a number, a tensor, anything else)."""
-    kind = _KINDS.get(type(value))
-    if kind is None:
-        kind = _KINDS[type(value)] = _kind_of(value)
-    if kind == "dataproto":
-        info = value.meta_info
-        return _Batch(value.batch, _mapping(info.get("metrics")) if isinstance(info, Mapping) else None, kind)
-    if kind == "tensordict":
-        return _Batch(value, _UNREAD, kind, flags=value)
-    if kind == "mapping":
-        return _Batch(value, value, kind)
-    tensors, info = getattr(value, "tensors", None), getattr(value, "meta_info", None)
-    if isinstance(tensors, dict | Mapping) and isinstance(info, dict | Mapping):
-        return _Batch(tensors, _mapping(info.get("metrics")), "record")
-    return None
-
-
-_UNREAD = object()  # a TensorDict's metrics, not read yet
-
-# A result's kind by its type, found once: isinstance against ABCs is slow.
-_KINDS: dict[type, str] = {}
-
-
-def _kind_of(value: Any) -> str:
-    # Only classes already imported can have made ``value``: nothing is imported here.
-    protocol = sys.modules.get("verl.protocol")
-    if protocol is not None and isinstance(value, protocol.DataProto):
-        return "dataproto"
-    tensordict = sys.modules.get("tensordict")
-    if tensordict is not None and isinstance(value, tensordict.TensorDictBase):
-        return "tensordict"
-    return "mapping" if isinstance(value, Mapping) else "other"
-
-
-def _unwrap(value: Any) -> Any:
-    """A TensorDict's non-tensor entry as the value it holds, as ``verl.utils.tensordict_utils.get`` unwraps it."""
-    tensordict = sys.modules.get("tensordict")
-    if tensordict is not None:
-        if isinstance(value, tensordict.NonTensorStack):
-            return value.tolist()
-        if isinstance(value, tensordict.NonTensorData):
-            return value.data
-    return value
-
-
-def _mapping(value: Any) -> Mapping[str, Any] | None:
-    return value if isinstance(value, Mapping) else None
-
-
 # -- scalars -----------------------------------------------------------------
 
 
-def _read_bare(stage: str, value: Any, readings: _Readings) -> None:
+def _read_bare(stage: str, value: Any, readings: Readings) -> None:
     name = f"{stage}/result"
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
@@ -269,14 +177,14 @@ def _read_bare(stage: str, value: Any, readings: _Readings) -> None:
             readings.add(name, value)
         elif value.is_floating_point():
             table = STAGE_TENSORS.get(stage)
-            _reduce(table[0][1] if table else name, value.detach(), value.detach(), None, readings)
+            reduce_tensor(table[0][1] if table else name, value.detach(), value.detach(), None, readings)
         return
     number = _scalar(value, name)
     if number is not None:
         readings.add(name, number)
 
 
-def _read_metrics(stage: str, batch: _Batch, readings: _Readings) -> None:
+def _read_metrics(stage: str, batch: Batch, readings: Readings) -> None:
     metrics = batch.metrics
     if not metrics:
         return
@@ -294,7 +202,7 @@ def _read_metrics(stage: str, batch: _Batch, readings: _Readings) -> None:
             if value.numel() == 1:
                 readings.add(name, value)
             elif batch.kind == "mapping" and value.is_floating_point() and stage not in STAGE_TENSORS:
-                _reduce(name, value.detach(), value.detach(), None, readings)
+                reduce_tensor(name, value.detach(), value.detach(), None, readings)
             continue
         number = _scalar(value, name)
         if number is not None:
@@ -378,7 +286,7 @@ def _report(stage: str, part: str, exc: Exception) -> None:
     if (stage, part) not in _reported:
         _reported.add((stage, part))
         logger.warning(
-            "sentinel: could not read %s at stage %s (%s: %s); it is left out, and later failures of it are not logged",
+            "could not read %s at stage %s (%s: %s); it is left out, and later failures of it are not logged",
             part,
             stage,
             type(exc).__name__,

@@ -1,6 +1,6 @@
 """Which tokens of a stage's tensors are the response tokens, whatever layout carried them.
 
-Shared by the sentinel's metrics (:mod:`._metric_tensors`) and the mismatch
+Shared by the tensor statistics (:mod:`.tensors`) and the mismatch
 observer, so both read verl's layouts alike: padded ``[batch, response]``
 tensors with ``response_mask`` (or the last columns of ``attention_mask``),
 and verl 0.9's no-padding layout, where a model output is nested (one row per

@@ -1,0 +1,174 @@
+"""Before it happens: a stage's memory growth against the step's tokens, and a warning
+when this step's size predicts more than is left.
+
+What is learned
+---------------
+
+For each stage (by name, on each rank) and each step it ran without error: how far
+its peak rose above where it began (**growth**; host: the resident peak over the
+resident memory at begin; device: the reserved peak over the reserved bytes at
+begin) and how many tokens the step's batch held (:mod:`..batch.tokens`: prompt and
+response tokens present).  A stage's first run is left out: it is warm-up
+(optimizer state, caches, the allocator's pools), not a function of the batch.
+
+From two later runs with different token counts on, a straight line
+``growth = a + b × tokens`` is fitted by least squares; the expected growth at
+``tokens`` is the line's value, and never less than the largest growth already
+seen at as many tokens or fewer (so a flat or falling line still expects what
+was seen).
+
+What is compared
+----------------
+
+When a stage begins and its step's tokens are known (a stage of the same step on
+this rank ended with the batch: in verl, ``actor_compute_log_prob``, which is
+therefore not forecast itself), the expected growth is compared with what is left:
+
+* host: the memory cgroup's limit less its usage; the address-space limit
+  (``RLIMIT_AS``) less the process's size (growth in resident memory is taken as
+  growth in address space: fresh allocations are both); the node's
+  ``MemAvailable``.  The smallest is the headroom.
+* device: its total less its used bytes (every process's).
+
+A warning is one :class:`Forecast`: logged, sent as an anomaly (so it can arm a
+capture before the stage fails), and kept in the stage's memory record.  It fires
+only when the expectation exceeds the headroom; a healthy run far from its limits
+never warns.
+
+Thread safety: the caller serialises :meth:`Forecaster.learn` and
+:meth:`Forecaster.expect` per rank and stage (the observer holds a lock).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Forecast", "Forecaster", "Headroom", "host_headroom"]
+
+#: Runs of a stage left out before learning: its first is warm-up.
+WARM_UP_RUNS = 1
+#: Observations kept per stage and kind: the most recent ones.
+KEPT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What is left before a limit, and which limit it is."""
+
+    bytes: int
+    limit: str  # "cgroup", "RLIMIT_AS", "MemAvailable", "device"
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """A stage expected to need more than is left (see the module docstring)."""
+
+    stage: str
+    kind: str  # "host" or "device"
+    tokens: int
+    expected_bytes: int
+    headroom: Headroom
+    seen_tokens: int
+    seen_bytes: int
+
+    def sentence(self, step: int | None, rank: int) -> str:
+        return (
+            f"memory: {self.stage} grew the {self.kind} memory by {_size(self.seen_bytes)} for "
+            f"{self.seen_tokens:,} tokens; step {step} has {self.tokens:,} tokens: expect "
+            f"{_size(self.expected_bytes)} more, and {_size(self.headroom.bytes)} is left under "
+            f"{_LIMIT_NOUNS[self.headroom.limit]} (rank {rank})"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "tokens": self.tokens,
+            "expected_bytes": self.expected_bytes,
+            "headroom_bytes": self.headroom.bytes,
+            "limit": self.headroom.limit,
+            "seen_tokens": self.seen_tokens,
+            "seen_bytes": self.seen_bytes,
+        }
+
+
+_LIMIT_NOUNS = {
+    "cgroup": "the cgroup's limit",
+    "RLIMIT_AS": "the address-space limit (RLIMIT_AS)",
+    "MemAvailable": "the node's available memory",
+    "device": "the device's total",
+}
+
+
+class Forecaster:
+    """Growth against tokens per (rank, stage, kind), and the expectation for a new step."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[int, str], int] = {}
+        self._seen: dict[tuple[int, str, str], list[tuple[int, int]]] = {}
+
+    def learn(self, rank: int, stage: str, tokens: int, growth: dict[str, int]) -> None:
+        """Stage ``stage`` ran on ``tokens`` tokens and grew by ``growth`` (by kind)."""
+        runs = self._runs[(rank, stage)] = self._runs.get((rank, stage), 0) + 1
+        if runs <= WARM_UP_RUNS:
+            return
+        for kind, grew in growth.items():
+            seen = self._seen.setdefault((rank, stage, kind), [])
+            seen.append((tokens, max(grew, 0)))
+            del seen[:-KEPT]
+
+    def expect(self, rank: int, stage: str, kind: str, tokens: int) -> tuple[int, int, int] | None:
+        """(expected growth, tokens and growth of the largest run seen) at ``tokens``; None
+        before two runs with different token counts were seen."""
+        seen = self._seen.get((rank, stage, kind))
+        if not seen or len({t for t, _ in seen}) < 2:
+            return None
+        n = len(seen)
+        mean_t = sum(t for t, _ in seen) / n
+        mean_g = sum(g for _, g in seen) / n
+        spread = sum((t - mean_t) ** 2 for t, _ in seen)
+        slope = sum((t - mean_t) * (g - mean_g) for t, g in seen) / spread
+        line = mean_g + slope * (tokens - mean_t)
+        floor = max((g for t, g in seen if t <= tokens), default=0)
+        largest = max(seen, key=lambda pair: (pair[0], pair[1]))
+        return max(int(line), floor), largest[0], largest[1]
+
+
+def host_headroom(cgroup_limit: int | None, cgroup_usage: int | None) -> Headroom | None:
+    """The smallest of the host's headrooms (see the module docstring), or None when none is known."""
+    found: list[Headroom] = []
+    if cgroup_limit is not None and cgroup_usage is not None:
+        found.append(Headroom(cgroup_limit - cgroup_usage, "cgroup"))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    size = _address_space()
+    if soft != resource.RLIM_INFINITY and size is not None:
+        found.append(Headroom(soft - size, "RLIMIT_AS"))
+    available = _mem_available()
+    if available is not None:
+        found.append(Headroom(available, "MemAvailable"))
+    return min(found, key=lambda h: h.bytes) if found else None
+
+
+def _address_space() -> int | None:
+    """The process's size (VmSize) in bytes, from ``/proc/self/statm``."""
+    try:
+        return int(Path("/proc/self/statm").read_bytes().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _mem_available() -> int | None:
+    try:
+        text = Path("/proc/meminfo").read_bytes()
+        return int(text[text.index(b"MemAvailable:") + 13 :].split(None, 1)[0]) * 1024
+    except (OSError, ValueError):
+        return None
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
