@@ -17,9 +17,14 @@ enclosing it, if any), ``kind``, ``detail``,
 ``where`` (``file``, ``line``, ``function``, ``code``), ``time`` and
 ``source`` (a cascade item adds ``why``).
 
+``--log FILE`` (repeatable) names the driver's output (its console log),
+read for Ray's memory-monitor report, which names the pids Ray killed
+(:mod:`.ray_kills`); ``RUN/trainer.log`` is read without it.
+
 Exit codes: 0 nothing went wrong (``healthy``, or ``running``: no failure
 yet and a rank still beats), 1 a failure, a hang or an anomaly was found,
-2 bad input (RUN is not a folder, or holds nothing an observer writes).
+2 bad input (RUN is not a folder, or holds nothing an observer writes, or a
+``--log`` file is not there).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +74,19 @@ class Diagnosis:
         }
 
 
-def diagnose(run: Path) -> Diagnosis:
-    """Read and judge RUN; DiagnoseInputError when it is not a run folder."""
+def diagnose(run: Path, logs: Sequence[Path] = ()) -> Diagnosis:
+    """Read and judge RUN, with the driver's output files ``logs``; DiagnoseInputError when
+    RUN is not a run folder or a log is not a file."""
     if not run.is_dir():
         raise DiagnoseInputError(
             f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
         )
-    evidence = gather(run)
+    for log in logs:
+        if not log.is_file():
+            raise DiagnoseInputError(
+                f"--log {log} {'is not a file' if log.exists() else 'does not exist'}; pass the driver's output"
+            )
+    evidence = gather(run, logs)
     tools, unseen = _tools(evidence), _unseen(evidence)
     if not tools and not evidence.failures:
         raise DiagnoseInputError(
@@ -178,6 +189,8 @@ _SHOWN = 200  # characters of a failure's detail shown in text
 def _failure_lines(failure: Failure, indent: str) -> list[str]:
     if not failure.stage:
         at = "outside any stage"
+    elif failure.in_stage is None:
+        at = f"after step {failure.step}'s {failure.stage}, where since unknown"
     elif failure.in_stage:
         at = f"step {failure.step}, {failure.stage}" + (f" (in {failure.parent})" if failure.parent else "")
     else:
@@ -235,13 +248,22 @@ def add_command(commands: Any) -> None:
     )
     parser.add_argument("run", help="the run's save_path")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="the driver's output (repeatable), for the pids Ray's memory monitor killed; RUN/trainer.log is read "
+        "without it",
+    )
     parser.set_defaults(run_command=command)
 
 
 def command(args: Any) -> int:
-    """``verl-events diagnose RUN [--json]``; the exit code (see the module docstring)."""
+    """``verl-events diagnose RUN [--json] [--log FILE]``; the exit code (see the module docstring)."""
     try:
-        diagnosis = diagnose(Path(args.run))
+        diagnosis = diagnose(Path(args.run), args.log)
     except DiagnoseInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,9 @@ stopped beating without a word: SIGKILL) is said to be *most likely killed by
 the OOM killer* when the memory observer's last record of it stood at 90 % or
 more of its cgroup's limit, or when that cgroup (read now, where diagnose
 runs and the cgroup still exists) counts more OOM kills than the record did.
+A rank that Ray's memory monitor killed is ``oom``, named by the pid in Ray's
+report (:mod:`.ray_kills`), read from the failures and from the driver's
+output (``RUN/trainer.log``, ``--log``).
 
 Each reader skips what it cannot read with a sentence in ``warnings``, and
 records of another run (their ``run`` is not the folder's, from
@@ -29,6 +32,7 @@ records of another run (their ``run`` is not the folder's, from
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,20 +41,22 @@ from verl_events.layout import owner_of
 
 from ..formats import anomaly_record, hang_record, memory_record, timing_log, weight_sync_record
 from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
+from .ray_kills import ray_kills
 from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
 
 if TYPE_CHECKING:
     from observers.memory.cgroup import read_cgroup
-    from observers.memory.oom import OutOfMemory, out_of_memory
+    from observers.memory.oom import RAY_REPORT_WORDS, OutOfMemory, out_of_memory
 else:
     from verl_events.observers.memory.cgroup import read_cgroup
-    from verl_events.observers.memory.oom import OutOfMemory, out_of_memory
+    from verl_events.observers.memory.oom import RAY_REPORT_WORDS, OutOfMemory, out_of_memory
 
 __all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "gather"]
 
 
-def gather(run: Path) -> Evidence:
-    """Read every failure under ``run`` (see the module docstring)."""
+def gather(run: Path, logs: Sequence[Path] = ()) -> Evidence:
+    """Read every failure under ``run`` (see the module docstring); ``logs``: the driver's
+    output files, besides ``run/trainer.log``, which is read when it is there."""
     evidence = Evidence(run, owner_of(run))
     read_heartbeats(evidence)
     process_ends(evidence)
@@ -63,6 +69,7 @@ def gather(run: Path) -> Evidence:
     _anomalies(evidence)
     _weight_alarms(evidence)
     _out_of_memory(evidence)
+    ray_kills(evidence, logs)
     _killed_by_oom(evidence)
     return evidence
 
@@ -166,7 +173,8 @@ def _out_of_memory(evidence: Evidence) -> None:
     ooms = [
         (i, found)
         for i, f in enumerate(evidence.failures)
-        if f.kind == "exception" and (found := out_of_memory(f.detail))
+        # Ray's memory monitor's report is another process's death, not this one's allocation.
+        if f.kind == "exception" and RAY_REPORT_WORDS not in f.detail and (found := out_of_memory(f.detail))
     ]
     if not ooms:
         return

@@ -36,7 +36,7 @@ class Failure:
     source: str = ""  # the file it was read from, relative to the run
     message: str | None = None  # an exception's message, for telling a consequence
     waiting_in: str | None = None  # a hang: the torch.distributed call it waits in
-    in_stage: bool = True  # False: between stages (step and stage are the last that ended)
+    in_stage: bool | None = True  # False: between stages (step and stage: the last that ended); None: unknown
     parent: str | None = None  # the stage enclosing ``stage``
     window: float = 0.0  # killed: it died within this many seconds after ``time``
 
