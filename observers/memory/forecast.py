@@ -41,12 +41,22 @@ Thread safety: the caller serialises :meth:`Forecaster.learn` and
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Forecast", "Forecaster", "Headroom", "host_headroom"]
+from verl_events import AnomalyEvent, anomaly
+
+from ..batch import token_counts
+
+__all__ = ["Forecast", "Forecaster", "Headroom", "StepForecast", "host_headroom", "warn"]
+
+logger = logging.getLogger("verl_events.memory")
 
 #: Runs of a stage left out before learning: its first is warm-up.
 WARM_UP_RUNS = 1
@@ -134,6 +144,97 @@ class Forecaster:
         floor = max((g for t, g in seen if t <= tokens), default=0)
         largest = max(seen, key=lambda pair: (pair[0], pair[1]))
         return max(int(line), floor), largest[0], largest[1]
+
+
+class StepForecast:
+    """The observer's side of the forecast: each rank's step tokens, what each stage grew
+    by, and the warnings for a stage about to begin.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._forecaster = Forecaster()
+        self._step_tokens: dict[int, tuple[int, int]] = {}  # rank -> (step, its tokens)
+        self._failure_logged = False
+
+    def check(
+        self,
+        stage: str,
+        step: int,
+        rank: int,
+        host_room: Callable[[], Headroom | None],
+        device_room: Callable[[], Headroom | None],
+    ) -> list[Forecast]:
+        """The warnings for ``stage`` beginning at ``step`` on ``rank``; what is left is asked
+        for (``host_room``, ``device_room``) only when there is an expectation to compare."""
+        with self._lock:
+            known = self._step_tokens.get(rank)
+            if known is None or known[0] != step:
+                return []
+            tokens = known[1]
+            expected = {kind: self._forecaster.expect(rank, stage, kind, tokens) for kind in ("host", "device")}
+        found: list[Forecast] = []
+        for kind, room in (("host", host_room), ("device", device_room)):
+            expectation = expected[kind]
+            if expectation is None:
+                continue
+            headroom = room()
+            if headroom is not None and expectation[0] > headroom.bytes:
+                found.append(Forecast(stage, kind, tokens, expectation[0], headroom, expectation[1], expectation[2]))
+        return found
+
+    def step_tokens(self, stage: str, step: int | None, rank: int, inputs: Any, result: Any) -> int | None:
+        """The tokens of ``step`` on ``rank``, counted from this stage's ``inputs`` or
+        ``result`` when no earlier stage of the step gave them; None when unknown.  Runs on the
+        stage's own thread (it may read a tensor); never raises."""
+        if step is None:
+            return None
+        with self._lock:
+            known = self._step_tokens.get(rank)
+        if known is not None and known[0] == step:
+            return known[1]
+        try:
+            for value in (inputs, result):
+                counts = token_counts(value) if value is not None else None
+                if counts is not None:
+                    with self._lock:
+                        self._step_tokens[rank] = (step, counts.tokens)
+                    return counts.tokens
+        except Exception as exc:
+            if not self._failure_logged:
+                self._failure_logged = True
+                logger.warning(
+                    "memory: could not count the tokens of stage %s's batch (%s: %s); the forecast skips such "
+                    "batches, and later failures are not logged",
+                    stage,
+                    type(exc).__name__,
+                    exc,
+                )
+        return None
+
+    def learn(self, stage: str, rank: int, tokens: int, growth: dict[str, int]) -> None:
+        with self._lock:
+            self._forecaster.learn(rank, stage, tokens, growth)
+
+
+def warn(found: list[Forecast], step: int, rank: int) -> None:
+    """Log each warning and send it as an anomaly (metric ``memory_forecast/<kind>_bytes``)."""
+    for warning in found:
+        sentence = warning.sentence(step, rank)
+        logger.warning("%s", sentence)
+        event = AnomalyEvent(
+            step=step,
+            stage=warning.stage,
+            rank=rank,
+            metric=f"memory_forecast/{warning.kind}_bytes",
+            value=float(warning.expected_bytes),
+            rule="forecast",
+            baseline=float(warning.headroom.bytes),
+            detail=sentence,
+        )
+        try:
+            anomaly.send(warning.stage, event=event)
+        except Exception:
+            logger.exception("memory: a receiver of the anomaly signal failed for the forecast of %s", warning.stage)
 
 
 def host_headroom(cgroup_limit: int | None, cgroup_usage: int | None) -> Headroom | None:

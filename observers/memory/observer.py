@@ -8,6 +8,9 @@ Config::
       history_entries: 100000    # the history's ring: the last this many allocator events
       forecast: true             # warn before a stage whose step's tokens predict more memory
                                  # than is left (see .forecast)
+      peak: reset                # reset: the hooks reset and read the peaks, exact;
+                                 # sampled: a thread does, every interval_s (see .sampler)
+      interval_s: 0.05           # peak: sampled only
 
 For every stage it selects, on every rank, one line in
 ``{save_path}/memory/rank{R}.jsonl`` (:mod:`.record`):
@@ -31,8 +34,11 @@ more growth than is left is warned about when it begins: logged, sent as an
 anomaly and kept in its line (:mod:`.forecast`).  For that the observer
 asks for the stages' inputs and results (``wants_result``), by reference.
 
-The peaks are process-wide and reset when a stage begins; nested and
-concurrent stages each keep theirs (:mod:`.peaks`).  Passive.
+The peaks are process-wide.  With ``peak: reset`` they are reset when a
+stage begins; nested and concurrent stages each keep theirs (:mod:`.peaks`).
+With ``peak: sampled`` a thread resets and reads them every ``interval_s``,
+and the hooks only note the stage (:mod:`.sampler` says what that blurs).
+Passive.
 """
 
 from __future__ import annotations
@@ -41,35 +47,51 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import (
-    AnomalyEvent,
-    ConfigError,
-    InstallContext,
-    Observer,
-    StageEnd,
-    StageEvent,
-    anomaly,
-    prepare_output_dir,
-)
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
 from verl_events.config import check_count
 from verl_events.layout import run_id
 
-from ..batch import TokenCounts, token_counts
 from .cgroup import CgroupReader, find_cgroup
 from .device import DeviceGauge, device_module
-from .forecast import Forecast, Forecaster, Headroom, host_headroom
+from .forecast import Forecast, Headroom, StepForecast, host_headroom, warn
 from .history import History, cuda_oom_attacher
 from .host import HostGauge
 from .oom import out_of_memory
 from .peaks import PeakTracker
 from .record import MemoryRecord, memory_files, memory_log_path
+from .sampler import Sampler
 
 __all__ = ["MemoryObserver"]
 
 logger = logging.getLogger("verl_events.memory")
+
+#: ``peak: sampled``'s interval when none is given, and the range allowed.
+DEFAULT_INTERVAL_S = 0.05
+INTERVAL_RANGE_S = (0.001, 60.0)
+
+Figures = tuple[list[int], list[int]]  # (now, peaks), in a gauge's order
+
+
+@dataclass(slots=True)
+class _Ended:
+    """What a stage's line needs, copied from its end event: the event itself holds the
+    stage's result and inputs, which must not outlive it while ``peak: sampled`` waits."""
+
+    seq: int
+    step: int | None
+    stage: str
+    rank: int
+    role: str | None
+    error: BaseException | None
+    host_begin: list[int] | None
+    device_begin: list[int] | None
+    tokens: int | None
+    warned: list[Forecast] | None
+    host_now: list[int] | None = None  # peak: sampled: read by the end hook
 
 
 class MemoryObserver(Observer):
@@ -79,31 +101,53 @@ class MemoryObserver(Observer):
     sends_anomalies = True
     output_noun = "memory log(s)"
 
-    def __init__(self, record_history: bool = False, history_entries: int = 100_000, forecast: bool = True) -> None:
+    def __init__(
+        self,
+        record_history: bool = False,
+        history_entries: int = 100_000,
+        forecast: bool = True,
+        peak: str = "reset",
+        interval_s: float | None = None,
+    ) -> None:
         for name, value in (("record_history", record_history), ("forecast", forecast)):
             if not isinstance(value, bool):
                 raise ConfigError(f"option {name}: {value!r} is not allowed; use true or false")
+        if peak not in ("reset", "sampled"):
+            raise ConfigError(f"option peak: {peak!r} is not allowed; use reset or sampled")
+        if interval_s is not None and peak != "sampled":
+            raise ConfigError(
+                f"option interval_s: {interval_s!r} is not allowed with peak: reset; it is peak: sampled's"
+            )
+        low, high = INTERVAL_RANGE_S
+        if interval_s is not None and (
+            isinstance(interval_s, bool) or not isinstance(interval_s, int | float) or not low <= interval_s <= high
+        ):
+            raise ConfigError(
+                f"option interval_s: {interval_s!r} is not allowed; use a number of seconds from {low} to {high:g}"
+            )
         self.record_history = record_history
-        self.forecast = forecast
-        self.wants_result = forecast  # the step's tokens are read from the stages' inputs and results
-        self._forecaster = Forecaster()
-        self._step_tokens: dict[int, tuple[int, TokenCounts]] = {}  # rank -> (step, its tokens)
-        self._warned: dict[int, list[Forecast]] = {}  # an open stage's seq -> its warnings
-        self._token_failure_logged = False
         self.history_entries = check_count(
             history_entries, "option history_entries", allowed="a number of allocator events >= 1", minimum=1
         )
+        self.forecast = forecast
+        self.wants_result = forecast  # the step's tokens are read from the stages' inputs and results
+        self.peak = peak
+        self.interval_s = float(interval_s if interval_s is not None else DEFAULT_INTERVAL_S)
+        self._forecast = StepForecast()
         self._history: History | None = None
         self._root = Path()
         self._gauge = HostGauge()
         self._host = PeakTracker(self._gauge)
+        self._sampler = (
+            Sampler([self._gauge, None], self.interval_s, self._finish_sampled) if peak == "sampled" else None
+        )
         self._logs: dict[int, tuple[int, int]] = {}  # rank -> (pid, descriptor) of its log
         self._device: PeakTracker | None = None
         self._device_kind: str | None = None
         self._device_checked = False
         self._cgroup = CgroupReader(None)
         self._lock = threading.Lock()
-        self._begun: dict[int, tuple[list[int] | None, list[int] | None]] = {}
+        self._begun: dict[int, tuple[list[int] | None, list[int] | None, list[Forecast] | None]] = {}
         self._run: str | None = None
         self._warned_no_reset = False
 
@@ -132,34 +176,86 @@ class MemoryObserver(Observer):
         self._history.start()
 
     def describe(self) -> str:
+        peak = f"sampled every {self.interval_s:g} s" if self._sampler is not None else "peak"
         history = (
             f"; CUDA allocator history ({self.history_entries} events) and a snapshot at an OOM"
             if self.record_history
             else ""
         )
         forecast = "; a warning before a stage whose step's tokens predict more than is left" if self.forecast else ""
-        return f"host (resident, peak), cgroup and device memory of every selected stage{history}{forecast}"
+        return f"host (resident, {peak}), cgroup and device memory of every selected stage{history}{forecast}"
+
+    # -- the hooks ----------------------------------------------------------------
 
     def on_stage_begin(self, event: StageEvent) -> None:
         if self._history is not None:
             self._history.stage_begins(event.seq, event.stage, event.step, event.rank)
         device = self._device_tracker()
-        begun = (self._host.begin(event.seq), device.begin(event.seq) if device is not None else None)
+        if self._sampler is not None:
+            host_begin, device_begin = self._gauge.resident(), self._sampled_device_now()
+            self._sampler.begin(event.seq)
+        else:
+            host_begin = self._host.begin(event.seq)
+            device_begin = device.begin(event.seq) if device is not None else None
+        warned = self._check_forecast(event) if self.forecast and event.step is not None else None
         with self._lock:
-            self._begun[event.seq] = begun
-        if self.forecast and event.step is not None:
-            self._check_forecast(event, begun[0], begun[1])
+            self._begun[event.seq] = (host_begin, device_begin, warned)
 
     def on_stage_end(self, event: StageEnd) -> None:
         if self._history is not None:
             self._history.stage_ends(event.seq)
         with self._lock:
-            host_begin, device_begin = self._begun.pop(event.seq, (None, None))
-            warned = self._warned.pop(event.seq, None)
+            host_begin, device_begin, warned = self._begun.pop(event.seq, (None, None, None))
+        tokens = (
+            self._forecast.step_tokens(event.stage, event.step, event.rank, event.inputs, event.result)
+            if self.forecast
+            else None
+        )
+        ended = _Ended(
+            event.seq,
+            event.step,
+            event.stage,
+            event.rank,
+            event.role,
+            event.error,
+            host_begin,
+            device_begin,
+            tokens,
+            warned,
+        )
+        if self._sampler is not None:
+            ended.host_now = self._gauge.resident()
+            self._sampler.end(event.seq, ended)
+            return
         host = self._host.end(event.seq)
         device = self._device.end(event.seq) if self._device is not None else None
-        tokens = self._learn(event, host_begin, host, device_begin, device) if self.forecast else None
-        if not self._host.resets and not self._warned_no_reset:
+        self._finish(ended, host, device)
+
+    def _finish_sampled(self, ended: _Ended, peaks: list[list[int] | None], now: list[list[int] | None]) -> None:
+        """``peak: sampled``: a stage's line, on the sampling thread, once its peaks are in; the
+        device's figures at its end are the sample's, taken after it ended."""
+        host = device = None
+        if ended.host_now is not None:
+            figures = [f[0] for f in (ended.host_begin, ended.host_now, peaks[0]) if f is not None]
+            host = (ended.host_now, [max(figures)])
+        if now[1] is not None:
+            device = (now[1], peaks[1] if peaks[1] is not None else now[1])
+        try:
+            self._finish(ended, host, device)
+        except Exception:
+            logger.exception("memory: could not write the line of stage %s (step %s)", ended.stage, ended.step)
+
+    def _finish(self, ended: _Ended, host: Figures | None, device: Figures | None) -> None:
+        """Learn what the stage grew by and write its line."""
+        if ended.tokens is not None and ended.error is None:
+            growth: dict[str, int] = {}
+            if ended.host_begin is not None and host is not None:
+                growth["host"] = host[1][0] - ended.host_begin[0]
+            if ended.device_begin is not None and device is not None:
+                growth["device"] = device[1][1] - ended.device_begin[1]  # reserved: what the allocator holds
+            self._forecast.learn(ended.stage, ended.rank, ended.tokens, growth)
+        resets = self._host.resets and (self._sampler is None or self._sampler.resets[0])
+        if not resets and not self._warned_no_reset:
             self._warned_no_reset = True
             logger.warning(
                 "memory: /proc/self/clear_refs cannot be written here: a stage's host peak is the larger of its "
@@ -168,22 +264,22 @@ class MemoryObserver(Observer):
         cgroup = self._cgroup.read()
         record = MemoryRecord(
             run=self._run_id(),
-            step=event.step,
-            stage=event.stage,
-            rank=event.rank,
-            role=event.role,
+            step=ended.step,
+            stage=ended.stage,
+            rank=ended.rank,
+            role=ended.role,
             time=time.time(),
             pid=os.getpid(),
-            error=type(event.error).__name__ if event.error is not None else None,
-            host_begin_bytes=host_begin[0] if host_begin else None,
+            error=type(ended.error).__name__ if ended.error is not None else None,
+            host_begin_bytes=ended.host_begin[0] if ended.host_begin else None,
             host_peak_bytes=host[1][0] if host else None,
             host_end_bytes=host[0][0] if host else None,
-            host_peak="reset" if self._host.resets else "begin_end",
+            host_peak=("sampled" if self._sampler is not None else "reset") if resets else "begin_end",
             device_peak_bytes=device[1][0] if device else None,
-            device=self._device_figures(device_begin, device),
-            oom=_oom(event.error),
-            tokens=tokens,
-            forecast=[found.to_dict() for found in warned] if warned else None,
+            device=self._device_figures(ended.device_begin, device),
+            oom=_oom(ended.error),
+            tokens=ended.tokens,
+            forecast=[found.to_dict() for found in ended.warned] if ended.warned else None,
             cgroup=None
             if cgroup is None
             else {
@@ -194,109 +290,29 @@ class MemoryObserver(Observer):
                 "oom_kills": cgroup.oom_kills,
             },
         )
-        os.write(self._log(event.rank), (record.to_json() + "\n").encode())
+        os.write(self._log(ended.rank), (record.to_json() + "\n").encode())
 
     # -- the forecast (.forecast) ----------------------------------------------
 
-    def _check_forecast(self, event: StageEvent, host_begin: list[int] | None, device_begin: list[int] | None) -> None:
-        """Warn when this step's tokens predict more growth than is left; never raises."""
-        with self._lock:
-            known = self._step_tokens.get(event.rank)
-            if known is None or known[0] != event.step:
-                return
-            tokens = known[1].tokens
-            host = self._forecaster.expect(event.rank, event.stage, "host", tokens)
-            device = self._forecaster.expect(event.rank, event.stage, "device", tokens)
-        if host is None and device is None:
-            return
-        found: list[Forecast] = []
-        if host is not None and host_begin is not None:
-            now = self._cgroup.read()
-            headroom = host_headroom(now.limit_bytes if now else None, now.usage_bytes if now else None)
-            if headroom is not None and host[0] > headroom.bytes:
-                found.append(Forecast(event.stage, "host", tokens, host[0], headroom, host[1], host[2]))
-        gauge = self._device.gauge if self._device is not None else None
-        if device is not None and device_begin is not None and isinstance(gauge, DeviceGauge):
-            used, total = gauge.device_used()
-            if device[0] > total - used:
-                found.append(
-                    Forecast(
-                        event.stage, "device", tokens, device[0], Headroom(total - used, "device"), device[1], device[2]
-                    )
-                )
-        if not found:
-            return
-        with self._lock:
-            self._warned[event.seq] = found
-        for warning in found:
-            sentence = warning.sentence(event.step, event.rank)
-            logger.warning("%s", sentence)
-            try:
-                anomaly.send(
-                    event.stage,
-                    event=AnomalyEvent(
-                        step=event.step,
-                        stage=event.stage,
-                        rank=event.rank,
-                        metric=f"memory_forecast/{warning.kind}_bytes",
-                        value=float(warning.expected_bytes),
-                        rule="forecast",
-                        baseline=float(warning.headroom.bytes),
-                        detail=sentence,
-                    ),
-                )
-            except Exception:
-                logger.exception("memory: a receiver of the anomaly signal failed for the forecast of %s", event.stage)
+    def _check_forecast(self, event: StageEvent) -> list[Forecast] | None:
+        """The warnings for this stage (logged and sent by :func:`.forecast.warn`), kept for its line."""
+        assert event.step is not None
+        found = self._forecast.check(event.stage, event.step, event.rank, self._host_room, self._device_room)
+        warn(found, event.step, event.rank)
+        return found or None
 
-    def _learn(
-        self,
-        event: StageEnd,
-        host_begin: list[int] | None,
-        host: tuple[list[int], list[int]] | None,
-        device_begin: list[int] | None,
-        device: tuple[list[int], list[int]] | None,
-    ) -> int | None:
-        """Note the step's tokens (from the first stage of the step that carries the batch)
-        and what this stage grew by; the step's tokens, or None when unknown."""
-        if event.step is None:
+    def _host_room(self) -> Headroom | None:
+        now = self._cgroup.read()
+        return host_headroom(now.limit_bytes if now else None, now.usage_bytes if now else None)
+
+    def _device_room(self) -> Headroom | None:
+        gauge = self._device_gauge()
+        if gauge is None:
             return None
-        with self._lock:
-            known = self._step_tokens.get(event.rank)
-        if known is None or known[0] != event.step:
-            counts = self._count_tokens(event)
-            if counts is None:
-                return None
-            known = (event.step, counts)
-            with self._lock:
-                self._step_tokens[event.rank] = known
-        tokens = known[1].tokens
-        if event.error is None:
-            growth: dict[str, int] = {}
-            if host_begin is not None and host is not None:
-                growth["host"] = host[1][0] - host_begin[0]
-            if device_begin is not None and device is not None:
-                growth["device"] = device[1][1] - device_begin[1]  # reserved: what the allocator holds
-            with self._lock:
-                self._forecaster.learn(event.rank, event.stage, tokens, growth)
-        return tokens
+        used, total = gauge.device_used()
+        return Headroom(total - used, "device")
 
-    def _count_tokens(self, event: StageEnd) -> TokenCounts | None:
-        try:
-            for value in (event.inputs, event.result):
-                counts = token_counts(value) if value is not None else None
-                if counts is not None:
-                    return counts
-        except Exception as exc:
-            if not self._token_failure_logged:
-                self._token_failure_logged = True
-                logger.warning(
-                    "memory: could not count the tokens of stage %s's batch (%s: %s); the forecast skips such "
-                    "batches, and later failures are not logged",
-                    event.stage,
-                    type(exc).__name__,
-                    exc,
-                )
-        return None
+    # -- files, device, closing -----------------------------------------------------
 
     def _log(self, rank: int) -> int:
         """The rank's log, kept open for appending (one ``write`` per line, as append_line)."""
@@ -310,6 +326,8 @@ class MemoryObserver(Observer):
             return fd
 
     def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()  # the lines of the stages that ended since its last sample
         with self._lock:
             for pid, fd in self._logs.values():
                 if pid == os.getpid():
@@ -329,16 +347,26 @@ class MemoryObserver(Observer):
             if found is not None:
                 self._device_kind, module = found
                 self._device = PeakTracker(DeviceGauge(module))
+                if self._sampler is not None:
+                    self._sampler.set_gauge(1, self._device.gauge)
         return self._device
 
-    def _device_figures(
-        self, begin: list[int] | None, end: tuple[list[int], list[int]] | None
-    ) -> dict[str, Any] | None:
-        if self._device is None or end is None:
+    def _device_gauge(self) -> DeviceGauge | None:
+        gauge = self._device.gauge if self._device is not None else None
+        return gauge if isinstance(gauge, DeviceGauge) else None
+
+    def _sampled_device_now(self) -> list[int] | None:
+        """``peak: sampled``: the device's figures at the sampler's latest read, before the stage
+        began (reading them in the hook would cost what the sampler is there to save)."""
+        assert self._sampler is not None
+        latest = self._sampler.latest[1]
+        return list(latest[0]) if latest is not None else None
+
+    def _device_figures(self, begin: list[int] | None, end: Figures | None) -> dict[str, Any] | None:
+        gauge = self._device_gauge()
+        if gauge is None or end is None:
             return None
         now, peaks = end
-        gauge = self._device.gauge
-        assert isinstance(gauge, DeviceGauge)
         used, total = gauge.device_used()
         return {
             "kind": self._device_kind,

@@ -13,8 +13,11 @@ readers read it back through the names here.  A line is a
                 "usage_bytes": 6012928000, "oom_kills": 0}}
 
 ``host_peak`` says how the host peak was taken: ``reset`` (the process's
-``VmHWM``, reset when the stage began: no spike is missed) or ``begin_end``
-(the larger of the two figures: a spike between them is missed).
+``VmHWM``, reset when the stage began: no spike is missed), ``sampled``
+(``VmHWM`` reset and read by the observer's thread every interval: no
+spike is missed, and the peak also covers the intervals the stage began
+and ended in) or ``begin_end`` (the larger of the two figures: a spike
+between them is missed).
 ``device`` holds ``kind`` (cuda, npu), ``allocated_begin``,
 ``allocated_end``, ``reserved_begin``, ``reserved_end``, ``peak_allocated``,
 ``peak_reserved``, ``used`` and ``total`` (the whole device's, every
