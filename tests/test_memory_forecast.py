@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 import verl_events
 from verl_events import AnomalyEvent, ConfigError, anomaly, stage
+from verl_events.apps.cli import main as verl_events_main
 from verl_events.observers.batch import TokenCounts, token_counts
 from verl_events.observers.memory.forecast import Forecaster
 from verl_events.observers.memory.host import read_status
@@ -82,7 +83,7 @@ def batch(tokens):  # as the test's own
     return {{"attention_mask": mask}}
 
 
-config = {{"save_path": {save_path!r}, "observers": [{{"name": "memory"}}]}}
+config = {{"save_path": {save_path!r}, "observers": [{{"name": "watchdog"}}, {{"name": "memory"}}]}}
 warned = []
 verl_events.anomaly.connect(lambda sender, event: warned.append((event.step, sender)), weak=False)
 with verl_events.install(config):
@@ -101,7 +102,9 @@ with verl_events.install(config):
 
 
 @pytest.mark.slow
-def test_the_forecast_warns_before_the_step_whose_tokens_run_a_limited_rank_out_of_memory(tmp_path: Path) -> None:
+def test_the_forecast_warns_before_the_step_whose_tokens_run_a_limited_rank_out_of_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Steps of 32, 48, 64, 80 and 200 tokens at 4 MiB a token, in 640 MiB of address space:
     the fifth step's 800 MiB cannot be had.  Its warning comes when its actor_update begins,
     before the allocation; none comes before."""
@@ -133,6 +136,12 @@ def test_the_forecast_warns_before_the_step_whose_tokens_run_a_limited_rank_out_
     assert updates[-1].oom is not None and updates[-1].oom["device"] == "cpu"
     assert "memory: actor_update grew the host memory by" in done.stderr
     assert "step 5 has 200 tokens: expect" in done.stderr
+    # diagnose puts the warning beside the out-of-memory it foretold.
+    assert verl_events_main(["diagnose", str(tmp_path / "run"), "--json"]) == 1
+    first = json.loads(capsys.readouterr().out)["first"]
+    assert (first["kind"], first["step"], first["stage"]) == ("oom", 5, "actor_update")
+    assert "the forecast warned when it began: " in first["detail"]
+    assert "more expected for 200 tokens" in first["detail"] and "left (RLIMIT_AS)" in first["detail"]
 
 
 class SmallCuda(StandInCuda):

@@ -19,7 +19,7 @@ from verl_events.observers.sentinel.record import anomaly_log_path
 from verl_events.observers.timing import TimingRecord, timing_log_path
 from verl_events.observers.watchdog.record import heartbeat_files, read_heartbeat
 
-ALWAYS_ON = ["timing", "watchdog", "sentinel", "mismatch"]
+ALWAYS_ON = ["timing", "watchdog", "sentinel", "mismatch", "memory"]
 UNKNOWN_PRESET = r"is not a preset; available: always_on \(timing, watchdog, sentinel"
 
 
@@ -27,7 +27,7 @@ def names(config: verl_events.config.Config) -> list[str | None]:
     return [spec.name for spec in config.observers]
 
 
-def test_always_on_expands_to_timing_watchdog_sentinel_and_mismatch_with_their_defaults() -> None:
+def test_always_on_expands_to_timing_watchdog_sentinel_mismatch_and_memory_with_their_defaults() -> None:
     config = load_config({"preset": "always_on"})
     assert names(config) == ALWAYS_ON
     assert config.preset == "always_on"
@@ -60,12 +60,13 @@ def test_an_entry_named_like_a_preset_observer_changes_that_observer_in_place() 
         }
     )
     assert names(config) == ALWAYS_ON
-    timing, watchdog, sentinel, mismatch = config.observers
+    timing, watchdog, sentinel, mismatch, memory = config.observers
     assert dict(watchdog.options) == {"timeout_s": 600} and watchdog.selection.ranks == frozenset({0})
     assert watchdog.where == "observers[1]" and watchdog.preset == "always_on"
     assert dict(sentinel.options) == {"rules": {"actor/grad_norm": {"spike": True}}}
     assert mismatch.enabled is False
     assert timing.where == "preset always_on's observers[0]" and not timing.options
+    assert memory.where == "preset always_on's observers[4]" and not memory.options
 
 
 def test_other_entries_run_beside_the_preset_after_its_observers() -> None:
@@ -79,7 +80,7 @@ def test_other_entries_run_beside_the_preset_after_its_observers() -> None:
         }
     )
     assert names(config) == [*ALWAYS_ON, "recording", None]  # a _target_ entry is never merged
-    recording, second_timing = config.observers[4:]
+    recording, second_timing = config.observers[len(ALWAYS_ON) :]
     assert recording.where == "observers[0]" and recording.preset is None
     assert second_timing.target == "verl_events.observers.timing:TimingObserver"
 
@@ -216,6 +217,6 @@ def test_the_documented_example_of_changing_the_preset_builds_what_it_says() -> 
     assert names(config) == [*ALWAYS_ON, "msprobe"] and config.save_path.parent == Path("/shared/runs")
     pytest.importorskip("msprobe")  # building the example's msprobe entry needs its tool (the core suite has none)
     built = {o.name: o for o in build_observers(config, set_up=False)}
-    assert list(built) == ["timing", "watchdog", "sentinel", "msprobe"]  # mismatch: enabled: false
+    assert list(built) == ["timing", "watchdog", "sentinel", "memory", "msprobe"]  # mismatch: enabled: false
     assert "deadline 900 s" in built["watchdog"].describe()
     assert "rules for: actor/grad_norm" in built["sentinel"].describe()

@@ -37,9 +37,9 @@ class Preset:
 #: a NaN or a rollout/trainer gap leaves something to read (docs/performance.md: their cost).
 ALWAYS_ON = Preset(
     name="always_on",
-    summary="timing, watchdog, sentinel (its default rules) and mismatch, on every stage of every step",
+    summary="timing, watchdog, sentinel (its default rules), mismatch and memory, on every stage of every step",
     save_path="outputs/profile/{run}",
-    observers=tuple(MappingProxyType({"name": name}) for name in ("timing", "watchdog", "sentinel", "mismatch")),
+    observers=tuple(MappingProxyType({"name": name}) for name in ("timing", "watchdog", "sentinel", "mismatch", "memory")),
 )
 
 PRESETS: Mapping[str, Preset] = MappingProxyType({ALWAYS_ON.name: ALWAYS_ON})

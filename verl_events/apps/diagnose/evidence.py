@@ -209,6 +209,11 @@ def _oom_detail(found: OutOfMemory, record: Any, failure: Failure) -> str:
         device = record.device or {}
         if device.get("peak_allocated") is not None:
             said.append(f"{device.get('kind')} peak {_size(device['peak_allocated'])} of {_size(device['total'])}")
+        for warned in record.forecast or ():
+            said.append(
+                f"the forecast warned when it began: {_size(warned['expected_bytes'])} more expected for "
+                f"{warned['tokens']:,} tokens, {_size(warned['headroom_bytes'])} left ({warned['limit']})"
+            )
     return "; ".join(said) + f" — {failure.detail}"
 
 
