@@ -39,7 +39,9 @@ ALWAYS_ON = Preset(
     name="always_on",
     summary="timing, watchdog, sentinel (its default rules), mismatch and memory, on every stage of every step",
     save_path="outputs/profile/{run}",
-    observers=tuple(MappingProxyType({"name": name}) for name in ("timing", "watchdog", "sentinel", "mismatch", "memory")),
+    observers=tuple(
+        MappingProxyType({"name": name}) for name in ("timing", "watchdog", "sentinel", "mismatch", "memory")
+    ),
 )
 
 PRESETS: Mapping[str, Preset] = MappingProxyType({ALWAYS_ON.name: ALWAYS_ON})
