@@ -166,11 +166,11 @@ class StepForecast:
     ) -> list[Forecast]:
         """The warnings for ``stage`` beginning at ``step`` on ``rank``; what is left is asked
         for (``host_room``, ``device_room``) only when there is an expectation to compare."""
+        known = self._step_tokens.get(rank)  # one dict lookup, atomic: most stages stop here
+        if known is None or known[0] != step:
+            return []
+        tokens = known[1]
         with self._lock:
-            known = self._step_tokens.get(rank)
-            if known is None or known[0] != step:
-                return []
-            tokens = known[1]
             expected = {kind: self._forecaster.expect(rank, stage, kind, tokens) for kind in ("host", "device")}
         found: list[Forecast] = []
         for kind, room in (("host", host_room), ("device", device_room)):
@@ -188,8 +188,7 @@ class StepForecast:
         stage's own thread (it may read a tensor); never raises."""
         if step is None:
             return None
-        with self._lock:
-            known = self._step_tokens.get(rank)
+        known = self._step_tokens.get(rank)  # one dict lookup, atomic
         if known is not None and known[0] == step:
             return known[1]
         try:

@@ -22,9 +22,7 @@ from pathlib import Path
 __all__ = ["HostGauge", "read_status"]
 
 _STATUS = Path("/proc/self/status")
-_STATM = Path("/proc/self/statm")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def read_status() -> tuple[int, int] | None:
@@ -53,7 +51,7 @@ class HostGauge:
 
     def __init__(self) -> None:
         self._pid = -1
-        self._status = self._statm = self._clear_refs = -1
+        self._status = self._clear_refs = -1
 
     def read(self) -> tuple[Sequence[int], Sequence[int]] | None:
         self._open()
@@ -64,16 +62,6 @@ class HostGauge:
         except OSError:
             return None
         return None if status is None else ((status[0],), (status[1],))
-
-    def resident(self) -> list[int] | None:
-        """``[VmRSS]`` alone, from ``statm``: a sixth of the cost of reading ``status``."""
-        self._open()
-        if self._statm < 0:
-            return None
-        try:
-            return [int(os.pread(self._statm, 256, 0).split()[1]) * _PAGE]
-        except (OSError, ValueError, IndexError):
-            return None
 
     def reset(self) -> bool:
         self._open()
@@ -86,10 +74,10 @@ class HostGauge:
         return True
 
     def close(self) -> None:
-        for fd in (self._status, self._statm, self._clear_refs):
+        for fd in (self._status, self._clear_refs):
             if fd >= 0:
                 os.close(fd)
-        self._pid, self._status, self._statm, self._clear_refs = -1, -1, -1, -1
+        self._pid, self._status, self._clear_refs = -1, -1, -1
 
     def _open(self) -> None:
         if self._pid == os.getpid():
@@ -97,7 +85,6 @@ class HostGauge:
         self.close()  # a forked child: the parent's descriptors read the parent
         self._pid = os.getpid()
         self._status = _open(_STATUS, os.O_RDONLY)
-        self._statm = _open(_STATM, os.O_RDONLY)
         self._clear_refs = _open(_CLEAR_REFS, os.O_WRONLY)
 
 

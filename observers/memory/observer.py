@@ -63,7 +63,7 @@ from .host import HostGauge
 from .oom import out_of_memory
 from .peaks import PeakTracker
 from .record import MemoryRecord, memory_files, memory_log_path
-from .sampler import Sampler
+from .sampler import Figures, Sampler
 
 __all__ = ["MemoryObserver"]
 
@@ -73,7 +73,7 @@ logger = logging.getLogger("verl_events.memory")
 DEFAULT_INTERVAL_S = 0.05
 INTERVAL_RANGE_S = (0.001, 60.0)
 
-Figures = tuple[list[int], list[int]]  # (now, peaks), in a gauge's order
+Reading = tuple[list[int], list[int]]  # a gauge's (figures now, peaks), in its order
 
 
 @dataclass(slots=True)
@@ -91,7 +91,6 @@ class _Ended:
     device_begin: list[int] | None
     tokens: int | None
     warned: list[Forecast] | None
-    host_now: list[int] | None = None  # peak: sampled: read by the end hook
 
 
 class MemoryObserver(Observer):
@@ -192,14 +191,15 @@ class MemoryObserver(Observer):
             self._history.stage_begins(event.seq, event.stage, event.step, event.rank)
         device = self._device_tracker()
         if self._sampler is not None:
-            host_begin, device_begin = self._gauge.resident(), self._sampled_device_now()
-            self._sampler.begin(event.seq)
+            self._sampler.begin(event.seq)  # the figures are the thread's
+            host_begin = device_begin = None
         else:
             host_begin = self._host.begin(event.seq)
             device_begin = device.begin(event.seq) if device is not None else None
         warned = self._check_forecast(event) if self.forecast and event.step is not None else None
-        with self._lock:
-            self._begun[event.seq] = (host_begin, device_begin, warned)
+        if self._sampler is None or warned:
+            with self._lock:
+                self._begun[event.seq] = (host_begin, device_begin, warned)
 
     def on_stage_end(self, event: StageEnd) -> None:
         if self._history is not None:
@@ -224,28 +224,28 @@ class MemoryObserver(Observer):
             warned,
         )
         if self._sampler is not None:
-            ended.host_now = self._gauge.resident()
             self._sampler.end(event.seq, ended)
             return
         host = self._host.end(event.seq)
         device = self._device.end(event.seq) if self._device is not None else None
         self._finish(ended, host, device)
 
-    def _finish_sampled(self, ended: _Ended, peaks: list[list[int] | None], now: list[list[int] | None]) -> None:
-        """``peak: sampled``: a stage's line, on the sampling thread, once its peaks are in; the
-        device's figures at its end are the sample's, taken after it ended."""
+    def _finish_sampled(self, ended: _Ended, begin: Figures, end: Figures, peaks: Figures) -> None:
+        """``peak: sampled``: a stage's line, on the sampling thread, from the samples around it
+        (:mod:`.sampler`): the figures before it began and after it ended, and its peaks."""
         host = device = None
-        if ended.host_now is not None:
-            figures = [f[0] for f in (ended.host_begin, ended.host_now, peaks[0]) if f is not None]
-            host = (ended.host_now, [max(figures)])
-        if now[1] is not None:
-            device = (now[1], peaks[1] if peaks[1] is not None else now[1])
+        ended.host_begin, ended.device_begin = begin[0], begin[1]
+        if end[0] is not None:
+            figures = [f[0] for f in (begin[0], end[0], peaks[0]) if f is not None]
+            host = (end[0], [max(figures)])
+        if end[1] is not None:
+            device = (end[1], peaks[1] if peaks[1] is not None else end[1])
         try:
             self._finish(ended, host, device)
         except Exception:
             logger.exception("memory: could not write the line of stage %s (step %s)", ended.stage, ended.step)
 
-    def _finish(self, ended: _Ended, host: Figures | None, device: Figures | None) -> None:
+    def _finish(self, ended: _Ended, host: Reading | None, device: Reading | None) -> None:
         """Learn what the stage grew by and write its line."""
         if ended.tokens is not None and ended.error is None:
             growth: dict[str, int] = {}
@@ -355,14 +355,7 @@ class MemoryObserver(Observer):
         gauge = self._device.gauge if self._device is not None else None
         return gauge if isinstance(gauge, DeviceGauge) else None
 
-    def _sampled_device_now(self) -> list[int] | None:
-        """``peak: sampled``: the device's figures at the sampler's latest read, before the stage
-        began (reading them in the hook would cost what the sampler is there to save)."""
-        assert self._sampler is not None
-        latest = self._sampler.latest[1]
-        return list(latest[0]) if latest is not None else None
-
-    def _device_figures(self, begin: list[int] | None, end: Figures | None) -> dict[str, Any] | None:
+    def _device_figures(self, begin: list[int] | None, end: Reading | None) -> dict[str, Any] | None:
         gauge = self._device_gauge()
         if gauge is None or end is None:
             return None

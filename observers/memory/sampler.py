@@ -1,23 +1,26 @@
-"""``peak: sampled``: the process-wide peaks read by a thread, not by the stage's hooks.
+"""``peak: sampled``: every figure read by a thread, not by the stage's hooks.
 
-In the default ``peak: reset`` the hooks themselves reset the peaks when a
-stage begins and read them when it ends (:mod:`.peaks`): exact, at some
-tens of µs of the training thread's time per stage.  Here a thread does
-that every ``interval_s`` instead, and the hooks only note the stage:
+In the default ``peak: reset`` the hooks themselves read the figures and reset
+the peaks when a stage begins, and read them again when it ends
+(:mod:`.peaks`): exact, at some tens of µs of the training thread's time per
+stage.  Here a thread does all of that every ``interval_s``, and the hooks
+only note the stage in a table:
 
-* every interval the thread reads each gauge's peak since its last reset
-  (the host's ``VmHWM``, the allocator's), resets it, and folds it into
-  every stage that was open during the interval, ended ones included;
-* a stage that ended is finished (its line written) at the first sample
-  after its end, so its peak covers all of it.
+* every interval the thread reads each gauge (the figure now and its peak
+  since its last reset: the host's ``VmRSS`` and ``VmHWM``, the allocator's),
+  resets it, and folds the peak into every stage that was open during the
+  interval, ended ones included;
+* a stage's begin figures are those of the last sample before it began, its
+  end figures those of the first sample after it ended, when its line is
+  written (its peak then covers all of it).
 
-Nothing is missed, however short the spike: each interval's peak is the
-kernel's or the allocator's own high-water mark.  What it blurs: a stage's
-peak also covers the rest of the intervals it began and ended in, up to one
-interval before its begin and after its end.  Its line is written up to one
-interval after it ended, on the thread; :meth:`Sampler.stop` finishes what
-is left (the observer's ``close``, at exit too); a process killed in between
-loses the lines of the stages that ended in its last interval.
+No spike is missed, however short: each interval's peak is the kernel's or
+the allocator's own high-water mark.  What it blurs: a stage's peak also
+covers the rest of the intervals it began and ended in, and its begin and
+end figures are up to one interval early and late.  Its line is written up
+to one interval after it ended, on the thread; :meth:`Sampler.stop` finishes
+what is left (the observer's ``close``, at exit too); a process killed in
+between loses the lines of the stages that ended in its last interval.
 
 Standard library only.
 """
@@ -31,28 +34,33 @@ from typing import Any
 
 from .peaks import Gauge
 
-__all__ = ["Sampler"]
+__all__ = ["Figures", "Sampler"]
+
+Figures = list[list[int] | None]  # one gauge's figures (or None: not read), per gauge
 
 
 class Sampler:
-    """The sampling thread (see the module docstring)."""
+    """The sampling thread (see the module docstring).
+
+    ``finish(payload, begin, end, peaks)`` gets, on the thread, what :meth:`end` was given and
+    the stage's figures per gauge: at its begin, at its end, and its peaks."""
 
     def __init__(
         self,
         gauges: Sequence[Gauge | None],
         interval_s: float,
-        finish: Callable[[Any, list[list[int] | None], list[list[int] | None]], None],
+        finish: Callable[[Any, Figures, Figures, Figures], None],
     ) -> None:
         self._gauges = list(gauges)
         self._interval = interval_s
-        self._finish = finish  # (what end() was given, the peaks per gauge, the figures now per gauge), on the thread
+        self._finish = finish
         self._lock = threading.Lock()
-        self._open: dict[int, list[list[int] | None]] = {}  # seq -> peaks per gauge so far
-        self._ended: list[tuple[list[list[int] | None], Any]] = []
+        self._open: dict[int, tuple[Figures, Figures]] = {}  # seq -> (figures at begin, peaks so far)
+        self._ended: list[tuple[Figures, Figures, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = -1
-        self.latest: list[tuple[Sequence[int], Sequence[int]] | None] = [None] * len(self._gauges)
+        self._now: Figures = [None] * len(self._gauges)  # each gauge's figures at the latest sample
         self.resets = [True] * len(self._gauges)  # False once a gauge's reset failed: its figure now is folded
 
     def set_gauge(self, index: int, gauge: Gauge) -> None:
@@ -61,19 +69,19 @@ class Sampler:
         self.resets[index] = gauge.reset()  # from here on, its peak is the interval's
         with self._lock:
             self._gauges[index] = gauge
-            self.latest[index] = read
+            self._now = [*self._now[:index], list(read[0]) if read else None, *self._now[index + 1 :]]
 
     def begin(self, seq: int) -> None:
         if self._pid != os.getpid():
             self._start()
         with self._lock:
-            self._open[seq] = [None] * len(self._gauges)
+            self._open[seq] = (self._now, [None] * len(self._gauges))
 
     def end(self, seq: int, payload: Any) -> None:
-        """Stage ``seq`` ended: ``payload`` goes to ``finish`` with its peaks at the next sample."""
+        """Stage ``seq`` ended: ``payload`` goes to ``finish`` at the next sample."""
         with self._lock:
-            peaks = self._open.pop(seq, None)
-            self._ended.append((peaks if peaks is not None else [None] * len(self._gauges), payload))
+            begin, peaks = self._open.pop(seq, (self._now, [None] * len(self._gauges)))
+            self._ended.append((begin, peaks, payload))
 
     def stop(self) -> None:
         """Stop the thread and finish every stage that ended."""
@@ -88,37 +96,38 @@ class Sampler:
         and finish the ones that ended."""
         with self._lock:
             gauges = list(self._gauges)
-        reads: list[Sequence[int] | None] = []
-        latest = list(self.latest)
+        now: Figures = []
+        folded: Figures = []
         for index, gauge in enumerate(gauges):
             read = gauge.read() if gauge is not None else None
+            now.append(list(read[0]) if read is not None else None)
             # Without a reset the peak is the process's since it began: only the figure now says anything.
-            reads.append(None if read is None else read[1] if self.resets[index] else read[0])
-            if read is not None:
-                latest[index] = read
-                if self.resets[index] and not gauge.reset():  # type: ignore[union-attr]
-                    self.resets[index] = False
+            folded.append(None if read is None else list(read[1] if self.resets[index] else read[0]))
+            if read is not None and self.resets[index] and not gauge.reset():  # type: ignore[union-attr]
+                self.resets[index] = False
         with self._lock:
-            self.latest = latest
-            for peaks in (*self._open.values(), *(peaks for peaks, _ in self._ended)):
-                for index, figure in enumerate(reads):
+            self._now = now  # replaced, never changed in place: a stage's begin keeps its own
+            for _, peaks in (*self._open.values(), *((p, q) for p, q, _ in self._ended)):
+                for index, figure in enumerate(folded):
                     if figure is not None:
                         so_far = peaks[index]
-                        peaks[index] = list(figure) if so_far is None else _larger(so_far, figure)
+                        peaks[index] = figure if so_far is None else _larger(so_far, figure)
             ended, self._ended = self._ended, []
-        now = [list(read[0]) if read is not None else None for read in latest]
-        for peaks, payload in ended:
-            self._finish(payload, peaks, now)
+        for begin, peaks, payload in ended:
+            self._finish(payload, begin, now, peaks)
 
     def _start(self) -> None:
         # A forked child has no thread of its parent's: each process starts its own, from its
-        # own peaks (reset now: until then they are the process's since it began).
+        # own figures (the peaks reset now: until then they are the process's since it began).
         with self._lock:
             if self._pid != -1:
                 self._open.clear()
                 self._ended.clear()
             gauges = list(self._gauges)
+        reads = [gauge.read() if gauge is not None else None for gauge in gauges]
         self.resets = [gauge.reset() if gauge is not None else True for gauge in gauges]
+        with self._lock:
+            self._now = [list(read[0]) if read is not None else None for read in reads]
         self._pid = os.getpid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="verl-events-memory-sampler", daemon=True)
