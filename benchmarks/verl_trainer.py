@@ -11,7 +11,7 @@ whole run into a fresh save path:
 - ``verl``: ``global_profiler.tool=precision_debugger``, msprobe statistics L1 on steps 1-2;
 - ``ours``: the same settings in a ``VERL_EVENTS_CONFIG`` file (no timing observer);
 - ``always_on``: ``VERL_EVENTS_CONFIG=always_on``, the preset's name alone (timing, watchdog,
-  sentinel, mismatch on every stage), run from a fresh working directory, so that its
+  sentinel, mismatch, memory on every stage), run from a fresh working directory, so that its
   default ``save_path`` (``outputs/profile/{run}``) lands there, as it does for a user.
 
 Two figures per step, both from the console metrics line verl's trainer prints each step:
