@@ -36,7 +36,7 @@ Every process, with ranks or none (verl's driver), appends how it ended to
 ``crashes/ends.jsonl`` at close or at a chained signal; one with no rank only
 once a stage of its run has claimed the save_path (``run.json``): an
 installation writes nothing before its run's claim.  A process killed
-with SIGKILL writes nothing: its heartbeat, rewritten every ``liveness_s``
+with SIGKILL writes nothing: its heartbeat, beating every ``liveness_s``
 while it lives, stops (:mod:`.monitor`).
 """
 

@@ -3,13 +3,13 @@
 One thread per watchdog.  It sleeps until the earliest open stage's
 deadline, or ``heartbeat_s``, whichever comes first; then it rewrites the
 heartbeat of every rank whose position changed (so at most once per
-``heartbeat_s``, never from a hook) or whose heartbeat is ``liveness_s``
-old (the liveness beat: a rank whose heartbeat stops being rewritten has
-stopped, a SIGKILL included), and fires every stage whose deadline
-has passed: the report, the record, the log line, the ``hang`` signal and,
-with ``action: abort``, :func:`os._exit` with :data:`ABORT_EXIT_CODE`.
-A new stage with a deadline earlier than the one the thread sleeps on is
-seen at its next wake-up, at most ``heartbeat_s`` late.
+``heartbeat_s``, never from a hook), sets the file's mtime of every other
+rank whose heartbeat is ``liveness_s`` old (the liveness beat, one ``os.utime``:
+a rank whose heartbeat stops beating has stopped, a SIGKILL included), and
+fires every stage whose deadline has passed: the report, the record, the log
+line, the ``hang`` signal and, with ``action: abort``, :func:`os._exit` with
+:data:`ABORT_EXIT_CODE`.  A new stage with a deadline earlier than the one the
+thread sleeps on is seen at its next wake-up, at most ``heartbeat_s`` late.
 """
 
 from __future__ import annotations
@@ -29,8 +29,16 @@ from verl_events import HangEvent, StageEvent, hang
 from verl_events.layout import run_id
 
 from .._lines import append_line
-from .record import HangRecord, Heartbeat, hangs_log_path, new_report_path, process_start_time, write_heartbeat
-from .stacks import ThreadStack, collective_info, thread_stacks
+from .record import (
+    HangRecord,
+    Heartbeat,
+    hangs_log_path,
+    new_report_path,
+    process_start_time,
+    touch_heartbeat,
+    write_heartbeat,
+)
+from .stacks import ThreadStack, collective_info, describe_where, thread_stacks
 
 __all__ = ["ABORT_EXIT_CODE", "Monitor", "MonitorSettings", "OpenStage", "RankState", "WatchTable"]
 
@@ -69,7 +77,8 @@ class RankState:
     last_ended: tuple[str, int | None, float] | None = None
     ended: dict[str, tuple[int | None, float]] = field(default_factory=dict)
     changed: bool = True
-    written: float = -math.inf  # monotonic: when its heartbeat was last written
+    written: float = -math.inf  # monotonic: when its heartbeat was last written or touched
+    on_disk: bool = False  # its file holds what it says now, not closed: a liveness beat only touches it
 
 
 @dataclass(slots=True)
@@ -94,14 +103,6 @@ class MonitorSettings:
 
 def _iso(unix: float) -> str:
     return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def describe_where(where: dict[str, Any] | None) -> str | None:
-    """``file:line in function: code``, or None."""
-    if where is None:
-        return None
-    code = f": {where['code']}" if where.get("code") else ""
-    return f"{where['file']}:{where['line']} in {where['function']}{code}"
 
 
 class Monitor:
@@ -192,23 +193,34 @@ class Monitor:
     ) -> None:
         table = self.table
         now = time.monotonic()
-        liveness = self.settings.liveness_s
         locked = table.lock.acquire(timeout=lock_wait_s)
         try:
-            states = [s for s in table.ranks.values() if s.changed or closed or force or now - s.written >= liveness]
-            beats = [self._heartbeat(state, closed, exit) for state in states]
-            for state in states:
-                state.changed = False
-                state.written = now
+            rewrite, beats, touched = closed or force, [], []
+            for state in table.ranks.values():
+                if not (rewrite or state.changed or now - state.written >= self.settings.liveness_s):
+                    continue
+                if rewrite or state.changed or not state.on_disk:
+                    beats.append((state, self._heartbeat(state, closed, exit)))
+                else:  # nothing changed and its file is current: the liveness beat sets its mtime
+                    touched.append(state)
+                state.changed, state.written = False, now
         finally:
             if locked:
                 table.lock.release()
         if beats and not self._first_rank_told and self.on_first_rank is not None:
             self._first_rank_told = True
-            self.on_first_rank(beats[0].rank)
-        for beat in beats:
+            self.on_first_rank(beats[0][0].rank)
+        for state in touched:
+            try:
+                touch_heartbeat(self.save_path, state.rank, time.time())
+            except OSError:  # the file went away: rewrite it whole
+                with table.lock:
+                    beats.append((state, self._heartbeat(state, False, None)))
+        for state, beat in beats:
+            state.on_disk = False
             try:
                 write_heartbeat(self.save_path, beat)
+                state.on_disk = not closed
             except OSError as exc:
                 logger.error(
                     "the watchdog cannot write rank %s's heartbeat under %s: %s", beat.rank, self.save_path, exc
@@ -250,6 +262,7 @@ class Monitor:
             liveness_s=self.settings.liveness_s,
             started=self.started,
             exit=exit if closed else None,
+            mtime_beats=True,
         )
 
     # -- a deadline passed ---------------------------------------------------------

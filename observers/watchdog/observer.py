@@ -8,7 +8,7 @@ Config::
       floor_s: 120.0           #   never less than 120 s,
       first_s: 480.0           #   and 480 s the first time (compiling, warming up)
       heartbeat_s: 0.5         # how often, at most, each rank's heartbeat is rewritten when it changes
-      liveness_s: 2.0          # and how often, at least, while the process lives (a silent rank has stopped)
+      liveness_s: 2.0          # and how often, at least, it beats (its mtime set) while the process lives
       action: report           # or abort: end the process with ABORT_EXIT_CODE after the report
 
 The deadlines (:mod:`.monitor`): one monitor thread per watchdog, started at

@@ -26,12 +26,18 @@ begun, comparable across ranks that run the same stages)::
      "last_begun": {"stage": "actor_update", "step": 3, "time": 1796025662.0},
      "last_ended": {"stage": "actor_compute_log_prob", "step": 3, "time": 1796025661.9},
      "ended": {"actor_compute_log_prob": {"step": 3, "time": 1796025661.9}}, "closed": false,
-     "liveness_s": 2.0, "started": 1796025600.2, "exit": null}
+     "liveness_s": 2.0, "started": 1796025600.2, "exit": null, "mtime_beats": true}
 
 ``time`` is when the heartbeat was written: the monitor rewrites it when
-the rank's position changes and at least every ``liveness_s`` while the
-process lives, so a heartbeat much older than that, not ``closed``, is a
-rank that stopped beating.  ``started`` is its process's start time (from
+the rank's position changes, and while nothing changes it beats at least
+every ``liveness_s`` by setting the file's mtime to the time of the beat
+(:func:`touch_heartbeat`: one ``os.utime``, no new file, no rename, where a
+rewrite is a create, a write, a close and a rename in the shared folder).
+``mtime_beats`` says the file beats so; :func:`read_heartbeat` then returns
+the later of ``time`` and the mtime as ``time``: when the rank last beat.  A
+heartbeat much older than ``liveness_s``, not ``closed``, is a rank that
+stopped beating; a copy of a run must keep the files' mtimes (``cp -p``,
+``rsync -a``, ``verl-events gather``).  ``started`` is its process's start time (from
 ``/proc``, None elsewhere): with ``pid`` and ``host`` it tells whether that
 process still runs (:func:`process_alive`), a pid reused since included.
 ``exit`` says how a closed rank's process ended: ``{"how": "normal" |
@@ -48,7 +54,7 @@ import json
 import os
 import re
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +81,7 @@ __all__ = [
     "read_heartbeat",
     "report_dir",
     "report_files",
+    "touch_heartbeat",
     "watchdog_files",
     "write_heartbeat",
 ]
@@ -226,7 +233,9 @@ class Heartbeat:
 
     ``open`` items and ``last_begun`` / ``last_ended`` are dicts with
     ``stage``, ``step`` and a time (``since`` / ``time``); ``closed`` is True
-    once the installation closed (the rank finished its run).
+    once the installation closed (the rank finished its run); ``mtime_beats``
+    is True when the liveness beat sets the file's mtime instead of rewriting it
+    (False in heartbeats written before it did).
     """
 
     run: str | None
@@ -243,6 +252,7 @@ class Heartbeat:
     liveness_s: float | None = None
     started: float | None = None
     exit: dict[str, Any] | None = None
+    mtime_beats: bool = False
 
     def to_json(self) -> str:
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
@@ -271,9 +281,23 @@ def write_heartbeat(save_path: Path, heartbeat: Heartbeat) -> None:
     os.replace(temporary, path)
 
 
+def touch_heartbeat(save_path: Path, rank: int, when: float) -> None:
+    """The liveness beat of a rank whose heartbeat on disk is current: its mtime set to ``when``
+    (the rank's clock, as ``time``).  OSError when the file is not there."""
+    os.utime(heartbeat_path(save_path, rank), (when, when))
+
+
 def read_heartbeat(path: Path) -> Heartbeat:
-    """A heartbeat file, read; NotAHeartbeat when it is cut short or not one, OSError when unreadable."""
-    return Heartbeat.from_json(path.read_bytes())
+    """A heartbeat file, read; NotAHeartbeat when it is cut short or not one, OSError when unreadable.
+    Its ``time`` is when the rank last beat: the file's mtime when that is later and the
+    heartbeat says its liveness beat sets the mtime (``mtime_beats``, not ``closed``)."""
+    with open(path, "rb") as file:
+        # Of the file read, whatever replaces it meanwhile; and fresh on NFS, which revalidates at open.
+        touched = os.fstat(file.fileno()).st_mtime
+        beat = Heartbeat.from_json(file.read())
+    if beat.mtime_beats and not beat.closed and touched > beat.time:
+        return replace(beat, time=touched)
+    return beat
 
 
 def process_start_time(pid: int) -> float | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from verl_events.frames import LIBRARY_PACKAGES, is_library_frame, is_library_module
 
-__all__ = ["LIBRARY_PACKAGES", "ThreadStack", "collective_info", "is_library_module", "thread_stacks"]
+__all__ = ["LIBRARY_PACKAGES", "ThreadStack", "collective_info", "describe_where", "is_library_module", "thread_stacks"]
 
 _DISTRIBUTED = "torch.distributed"
 
@@ -75,6 +75,14 @@ class ThreadStack:
             if code:
                 lines.append(f"       {code}")
         return lines
+
+
+def describe_where(where: dict[str, Any] | None) -> str | None:
+    """A user frame (:meth:`ThreadStack.user_frame`) as ``file:line in function: code``, or None."""
+    if where is None:
+        return None
+    code = f": {where['code']}" if where.get("code") else ""
+    return f"{where['file']}:{where['line']} in {where['function']}{code}"
 
 
 def thread_stacks() -> list[ThreadStack]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import verl_events
 from verl_events import ConfigError, HangEvent, hang
 from verl_events.observers import WatchdogObserver
 from verl_events.observers.watchdog import ABORT_EXIT_CODE, HangRecord, Heartbeat
-from verl_events.observers.watchdog.record import heartbeat_path, read_heartbeat, report_files
+from verl_events.observers.watchdog.record import heartbeat_path, read_heartbeat, report_files, write_heartbeat
 
 
 def config(save_path: Path, **options: object) -> dict[str, object]:
@@ -169,6 +171,30 @@ def test_records_and_heartbeats_read_back_what_was_written() -> None:
     assert Heartbeat.from_json(beat.to_json()) == beat
     with pytest.raises(ValueError, match="lacks time"):
         HangRecord.from_json(json.dumps({"kind": "hang", "step": 1}))
+
+
+def test_a_heartbeat_that_beats_by_mtime_is_alive_while_its_mtime_moves_and_silent_once_it_stops(
+    tmp_path: Path,
+) -> None:
+    from verl_events.apps.liveness import liveness
+
+    path = heartbeat_path(tmp_path, 1)
+    path.parent.mkdir()
+    beat = Heartbeat(run="r", rank=1, pid=1, host="another-node", time=1000.0, liveness_s=2.0, mtime_beats=True)
+    write_heartbeat(tmp_path, beat)
+    os.utime(path, (1030.0, 1030.0))  # its liveness beats, the content unchanged since 1000
+    assert read_heartbeat(path).time == 1030.0
+    assert liveness(read_heartbeat(path), now=1031.0, newest=1031.0).state == "alive"
+    assert liveness(read_heartbeat(path), now=1040.0, newest=1040.0).state == "silent"  # the others beat on
+    # a heartbeat that does not beat by mtime (an earlier writer; a file written by hand) is read at its time
+    write_heartbeat(tmp_path, replace(beat, mtime_beats=False))
+    os.utime(path, (1030.0, 1030.0))
+    assert read_heartbeat(path).time == 1000.0
+    assert liveness(read_heartbeat(path), now=1031.0, newest=1031.0).state == "silent"
+    # and a closed one is read at its last word
+    write_heartbeat(tmp_path, replace(beat, closed=True))
+    os.utime(path, (1030.0, 1030.0))
+    assert read_heartbeat(path).time == 1000.0
 
 
 @pytest.mark.slow

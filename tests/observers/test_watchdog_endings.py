@@ -98,6 +98,22 @@ def test_the_liveness_beat_rewrites_an_unchanged_heartbeat(tmp_path: Path) -> No
     assert [item["stage"] for item in second.open] == ["actor_update"]
 
 
+def test_an_unchanged_heartbeat_beats_by_its_mtime_and_is_rewritten_whole_once_removed(tmp_path: Path) -> None:
+    path = heartbeat_path(tmp_path, 0)
+    with verl_events.install(config(tmp_path, liveness_s=0.2)):
+        with verl_events.stage("actor_update", step=1):
+            time.sleep(0.3)
+            written = path.read_bytes()
+            time.sleep(0.6)  # liveness beats meanwhile, nothing changes
+            kept, beat = path.read_bytes(), read_heartbeat(path)
+            path.unlink()
+            time.sleep(0.6)
+            again = read_heartbeat(path)
+    assert kept == written  # the liveness beats did not rewrite it ...
+    assert beat.mtime_beats and beat.time > json.loads(written)["time"]  # ... they set its mtime, read as its time
+    assert [item["stage"] for item in again.open] == ["actor_update"] and not again.closed
+
+
 def test_faulthandler_is_restored_at_close(tmp_path: Path) -> None:
     was = faulthandler.is_enabled()
     with verl_events.install(config(tmp_path)):

@@ -17,10 +17,11 @@ heartbeat is then
 * **never began** it: neither; with its last stage (the innermost open one,
   else the last ended) and, when that stage passed its deadline, its frame.
 
-A heartbeat is rewritten at least every ``liveness_s`` while its process
-lives: a rank whose heartbeat stopped, or whose process is gone, is never
-called running (:mod:`.liveness`); it is shown as stopped, with when and
-where, and ``verl-events diagnose`` says how it ended.  A rank that finished
+A heartbeat beats at least every ``liveness_s`` while its process lives
+(rewritten, or its mtime set when nothing changed): a rank whose heartbeat
+stopped, or whose process is gone, is never called running
+(:mod:`.liveness`); it is shown as stopped, with when and where, and
+``verl-events diagnose`` says how it ended.  A rank that finished
 the stuck stage late still shows where it was when its deadline passed.
 
 The headline under ``HANG`` names the rank to look at first: one not in a

@@ -1,8 +1,9 @@
 """Is a rank's process still there?  One answer for ``hangs`` and ``diagnose``.
 
-A heartbeat is rewritten at least every ``liveness_s`` while its process
-lives (the watchdog's liveness beat).  So a rank whose heartbeat is not
-``closed`` is
+A heartbeat beats at least every ``liveness_s`` while its process lives
+(the watchdog's liveness beat: the file rewritten, or only its mtime set
+when nothing changed; ``read_heartbeat`` gives the later as its ``time``).
+So a rank whose heartbeat is not ``closed`` is
 
 * **gone** when its host is this one and its process is not
   (:func:`~verl_events.observers.watchdog.record.process_alive`: no such
