@@ -1,13 +1,21 @@
 """Replay on verl 0.9.1's real trainer — ``python -m verl.trainer.main_ppo`` under Ray, FSDP2 on
-gloo, CPU — with two FSDP ranks (issue 18, part 2).
+gloo, CPU — with two FSDP ranks on two Ray nodes, each writing to its own folder, gathered with
+``verl-events gather`` (issue 18, part 2; issue 29, part 3).
 
-Two ranks: ``trainer.n_gpus_per_node=2`` on the one local Ray node the trainer starts (two fake
-GPUs; ``num_cpus`` is logical and must hold two ``{CPU: 3, GPU: 1}`` bundles, the task runner,
-the agent loop and the reward worker).  The job is verl_events.apps.verl_cpu.job, switched on
-with docs/verl.md's one variable, ``VERL_EVENTS_CONFIG``: the sentinel with its default rules
-(NaN/inf), msprobe armed by anomalies, and a fault that puts a NaN into rank 1's shard of the
-actor's first Linear weight for step 2's ``actor_compute_log_prob`` and its replay only
-(``lasts: stage``).  One trainer run, about a minute of ``main_ppo`` on 2 cores.
+Two ranks, one per node: a Ray cluster of two nodes started beforehand on this machine
+(tests/ray_cluster.py; each node one fake GPU and 6 logical CPUs, for a ``{CPU: 3, GPU: 1}`` bundle,
+the task runner, the agent loop and the reward worker), the driver connecting to it with
+``trainer.nnodes=2 trainer.n_gpus_per_node=1``, as docs/verl.md's multi-node section says.  The
+job is verl_events.apps.verl_cpu.job, switched on with ``VERL_EVENTS_CONFIG`` passed to the
+workers through ``+ray_kwargs.ray_init.runtime_env.env_vars`` (the nodes' own environment lacks
+it): timing, the sentinel with its default rules (NaN/inf), msprobe armed by anomalies, and a
+fault that puts a NaN into rank 1's shard of the actor's first Linear weight for step 2's
+``actor_compute_log_prob`` and its replay only (``lasts: stage``).  Its save_path is the doc's
+node-local one, with ``{node}`` standing the two nodes of one machine apart.  After the run,
+docs/verl.md's gather command (twice in a row) collects the small files, ``--all`` everything
+(the folder the replay's assertions read), and, with the second node stopped, the first node's
+files and the second listed as unreachable.  One trainer run, about a minute of ``main_ppo`` on
+2 cores, and the cluster's start and the gathers, about 30 s more.
 
 Is verl's log-prob stage safe to run twice?  ``ActorRolloutRefWorker.compute_log_prob`` and
 ``compute_ref_log_prob`` (verl/workers/engine_workers.py:696-706) call
@@ -37,15 +45,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")  # verl's real trainer
 pytest.importorskip("verl")
 
 from verl_events.apps.cli import main as verl_events_main
+from verl_events.apps.gather import MANIFEST
 from verl_events.apps.verl_cpu import job
 from verl_events.observers.sentinel.record import ReplayRecord
+from verl_events.observers.timing import timing_log_files
+
+from .ray_cluster import RAY_ENV, LocalRayCluster
+from .support import doc_blocks, verl_events_exe
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.slow]
 
@@ -60,6 +75,7 @@ FAULT = {
 }
 CONFIG = {
     "observers": [
+        {"name": "timing"},
         {"name": "sentinel"},
         {
             "name": "msprobe",
@@ -73,11 +89,9 @@ CONFIG = {
         {"name": "mismatch"},  # with the rollout's log-probs switched off (WITHOUT_ROLLOUT_LOG_PROBS)
     ]
 }
-TWO_RANKS = [
-    "trainer.n_gpus_per_node=2",
-    "+ray_kwargs.ray_init.num_gpus=2",
-    "ray_kwargs.ray_init.num_cpus=16",
-]
+#: docs/verl.md's multi-node section: the node-local save_path, and the gather command.
+(NODE_LOCAL_CONFIG,) = [b for b in doc_blocks("yaml") if "/local_disk/" in b]
+(GATHER,) = [b for b in doc_blocks("bash") if b.startswith("verl-events gather")]
 # verl 0.9.1 keeps them by default: off, the mismatch observer has nothing to compare.
 WITHOUT_ROLLOUT_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs=False"
 # A healthy run takes about a minute; a rank left alone in a collective waits forever.
@@ -85,27 +99,83 @@ TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
+class Gathered:
+    code: int
+    out: str
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Run:
-    save_path: Path
+    save_path: Path  # every file of both nodes, gathered with --all
     code: int
     log: str
+    nodes: Path  # the nodes' own folders, {node} filled in: nodes/<Ray node id>/...
+    small: list[Gathered]  # the doc's gather command, twice in a row
+    one_node: Gathered  # the same with the second node stopped
+
+
+def on_this_machine(root: Path, text: str, address: str = "") -> str:
+    """The doc's text on this machine's two nodes: /local_disk/verl_events (one path on every
+    node, each node's own disk) is nodes/{node} (one disk: a folder per node), /shared/ is ``root``."""
+    text = text.replace("/local_disk/verl_events", f"{root}/nodes/{{node}}").replace("/shared/", f"{root}/")
+    return text.replace("10.0.0.1:6379", address)
+
+
+def on_the_cluster(overrides: list[str], address: str, config: Path) -> list[str]:
+    """The job's overrides for a driver that joins the cluster at ``address``: no local cluster of
+    its own (no resources given to ray.init), one rank on each of two nodes, and the config for
+    the workers through the runtime environment."""
+    local = ("+ray_kwargs.ray_init.num_gpus", "+ray_kwargs.ray_init.include_dashboard")
+    kept = [o for o in overrides if not o.startswith(local)]
+    return job.merge_overrides(
+        kept,
+        [
+            f'+ray_kwargs.ray_init.address="{address}"',
+            "ray_kwargs.ray_init.num_cpus=null",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=1",
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_EVENTS_CONFIG={config}",
+            WITHOUT_ROLLOUT_LOG_PROBS,
+        ],
+    )
+
+
+def gather(command: str, env: dict[str, str]) -> Gathered:
+    argv = [verl_events_exe(), *command.split()[1:]]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    print(result.stdout, result.stderr[-3000:])
+    out = Path(argv[argv.index("--out") + 1])
+    manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else {}
+    return Gathered(result.returncode, result.stdout, manifest)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     files = job.prepare(tmp_path_factory.mktemp("replay-job"))
     root = tmp_path_factory.mktemp("replay")
-    save_path = root / "profile"
+    save_path = yaml.safe_load(on_this_machine(root, NODE_LOCAL_CONFIG))["save_path"]
     # JSON is YAML: the file the workers read is the config above, as written.
-    (root / "replay.yaml").write_text(json.dumps({"save_path": str(save_path), **CONFIG}, indent=1))
+    (root / "replay.yaml").write_text(json.dumps({"save_path": save_path, **CONFIG}, indent=1))
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
-    env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(root / "replay.yaml")}
-    overrides = job.merge_overrides(job.trainer_args(files, steps=3), [*TWO_RANKS, WITHOUT_ROLLOUT_LOG_PROBS])
+    # The nodes' environment: verl's CPU shim set up, no VERL_EVENTS_CONFIG (it comes with the job).
+    env = job.trainer_env(base) | RAY_ENV
     log = root / "trainer.log"
-    started = time.monotonic()
-    code = job.run_trainer(overrides, env, log=log, timeout=TIMEOUT_S)
-    print(f"main_ppo with two FSDP ranks: exit {code} after {time.monotonic() - started:.0f} s")
-    return Run(save_path, code, log.read_text())
+    with LocalRayCluster(2, env) as cluster:
+        overrides = on_the_cluster(job.trainer_args(files, steps=3), cluster.address, root / "replay.yaml")
+        started = time.monotonic()
+        driver = env | {"VERL_EVENTS_CONFIG": str(root / "replay.yaml")}
+        code = job.run_trainer(overrides, driver, log=log, timeout=TIMEOUT_S)
+        print(f"main_ppo with two FSDP ranks on two nodes: exit {code} after {time.monotonic() - started:.0f} s")
+        started = time.monotonic()
+        command = on_this_machine(root, GATHER, cluster.address).strip()
+        small = [gather(command, env) for _ in range(2)]
+        everything = gather(f"{command.replace('/gathered', '/profile')} --all", env)
+        assert everything.code == 0, everything.out
+        cluster.stop_node(1)
+        one_node = gather(command.replace("/gathered", "/one-node"), env)
+        print(f"four gathers and a node stopped: {time.monotonic() - started:.0f} s")
+    return Run(root / "profile", code, log.read_text(), root / "nodes", small, one_node)
 
 
 def dump_files(save_path: Path) -> list[str]:
@@ -188,6 +258,65 @@ def test_without_the_rollouts_log_probs_mismatch_names_the_setting_for_both_rank
     assert verl_events_main(["mismatch", str(run.save_path)]) == 2
     error = capsys.readouterr().err
     assert "at step(s) 1, 2, 3" in error and "actor_rollout_ref.rollout.calculate_log_probs=True" in error
+
+
+def node_folders(run: Run) -> dict[str, Path]:
+    """Each node's own folder of the run (``latest`` followed), by node id."""
+    return {path.name: (path / "latest").resolve() for path in run.nodes.iterdir() if (path / "latest").exists()}
+
+
+def test_each_node_keeps_its_own_ranks_files_in_its_own_folder(run: Run) -> None:
+    assert run.code == 0, run.log[-6000:]
+    folders = node_folders(run)
+    assert len(folders) == 2, sorted(p.name for p in run.nodes.iterdir())
+    ranks = sorted([path.stem for path in timing_log_files(folder)] for folder in folders.values())
+    assert ranks == [["rank0"], ["rank1"]]
+    assert len({folder.name for folder in folders.values()}) == 1  # one run id on both nodes
+
+
+def test_the_docs_gather_brings_both_ranks_small_files_twice_in_a_row_and_leaves_the_dumps(run: Run) -> None:
+    assert [gathered.code for gathered in run.small] == [0, 0], run.small[-1].out
+    manifest = run.small[-1].manifest
+    folders = node_folders(run)
+    assert sorted(node["node"] for node in manifest["nodes"]) == sorted(folders)
+    for node in manifest["nodes"]:
+        assert node["state"] == "gathered" and node["folder"] == str(folders[node["node"]]), node
+        assert node["skipped"]["the step tree (msprobe dumps, profiler traces)"]["files"] > 0, node
+    out = run.save_path.with_name("gathered")
+    assert [path.stem for path in timing_log_files(out)] == ["rank0", "rank1"]
+    assert not list(out.glob("step_*")) and not list(out.rglob("dump.json"))
+    # Both ranks append to these: merged, every line kept.
+    assert {"replays.jsonl", "mismatch.jsonl"} <= set(manifest["merged"]), manifest["merged"]
+    assert sorted(r.rank for r in replay_records(out).values()) == [0, 1]
+    assert manifest["unreachable"] == [] and manifest["renamed"] == []
+    assert "from 2 of 2 node(s)" in run.small[-1].out
+
+
+def test_report_and_diagnose_read_the_gathered_folder(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run.save_path.with_name("gathered")
+    assert verl_events_main(["report", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ranks"] == [0, 1] and report["headline"]["steps"] == 4, report["headline"]
+    assert verl_events_main(["diagnose", str(out), "--json"]) == 1
+    diagnosis = json.loads(capsys.readouterr().out)
+    first = diagnosis["first"]
+    assert diagnosis["verdict"] == "anomalous", diagnosis
+    # Both ranks see the NaN at once (FSDP all-gathers rank 1's shard): either is first.
+    assert (first["step"], first["stage"], first["kind"]) == (2, "actor_compute_log_prob", "anomaly"), first
+    assert first["rank"] in (0, 1) and first["source"] == "anomalies.jsonl", first
+
+
+def test_a_stopped_node_is_listed_unreachable_and_the_other_nodes_files_are_gathered(run: Run) -> None:
+    gathered = run.one_node
+    assert gathered.code == 1, gathered.out
+    (stopped,) = gathered.manifest["unreachable"]
+    states = {node["node"]: node["state"] for node in gathered.manifest["nodes"]}
+    assert states.pop(stopped) == "unreachable" and list(states.values()) == ["gathered"]
+    assert "UNREACHABLE, Ray lists the node as dead" in gathered.out
+    assert "1 node(s) could not be reached" in gathered.out
+    out = run.save_path.with_name("one-node")
+    kept = [path.stem for path in timing_log_files(out)]
+    assert kept == [path.stem for path in timing_log_files(node_folders(run)[next(iter(states))])]
 
 
 def test_a_hung_trainer_is_killed_whole_at_the_timeout(tmp_path: Path) -> None:

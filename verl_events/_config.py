@@ -38,6 +38,8 @@ directory for both.
 ``{run}`` in ``save_path`` is this run's id (:func:`verl_events.layout.run_id`,
 the same in every process of the run): each run gets its own folder, and
 ``latest`` beside it links to the run that claimed its folder last.
+``{node}`` is the node's (:func:`verl_events.layout.node_name`): a folder per
+node, which ``verl-events gather`` collects through Ray.
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ import yaml
 from ._arming import TRIGGER_KEYS, Trigger, parse_trigger
 from ._checks import check_count
 from ._errors import ConfigError
-from ._paths import LATEST_LINK, RUN_PLACEHOLDER
+from ._paths import LATEST_LINK, NODE_PLACEHOLDER, RUN_PLACEHOLDER
 from ._presets import Placed, describe_presets, expand, is_preset_name, preset_named
-from ._run import run_id
+from ._run import node_name, run_id
 from ._selection import Selection
 from ._verl_config import from_verl_config, is_verl_config
 
@@ -286,14 +288,17 @@ def _parse_observer(entry: Any, where: str, strict: bool, preset: str | None = N
 
 
 def _fill_save_path(text: str) -> tuple[Path, Path | None]:
-    """``save_path`` with ``{run}`` filled in, and the ``latest`` link when
-    ``{run}`` is its last part; ConfigError for any other placeholder."""
+    """``save_path`` with ``{run}`` and ``{node}`` filled in, and the ``latest`` link
+    when ``{run}`` is its last part; ConfigError for any other placeholder."""
     for found in _PLACEHOLDER.findall(text):
-        if found != RUN_PLACEHOLDER:
+        if found not in (RUN_PLACEHOLDER, NODE_PLACEHOLDER):
             raise ConfigError(
                 f"save_path: {text!r} holds {found!r}, which is not a placeholder; use {RUN_PLACEHOLDER} "
-                "(this run's id, the same in every process of the run; a time would differ between processes)"
+                "(this run's id, the same in every process of the run; a time would differ between processes) "
+                f"or {NODE_PLACEHOLDER} (the node's: Ray's node id, else the host name)"
             )
+    if NODE_PLACEHOLDER in text:
+        text = text.replace(NODE_PLACEHOLDER, node_name())
     if RUN_PLACEHOLDER not in text:
         return Path(text), None
     filled = Path(text.replace(RUN_PLACEHOLDER, run_id()))

@@ -21,8 +21,10 @@ _UNKNOWN_STEP = "step_unknown"
 #: A glob that matches every step directory's name.
 STEP_DIR_GLOB = f"{_STEP_PREFIX}*"
 
-#: What ``save_path`` may hold besides a path: ``{run}``, the run's id.
+#: What ``save_path`` may hold besides a path: ``{run}``, the run's id ...
 RUN_PLACEHOLDER = "{run}"
+#: ... and ``{node}``, the node's (:func:`verl_events._run.node_name`), for a folder per node.
+NODE_PLACEHOLDER = "{node}"
 #: The link beside a ``.../{run}`` folder to the run that claimed its folder last.
 LATEST_LINK = "latest"
 

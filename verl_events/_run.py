@@ -15,6 +15,10 @@ torchrun's ranks, the demo's spawned ranks.  They agree on :func:`run_id`:
 5. otherwise a new id, put into ``$VERL_EVENTS_RUN_ID`` so that the
    processes this one starts (and a Ray cluster it starts) inherit it.
 
+The node a process runs on (:func:`node_name`, ``{node}`` in save_path) is
+Ray's node id in a process connected to Ray, else ``$VERL_EVENTS_NODE``
+(inherited from a Ray worker that started this process), else the host name.
+
 An observer whose files must never mix with another run's checks
 :func:`refuse_other_runs` at install and calls :func:`claim_save_path` before
 its first write: the first process of the run that writes leaves
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -33,6 +38,7 @@ import uuid
 from pathlib import Path
 
 RUN_ID_ENV = "VERL_EVENTS_RUN_ID"
+NODE_ENV = "VERL_EVENTS_NODE"
 RUN_FILE = "run.json"
 
 
@@ -61,6 +67,23 @@ def run_id() -> str:
     _made_here = f"run-{uuid.uuid4().hex[:12]}"
     os.environ[RUN_ID_ENV] = _made_here
     return _made_here
+
+
+def node_name() -> str:
+    """The node this process runs on, a folder name that every process of the node agrees on
+    and no other node's has: Ray's node id in a process connected to Ray (two nodes of one
+    machine differ), else ``$VERL_EVENTS_NODE``, else the host name.
+
+    Ray's id goes into ``$VERL_EVENTS_NODE``, so that a process a Ray worker starts (which
+    is not connected to Ray) names the same node.  ``verl-events gather`` resolves
+    ``{node}`` with it in a task on each node.
+    """
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        node = str(ray.get_runtime_context().get_node_id())
+        os.environ[NODE_ENV] = node
+        return node
+    return os.environ.get(NODE_ENV) or _safe_in_a_file_name(socket.gethostname())
 
 
 def _safe_in_a_file_name(text: str) -> str:

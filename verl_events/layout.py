@@ -24,6 +24,7 @@ from typing import Any
 from ._moved import NOT_MOVED, moved_name
 from ._paths import (
     LATEST_LINK,
+    NODE_PLACEHOLDER,
     REPLAY_SUFFIX,
     RUN_PLACEHOLDER,
     STAGE_DIR_TEMPLATE,
@@ -38,10 +39,22 @@ from ._paths import (
     step_dirs,
     step_of,
 )
-from ._run import RUN_FILE, RUN_ID_ENV, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
+from ._run import (
+    NODE_ENV,
+    RUN_FILE,
+    RUN_ID_ENV,
+    SavePathTaken,
+    claim_save_path,
+    node_name,
+    owner_of,
+    refuse_other_runs,
+    run_id,
+)
 
 __all__ = [
     "LATEST_LINK",
+    "NODE_ENV",
+    "NODE_PLACEHOLDER",
     "REPLAY_SUFFIX",
     "RUN_FILE",
     "RUN_PLACEHOLDER",
@@ -50,6 +63,7 @@ __all__ = [
     "STEP_DIR_GLOB",
     "SavePathTaken",
     "claim_save_path",
+    "node_name",
     "owner_of",
     "prepare_output_dir",
     "refuse_other_runs",

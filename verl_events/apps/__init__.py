@@ -10,7 +10,8 @@ it.  Beside each tool: ``check`` (a config, built without being set up),
 stages that raised, ``--trace``), ``compare/`` (two msprobe dumps side by
 side), ``triage/`` (the op behind an anomaly), ``hangs`` (which rank is
 stuck where), ``mismatch/`` (the trainer's log-probs against the rollout
-engine's), ``diagnose/`` (how a run ended), ``verl_cpu`` (verl's real
+engine's), ``diagnose/`` (how a run ended), ``gather/`` (a run kept on
+each node's own disk, collected through Ray), ``verl_cpu`` (verl's real
 trainer, tiny, on CPU) and ``inject`` (a fault to try the sentinel with).
 ``jsonl`` reads the JSON-lines logs they share and ``tables`` prints rich
 tables that cut nothing short.

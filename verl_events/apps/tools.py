@@ -9,7 +9,8 @@ Each :class:`Tool` row names
   code);
 * ``observer``: the entry point (group ``verl_events.observers``) of the
   observer whose files the command reads, or None for a command that reads
-  no observer's files (``check``, ``demo``, ``diagnose``, which reads them all);
+  no observer's files (``check``, ``demo``, ``diagnose``, which reads them all,
+  ``gather``, which copies them all);
 * ``owner``: that observer's format owner, the module of :mod:`.formats`
   that defines its files; ``files`` (the owner's function, or a composition
   of its functions) lists those files under a save_path, ``noun`` says what
@@ -91,6 +92,7 @@ TOOLS: tuple[Tool, ...] = (
         weight_sync_record.weight_sync_files,
     ),
     Tool("diagnose", "verl_events.apps.diagnose"),
+    Tool("gather", "verl_events.apps.gather.command"),
 )
 
 
