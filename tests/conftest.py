@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,13 @@ from verl_events.testing import reset
 TOOL_SUITES = ("observers", "faults")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 collect_ignore = [] if HAS_TORCH else list(TOOL_SUITES)
+
+# A shell without job control (a CI script's `cmd &`, nohup under sh) starts its background
+# commands with SIGINT ignored, and that carries into every process they start: Python then
+# never turns Ctrl-C into KeyboardInterrupt, and the tests that send a real SIGINT would test
+# nothing.  Give this process, and so the processes it starts, Ctrl-C as a terminal gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header() -> str | None:
