@@ -112,7 +112,8 @@ def main() -> None:
         print(f"memory_{key}_through_bus_us={(watched - nothing) * 1e6:.1f}")
     sampled_alone = {"peak": "sampled", "forecast": False}
     print(f"memory_sampled_no_forecast_hooks_us_per_stage={hooks(sampled_alone, args.stages // 10):.2f}")
-    print(f"sampling thread: {sample_cost():.1f} µs a sample, {sample_cost() / 0.05 / 1e4:.3f} % of a core at 0.05 s")
+    sample_us = sample_cost()
+    print(f"sampling thread: {sample_us:.1f} µs a sample, {sample_us / 0.05 / 1e4:.3f} % of a core at 0.05 s")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ PID.  ``ray stop`` is never called: it ends every Ray process of the machine, ot
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import shutil
 import signal
@@ -25,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from verl_events.apps.verl_cpu.session import reap_session, session_members
 
 __all__ = ["LocalRayCluster", "RAY_ENV"]
 
@@ -115,12 +116,12 @@ class LocalRayCluster:
             node.process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             node.process.wait(timeout)
-        _reap_session(node.process.pid)
+        reap_session(node.process.pid, timeout=20.0)
         node.process.wait()
 
     def close(self) -> None:
         for index in reversed(range(len(self.nodes))):  # the head last
-            if self.nodes[index].running() or _session_members(self.nodes[index].process.pid):
+            if self.nodes[index].running() or session_members(self.nodes[index].process.pid):
                 self.stop_node(index)
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -148,27 +149,3 @@ def _free_range(count: int) -> int:
         except OSError:
             continue
     raise RuntimeError(f"no {count} consecutive free ports between 20000 and 30000")
-
-
-def _session_members(sid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
-        if int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _reap_session(sid: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (members := _session_members(sid)) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    for pid in members:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)

@@ -142,7 +142,7 @@ class Forecaster:
         slope = sum((t - mean_t) * (g - mean_g) for t, g in seen) / spread
         line = mean_g + slope * (tokens - mean_t)
         floor = max((g for t, g in seen if t <= tokens), default=0)
-        largest = max(seen, key=lambda pair: (pair[0], pair[1]))
+        largest = max(seen)  # the most tokens, and of those the largest growth
         return max(int(line), floor), largest[0], largest[1]
 
 

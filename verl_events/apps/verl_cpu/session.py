@@ -18,7 +18,7 @@ from typing import IO
 
 from .trainer_log import LogFollower
 
-__all__ = ["run_in_own_session"]
+__all__ = ["reap_session", "run_in_own_session", "session_members"]
 
 
 def run_in_own_session(
@@ -37,7 +37,7 @@ def run_in_own_session(
     try:
         return proc.wait(timeout) if follower is None else _wait_following(proc, follower, timeout)
     except subprocess.TimeoutExpired:
-        _reap_session(proc.pid, timeout=0)  # hung: kill every process of the run now
+        reap_session(proc.pid, timeout=0)  # hung: kill every process of the run now
         proc.wait()
         raise
     except KeyboardInterrupt:
@@ -46,7 +46,7 @@ def run_in_own_session(
         proc.wait()
         raise
     finally:
-        _reap_session(proc.pid)
+        reap_session(proc.pid)
 
 
 def _wait_following(proc: subprocess.Popen[bytes], follower: LogFollower, timeout: float | None) -> int:
@@ -64,7 +64,8 @@ def _wait_following(proc: subprocess.Popen[bytes], follower: LogFollower, timeou
         return code
 
 
-def _session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (zombies left out: they hold nothing and cannot be killed)."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -75,16 +76,17 @@ def _session_members(sid: int) -> list[int]:
             continue
         # Fields after "(comm)": state, ppid, pgrp, session, ...
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid:
+        if int(fields[3]) == sid and fields[0] != "Z":
             members.append(int(entry.name))
     return members
 
 
-def _reap_session(sid: int, timeout: float = 30.0) -> None:
+def reap_session(sid: int, timeout: float = 30.0) -> None:
+    """Wait up to ``timeout`` for session ``sid`` to empty, then kill what is left, by PID."""
     if not Path("/proc/self/stat").exists():  # not Linux: nothing to inspect
         return
     deadline = time.monotonic() + timeout
-    while (members := _session_members(sid)) and time.monotonic() < deadline:
+    while (members := session_members(sid)) and time.monotonic() < deadline:
         time.sleep(0.5)
     for pid in members:
         with contextlib.suppress(ProcessLookupError):
