@@ -42,6 +42,7 @@ from ..liveness import liveness, newest
 from ..report.stragglers import stragglers
 from ..tools import Holding, run_holds
 from .evidence import Evidence, Failure, gather
+from .large_logs import FULL_READ_BYTES
 from .verdict import Verdict, judge
 
 __all__ = ["DiagnoseInputError", "Diagnosis", "add_command", "command", "diagnose", "render"]
@@ -74,9 +75,10 @@ class Diagnosis:
         }
 
 
-def diagnose(run: Path, logs: Sequence[Path] = ()) -> Diagnosis:
+def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) -> Diagnosis:
     """Read and judge RUN, with the driver's output files ``logs``; DiagnoseInputError when
-    RUN is not a run folder or a log is not a file."""
+    RUN is not a run folder or a log is not a file.  ``read_all``: every line of a large
+    run's logs too (see :mod:`.large_logs`)."""
     if not run.is_dir():
         raise DiagnoseInputError(
             f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
@@ -86,7 +88,7 @@ def diagnose(run: Path, logs: Sequence[Path] = ()) -> Diagnosis:
             raise DiagnoseInputError(
                 f"--log {log} {'is not a file' if log.exists() else 'does not exist'}; pass the driver's output"
             )
-    evidence = gather(run, logs)
+    evidence = gather(run, logs, read_all=read_all)
     tools, unseen = _tools(evidence), _unseen(evidence)
     if not tools and not evidence.failures:
         raise DiagnoseInputError(
@@ -125,6 +127,12 @@ def _watchdog(evidence: Evidence, _: Holding) -> str:
 
 def _timing(evidence: Evidence, _: Holding) -> str:
     raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
+    if evidence.timing_tails_of:
+        size = f"{evidence.timing_tails_of / 2**30:.2f} GiB"
+        return (
+            f"{evidence.timing_ranks} rank(s)' timing logs, {size}: their ends read for the stages that raised"
+            f"{raised} (stage times and stragglers: report; every line: diagnose --read-all)"
+        )
     slow = [
         f"rank(s) {', '.join(map(str, row.straggler_ranks))} in {row.stage}"
         for row in stragglers(evidence.timing)
@@ -257,13 +265,19 @@ def add_command(commands: Any) -> None:
         help="the driver's output (repeatable), for the pids Ray's memory monitor killed; RUN/trainer.log is read "
         "without it",
     )
+    parser.add_argument(
+        "--read-all",
+        action="store_true",
+        help="read every line of a large run's timing, memory and weight-sync logs (by default, past "
+        f"{FULL_READ_BYTES // 2**20} MiB of one kind, only what names a failure: the ends of the logs, the alarms)",
+    )
     parser.set_defaults(run_command=command)
 
 
 def command(args: Any) -> int:
-    """``verl-events diagnose RUN [--json] [--log FILE]``; the exit code (see the module docstring)."""
+    """``verl-events diagnose RUN [--json] [--log FILE] [--read-all]``; the exit code (see the module docstring)."""
     try:
-        diagnosis = diagnose(Path(args.run), args.log)
+        diagnosis = diagnose(Path(args.run), args.log, read_all=args.read_all)
     except DiagnoseInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ records of another run (their ``run`` is not the folder's, from
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING, Any
 from verl_events.layout import owner_of
 
 from ..formats import anomaly_record, hang_record, memory_record, timing_log, weight_sync_record
+from . import large_logs
 from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
+from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
 from .ray_kills import ray_kills
 from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
 
@@ -54,10 +56,12 @@ else:
 __all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "gather"]
 
 
-def gather(run: Path, logs: Sequence[Path] = ()) -> Evidence:
+def gather(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) -> Evidence:
     """Read every failure under ``run`` (see the module docstring); ``logs``: the driver's
-    output files, besides ``run/trainer.log``, which is read when it is there."""
-    evidence = Evidence(run, owner_of(run))
+    output files, besides ``run/trainer.log``, which is read when it is there.  A large
+    run's timing, memory and weight-sync logs are read in part (:mod:`.large_logs`)
+    unless ``read_all``."""
+    evidence = Evidence(run, owner_of(run), read_all=read_all)
     read_heartbeats(evidence)
     process_ends(evidence)
     crash_records(evidence)
@@ -105,10 +109,11 @@ def _timing(evidence: Evidence) -> None:
     found: dict[tuple[int, int | None, str | None, str | None], Any] = {}
     files = timing_log.timing_log_files(evidence.run)
     evidence.timing_ranks = len(files)
+    size = total_bytes(files)
+    if not evidence.read_all and size > large_logs.FULL_READ_BYTES:
+        evidence.timing_tails_of = size
     for path in files:
-        for _, record in records_of(evidence, path, timing_log.TimingRecord.from_json):
-            evidence.timing_records += 1
-            evidence.timing.append(record)
+        for record in _timing_records(evidence, path):
             if record.error is None:
                 continue
             evidence.timing_errors += 1
@@ -134,6 +139,19 @@ def _timing(evidence: Evidence) -> None:
         )
 
 
+def _timing_records(evidence: Evidence, path: Path) -> Iterator[Any]:
+    """A timing log's records: every one, kept for the stragglers, or those near its end
+    of a large run (:mod:`.large_logs`)."""
+    parse = timing_log.TimingRecord.from_json
+    if evidence.timing_tails_of:
+        yield from tail_records(evidence, path, parse)
+        return
+    for _, record in records_of(evidence, path, parse):
+        evidence.timing_records += 1
+        evidence.timing.append(record)
+        yield record
+
+
 def _anomalies(evidence: Evidence) -> None:
     path = anomaly_record.anomaly_log_path(evidence.run)
     for _, record in records_of(evidence, path, anomaly_record.AnomalyRecord.from_json):
@@ -152,7 +170,12 @@ def _anomalies(evidence: Evidence) -> None:
 
 def _weight_alarms(evidence: Evidence) -> None:
     path = weight_sync_record.weight_sync_log_path(evidence.run)
-    for _, record in records_of(evidence, path, weight_sync_record.SyncRecord.from_json):
+    parse = weight_sync_record.SyncRecord.from_json
+    if not evidence.read_all and total_bytes([path]) > large_logs.FULL_READ_BYTES:
+        records = lines_matching(evidence, path, ALARM_LINE, parse)
+    else:
+        records = records_of(evidence, path, parse)
+    for _, record in records:
         for alarm in record.alarms:
             where = f" ({alarm.layer})" if alarm.layer else ""
             evidence.failures.append(
@@ -178,21 +201,37 @@ def _out_of_memory(evidence: Evidence) -> None:
     ]
     if not ooms:
         return
-    held = _stages_that_raised(evidence)
+    held = _stages_that_raised(evidence, {evidence.failures[index].rank for index, _ in ooms})
     for index, found in ooms:
         failure = evidence.failures[index]
         figures = held.get((failure.rank, failure.step, failure.stage))
         evidence.failures[index] = replace(failure, kind="oom", detail=_oom_detail(found, figures, failure))
 
 
-def _stages_that_raised(evidence: Evidence) -> dict[tuple[int, int | None, str | None], Any]:
-    """The memory observer's records of stages that raised, by (rank, step, stage)."""
+def _stages_that_raised(evidence: Evidence, ranks: set[int]) -> dict[tuple[int, int | None, str | None], Any]:
+    """The memory observer's records of stages that raised on ``ranks``, by (rank, step, stage)."""
     found: dict[tuple[int, int | None, str | None], Any] = {}
-    for path in memory_record.memory_files(evidence.run):
-        for _, record in records_of(evidence, path, memory_record.MemoryRecord.from_json):
-            if record.error is not None:
-                found[(record.rank, record.step, record.stage)] = record
+    for record in _memory_records(evidence, ranks):
+        if record.error is not None:
+            found[(record.rank, record.step, record.stage)] = record
     return found
+
+
+def _memory_records(evidence: Evidence, ranks: set[int]) -> Iterator[Any]:
+    """The memory observer's records of ``ranks``, read from their own logs: every record,
+    or those near each log's end when the memory logs are large (:mod:`.large_logs`)."""
+    files = memory_record.memory_files(evidence.run)
+    whole = evidence.read_all or total_bytes(files) <= large_logs.FULL_READ_BYTES
+    parse = memory_record.MemoryRecord.from_json
+    theirs = {memory_record.memory_log_path(evidence.run, rank) for rank in ranks}
+    for path in files:
+        if path not in theirs:
+            continue
+        if whole:
+            records: Iterator[Any] = (record for _, record in records_of(evidence, path, parse))
+        else:
+            records = tail_records(evidence, path, parse)
+        yield from (record for record in records if record.rank in ranks)
 
 
 def _oom_detail(found: OutOfMemory, record: Any, failure: Failure) -> str:
@@ -231,10 +270,9 @@ def _killed_by_oom(evidence: Evidence) -> None:
     if not killed:
         return
     last: dict[int, Any] = {}
-    for path in memory_record.memory_files(evidence.run):
-        for _, record in records_of(evidence, path, memory_record.MemoryRecord.from_json):
-            if record.rank not in last or record.time >= last[record.rank].time:
-                last[record.rank] = record
+    for record in _memory_records(evidence, {evidence.failures[index].rank for index in killed}):
+        if record.rank not in last or record.time >= last[record.rank].time:
+            last[record.rank] = record
     for index in killed:
         failure = evidence.failures[index]
         latest = last.get(failure.rank)

@@ -61,6 +61,8 @@ class Evidence:
     timing: list[Any] = field(default_factory=list)  # the timing logs' records, for the stragglers
     timing_ranks: int = 0
     timing_errors: int = 0
+    timing_tails_of: int = 0  # the timing logs' bytes, when only their ends were read (a large run)
+    read_all: bool = False  # read every line of a large run's logs (diagnose --read-all)
     warnings: list[str] = field(default_factory=list)
     now: float = field(default_factory=time.time)
 
