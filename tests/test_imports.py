@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = ("torch", "msprobe", "nvtx", "torch_npu", "verl", "ray", "omegaconf", "matplotlib")
+TOOLS = ("torch", "msprobe", "nvtx", "torch_npu", "verl", "ray", "omegaconf", "matplotlib", "duckdb")
 
 
 def test_importing_the_packages_loads_no_tool_library() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import subprocess
@@ -16,6 +17,7 @@ from verl_events.apps.report.overhead import read_timing_records
 from verl_events.apps.report.stragglers import MIN_EXCESS_S, NAMED, SLOW_SCORE, StageStragglers, stragglers
 from verl_events.observers.timing import TimingRecord
 
+from .report_support import assert_engines_agree
 from .support import run_two_gloo_ranks, verl_events_exe
 
 
@@ -133,8 +135,11 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def straggling(run: Path) -> dict[str, dict]:  # type: ignore[type-arg]
-    text = report(run, console=Console(file=io.StringIO()), as_json_output=True, quiet=True)
+    """The report's straggler rows of ``run``, which DuckDB's engine gives alike (when installed)."""
+    text = report(run, console=Console(file=io.StringIO()), as_json_output=True, quiet=True, engine="records")
     assert text is not None
+    if importlib.util.find_spec("duckdb") is not None:
+        assert_engines_agree(run)
     return {row["stage"]: row for row in json.loads(text)["stragglers"]}
 
 

@@ -12,7 +12,7 @@ from ..tables import terminal_console
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
 from .overhead import TimingLogError
 from .steps import STAGE_ORDER
-from .summary import report, timing_files
+from .summary import COLUMNAR_FROM_BYTES, ENGINES, report, timing_files
 
 __all__ = ["add_command", "command"]
 
@@ -32,6 +32,14 @@ def add_command(commands: Any) -> None:
     )
     rep.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace: a track per rank, a slice per stage")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    rep.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="records: every record held in Python; duckdb: aggregated by DuckDB from the JSON lines, in bounded "
+        f"memory (pip install 'verl-events[scale]'); auto (default): duckdb when installed, for timing logs of "
+        f"{COLUMNAR_FROM_BYTES // 2**20} MiB or more, except with --trace",
+    )
     rep.set_defaults(run_command=command)
 
 
@@ -41,7 +49,15 @@ def command(args: argparse.Namespace) -> int:
     run = Path(args.run)
     try:
         memory_figure = _memory_figure(run, args.memory_plot) if args.memory_plot is not None else None
-        text = report(run, console=out, as_json_output=args.json, plot=args.plot, trace=args.trace, quiet=args.quiet)
+        text = report(
+            run,
+            console=out,
+            as_json_output=args.json,
+            plot=args.plot,
+            trace=args.trace,
+            quiet=args.quiet,
+            engine=args.engine,
+        )
         if memory_figure is not None:
             write_figure(memory_figure, args.memory_plot)
     except TimingLogError as exc:

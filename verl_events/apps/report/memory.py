@@ -27,7 +27,16 @@ from ..formats import memory_record
 from ..jsonl import read_log
 from ..tables import print_table
 
-__all__ = ["LEAK_MIN_MB", "LEAK_MIN_STEPS", "StageMemory", "read_memory", "render_memory", "stage_memory"]
+__all__ = [
+    "LEAK_MIN_MB",
+    "LEAK_MIN_STEPS",
+    "StageMemory",
+    "StepMemory",
+    "read_memory",
+    "render_memory",
+    "stage_memory",
+    "stage_row",
+]
 
 #: Kept per step, MB, for a leak: far above the allocator's and Python's own wobble.
 LEAK_MIN_MB = 10.0
@@ -67,6 +76,19 @@ def read_memory(run: Path, warnings: list[str]) -> list[Any]:
     return records
 
 
+@dataclass(frozen=True, slots=True)
+class StepMemory:
+    """One stage of one step over its ranks: the record of the largest host peak (the first
+    such in the logs' order), the largest device peak (None when the step's first record has
+    none), and the most a rank kept, MB (None unless every record has its begin and end)."""
+
+    step: int | None
+    host_peak_bytes: int
+    host_peak_rank: int
+    device_peak_bytes: int | None
+    kept_mb: float | None
+
+
 def stage_memory(records: list[Any], stage_order: list[str]) -> list[StageMemory]:
     """One row per stage (see the module docstring), stages of ``stage_order`` first."""
     by_stage: dict[str, dict[int | None, list[Any]]] = {}
@@ -74,28 +96,33 @@ def stage_memory(records: list[Any], stage_order: list[str]) -> list[StageMemory
         if record.error is None and record.host_peak_bytes is not None:
             by_stage.setdefault(record.stage, {}).setdefault(record.step, []).append(record)
     order = [s for s in stage_order if s in by_stage] + sorted(set(by_stage) - set(stage_order))
-    return [_row(stage, by_stage[stage]) for stage in order]
+    return [stage_row(stage, [_step(step, rs) for step, rs in by_stage[stage].items()]) for stage in order]
 
 
-def _row(stage: str, by_step: dict[int | None, list[Any]]) -> StageMemory:
-    peaks = {step: max(rs, key=lambda r: r.host_peak_bytes) for step, rs in by_step.items()}
-    top = max(peaks.values(), key=lambda r: r.host_peak_bytes)
-    device = [max(r.device_peak_bytes for r in rs) for rs in by_step.values() if rs[0].device_peak_bytes is not None]
-    kept = {
-        step: max(r.host_end_bytes - r.host_begin_bytes for r in rs) / _MB
-        for step, rs in by_step.items()
-        if all(r.host_end_bytes is not None and r.host_begin_bytes is not None for r in rs)
-    }
+def _step(step: int | None, records: list[Any]) -> StepMemory:
+    top = max(records, key=lambda r: r.host_peak_bytes)
+    kept = None
+    if all(r.host_end_bytes is not None and r.host_begin_bytes is not None for r in records):
+        kept = max(r.host_end_bytes - r.host_begin_bytes for r in records) / _MB
+    device = max(r.device_peak_bytes for r in records) if records[0].device_peak_bytes is not None else None
+    return StepMemory(step, top.host_peak_bytes, top.rank, device, kept)
+
+
+def stage_row(stage: str, steps: list[StepMemory]) -> StageMemory:
+    """One stage's row from its steps, in the order they first appear in the logs."""
+    top = max(steps, key=lambda s: s.host_peak_bytes)
+    device = [s.device_peak_bytes for s in steps if s.device_peak_bytes is not None]
+    kept = {s.step: s.kept_mb for s in steps if s.kept_mb is not None}
     later = [mb for step, mb in sorted(kept.items(), key=lambda item: (item[0] is None, item[0] or 0))][1:]
     keeps = sum(mb >= LEAK_MIN_MB for mb in later)
     leak = len(later) >= LEAK_MIN_STEPS and keeps >= len(later) - 1 and statistics.median(later) >= LEAK_MIN_MB
     return StageMemory(
         stage=stage,
-        steps=len(by_step),
-        host_peak_median_mb=statistics.median(r.host_peak_bytes for r in peaks.values()) / _MB,
+        steps=len(steps),
+        host_peak_median_mb=statistics.median(s.host_peak_bytes for s in steps) / _MB,
         host_peak_max_mb=top.host_peak_bytes / _MB,
         host_peak_max_step=top.step,
-        host_peak_max_rank=top.rank,
+        host_peak_max_rank=top.host_peak_rank,
         device_peak_median_mb=statistics.median(device) / _MB if device else None,
         device_peak_max_mb=max(device) / _MB if device else None,
         kept_median_mb=statistics.median(later or list(kept.values()) or [0.0]),

@@ -31,11 +31,13 @@ __all__ = [
     "TimingLogError",
     "TimingRecord",  # what read_timing_records returns, for the report's annotations
     "observer_hooks",
+    "overhead_row",
     "overhead_table",
     "profiled_seconds",
     "profilers",
     "read_timing_records",
     "runs_in",
+    "summary",
 ]
 
 
@@ -229,12 +231,47 @@ def overhead_table(records: Iterable[TimingRecord], stage_order: Iterable[str] =
 
 
 def _row(stage: str, profiled_by: tuple[str, ...], base: _Summary, profiled: list[TimingRecord]) -> StageOverhead:
-    cost = _summarise([profiled_seconds(r) for r in profiled])
-    dumped = sum(int(r.dump_bytes) for r in profiled)
-    steps = {r.step for r in profiled}
     firsts: dict[int, TimingRecord] = {}
     for record in profiled:  # records are in file order: each rank's calls in the order they ran
         firsts.setdefault(record.rank, record)
+    return overhead_row(
+        stage,
+        profiled_by,
+        base,
+        _summarise([profiled_seconds(r) for r in profiled]),
+        statistics.median(float(r.overhead_s) for r in profiled) if profiled else None,
+        sum(int(r.dump_bytes) for r in profiled),
+        len({r.step for r in profiled}),
+        statistics.median(profiled_seconds(r) for r in firsts.values()) if firsts else None,
+    )
+
+
+def summary(
+    n: int, median: float | None, quartiles: tuple[float, float] | None, lowest: float | None, highest: float | None
+) -> _Summary:
+    """A median with its count and spread, from figures computed elsewhere (the columnar
+    engine): the interquartile range from :data:`IQR_MIN_N` values on, else the extremes."""
+    if not n:
+        return _Summary(None, 0, None, None, None)
+    if n < IQR_MIN_N or quartiles is None:
+        return _Summary(median, n, lowest, highest, "min-max")
+    return _Summary(median, n, quartiles[0], quartiles[1], "iqr")
+
+
+def overhead_row(
+    stage: str,
+    profiled_by: tuple[str, ...],
+    base: _Summary,
+    cost: _Summary,
+    hooks_s: float | None,
+    dumped: int,
+    steps: int,
+    first_s: float | None,
+) -> StageOverhead:
+    """One row of the overhead table: ``base`` summarises the stage's unprofiled times,
+    ``cost`` its profiled ones (body plus hooks) by ``profiled_by``; ``hooks_s``: their
+    median hook time; ``dumped``: their dump bytes over ``steps`` steps; ``first_s``: the
+    median over ranks of each rank's first profiled call."""
     ratio = cost.median / base.median if cost.median is not None and base.median else None
     return StageOverhead(
         stage=stage,
@@ -243,10 +280,10 @@ def _row(stage: str, profiled_by: tuple[str, ...], base: _Summary, profiled: lis
         unprofiled_n=base.n,
         profiled_s=cost.median,
         profiled_n=cost.n,
-        hooks_s=statistics.median(float(r.overhead_s) for r in profiled) if profiled else None,
+        hooks_s=hooks_s,
         ratio=ratio,
         dump_bytes=dumped,
-        dump_bytes_per_step=dumped / len(steps) if steps else 0.0,
+        dump_bytes_per_step=dumped / steps if steps else 0.0,
         unprofiled_low_s=base.low,
         unprofiled_high_s=base.high,
         unprofiled_spread=base.spread,
@@ -255,7 +292,7 @@ def _row(stage: str, profiled_by: tuple[str, ...], base: _Summary, profiled: lis
         profiled_high_s=cost.high,
         profiled_spread=cost.spread,
         profiled_too_few=cost.too_few,
-        profiled_first_s=statistics.median(profiled_seconds(r) for r in firsts.values()) if firsts else None,
+        profiled_first_s=first_s,
         ratio_too_few=ratio is not None and (base.too_few or cost.too_few),
     )
 

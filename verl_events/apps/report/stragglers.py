@@ -161,26 +161,63 @@ def _judged(
             continue
         ordered = sorted([*cells.values(), *(s for rank, s in failed.items() if rank not in cells)])
         median = ordered[(len(ordered) - 1) // 2]  # the median rank's, a rank's (the lower median)
-        line = max(median * SLOW_SCORE, median + MIN_EXCESS_S)
-        if median <= 0 or ordered[-1] < line:
+        if median <= 0 or ordered[-1] < line_of(median):
             continue
         last = groups[step].last
-        typical = next((last[rank] for rank, seconds in cells.items() if seconds == median), None)
-        for rank, seconds in cells.items():
-            if seconds < line:
-                continue
-            ratio = seconds / median
-            if ratio > worst.get(rank, (0.0, None))[0]:
-                worst[rank] = (ratio, step)
-            # A peer raised: this rank's extra time is its wait for the one that failed.
-            if failed or (typical is not None and _waited(last[rank], typical, seconds - median)):
-                waited[rank] = waited.get(rank, 0) + 1
-            else:
-                slow[rank] = slow.get(rank, 0) + 1
+        typical = next((ends(last[rank]) for rank, seconds in cells.items() if seconds == median), None)
+        above = [(rank, seconds, ends(last[rank])) for rank, seconds in cells.items() if seconds >= line_of(median)]
+        judge_step(step, above, median, typical, bool(failed), Judged(slow, waited, worst))
     times = _by_rank(steps)
     if len(times) < 2:
         return None
-    return _row(stage, len(steps), times, slow, waited, worst)
+    medians = {rank: statistics.median(values) for rank, values in times.items()}
+    return stage_row(
+        stage, len(steps), medians, {rank: len(values) for rank, values in times.items()}, slow, waited, worst
+    )
+
+
+def line_of(median: float) -> float:
+    """The time at or above which a rank is above the line in a step whose median rank took ``median``."""
+    return max(median * SLOW_SCORE, median + MIN_EXCESS_S)
+
+
+Ends = tuple[float | None, float]  # a rank's last record in a step: its end_unix, and its end hooks' seconds
+
+
+def ends(record: TimingRecord) -> Ends:
+    return record.end_unix, sum(record.hook_end_s.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """What the steps of a stage found so far, per rank: steps slow in, steps waited in, and
+    the worst ratio with its step."""
+
+    slow: dict[int, int]
+    waited: dict[int, int]
+    worst: dict[int, tuple[float, int | None]]
+
+
+def judge_step(
+    step: int | None,
+    above: list[tuple[int, float, Ends]],
+    median: float,
+    typical: Ends | None,
+    failed: bool,
+    judged: Judged,
+) -> None:
+    """One step where some rank was above the line: each such rank (``above``, in the order
+    the ranks first appear in the step) was slow or waited.  ``typical``: the median rank's
+    last record; ``failed``: a rank's record of the stage raised in this step."""
+    for rank, seconds, last in above:
+        ratio = seconds / median
+        if ratio > judged.worst.get(rank, (0.0, None))[0]:
+            judged.worst[rank] = (ratio, step)
+        # A peer raised: this rank's extra time is its wait for the one that failed.
+        if failed or (typical is not None and _waited(last, typical, seconds - median)):
+            judged.waited[rank] = judged.waited.get(rank, 0) + 1
+        else:
+            judged.slow[rank] = judged.slow.get(rank, 0) + 1
 
 
 def _by_rank(steps: dict[int | None, dict[int, float]]) -> dict[int, list[float]] | dict[int, tuple[float, ...]]:
@@ -197,15 +234,17 @@ def _by_rank(steps: dict[int | None, dict[int, float]]) -> dict[int, list[float]
     return times
 
 
-def _row(
+def stage_row(
     stage: str,
     steps: int,
-    times: dict[int, list[float]] | dict[int, tuple[float, ...]],
+    medians: dict[int, float],
+    counts: dict[int, int],
     slow: dict[int, int],
     waited: dict[int, int],
     worst: dict[int, tuple[float, int | None]],
 ) -> StageStragglers:
-    medians = {rank: statistics.median(values) for rank, values in times.items()}
+    """One stage's row: ``medians``, each rank's median time over its ``counts`` steps (of
+    ``steps``); ``slow``, ``waited`` and ``worst``, what :func:`_judged` found per rank."""
     median_rank, median_rank_s = sorted(medians.items(), key=lambda kv: (kv[1], kv[0]))[(len(medians) - 1) // 2]
     scores = []
     for rank, median_s in medians.items():
@@ -216,12 +255,12 @@ def _row(
                 rank=rank,
                 median_s=median_s,
                 score=median_s / median_rank_s if median_rank_s > 0 else None,
-                steps=len(times[rank]),
+                steps=counts[rank],
                 slow_steps=slow.get(rank, 0),
                 waited_steps=waited.get(rank, 0),
                 worst_step=step,
                 worst_ratio=ratio,
-                kind=_kind(slow.get(rank, 0), waited.get(rank, 0), len(times[rank])),
+                kind=_kind(slow.get(rank, 0), waited.get(rank, 0), counts[rank]),
             )
         )
     scores.sort(key=lambda s: (-(s.score or 0.0), s.rank))
@@ -239,19 +278,19 @@ def _row(
     )
 
 
-def _waited(record: TimingRecord, typical: TimingRecord, excess: float) -> bool:
+def _waited(record: Ends, typical: Ends, excess: float) -> bool:
     """Whether most of ``record``'s ``excess`` over the median rank's record lies before the
     median rank's body ended: it began early and waited (as a collective makes it).  Without
     the wall clock (older logs) there is no telling: not waited."""
-    if record.end_unix is None or typical.end_unix is None:
+    if record[0] is None or typical[0] is None:
         return False
     late = _body_end(record) - _body_end(typical)
     return late < excess / 2
 
 
-def _body_end(record: TimingRecord) -> float:
+def _body_end(record: Ends) -> float:
     """When the body ended: the line is written after the end hooks."""
-    return float(record.end_unix or 0.0) - sum(record.hook_end_s.values())
+    return float(record[0] or 0.0) - record[1]
 
 
 def _kind(slow: int, waited: int, steps: int) -> str:

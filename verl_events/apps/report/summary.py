@@ -19,11 +19,11 @@ from typing import Any
 from verl_events.layout import LATEST_LINK
 
 from ..formats import msprobe_layout, timing_log
+from . import columnar
 from .grouping import index_records
 from .headline import headline, headline_text
 from .memory import StageMemory, read_memory, render_memory, stage_memory
 from .overhead import (
-    StageOverhead,
     TimingLogError,
     TimingRecord,
     observer_hooks,
@@ -31,14 +31,26 @@ from .overhead import (
     read_timing_records,
     runs_in,
 )
+from .parts import ReportParts
 from .plot import write_plot
-from .raised import RaisedStage, raised_stages, split_raised
+from .raised import raised_stages, split_raised
 from .render import render
-from .steps import STAGE_ORDER, StageStep, stage_steps
-from .stragglers import StageStragglers, stragglers
+from .steps import STAGE_ORDER, stage_steps
+from .stragglers import stragglers
 from .trace import chrome_trace
 
-__all__ = ["ReportError", "as_json", "report", "timing_files", "write_plot"]
+__all__ = [
+    "COLUMNAR_FROM_BYTES",
+    "ENGINES",
+    "ReportError",
+    "ReportParts",
+    "as_json",
+    "record_parts",
+    "report",
+    "show",
+    "timing_files",
+    "write_plot",
+]
 
 
 class ReportError(TimingLogError):
@@ -68,34 +80,49 @@ def write_trace(run: Path, records: list[TimingRecord], path: Path) -> None:
     path.write_text(json.dumps(chrome_trace(records, gather(run).failures)))
 
 
-def as_json(
-    run: Path,
-    records: list[TimingRecord],
-    figures: list[TimingRecord],
-    rows: list[StageStep],
-    overhead: list[StageOverhead],
-    straggling: list[StageStragglers],
-    raised: list[RaisedStage],
-    memory: list[StageMemory],
-) -> str:
-    """The report as JSON: ``records`` and ``ranks`` count every record, the
-    tables are of ``figures`` (the records of stages that did not raise),
-    ``raised`` counts the others per stage."""
+def record_parts(records: list[TimingRecord], memory: list[StageMemory]) -> ReportParts:
+    """The report's parts from every record, held in memory (the record-by-record engine)."""
+    figures, failed = split_raised(records)
+    groups, baseline = index_records(figures)
+    return ReportParts(
+        records=len(records),
+        ranks=sorted({r.rank for r in records}),
+        runs=runs_in(records),
+        headline=headline(records, figures),
+        stage_steps=stage_steps(groups, baseline),
+        overhead=overhead_table(figures, STAGE_ORDER),
+        observer_hooks=observer_hooks(figures, STAGE_ORDER),
+        stragglers=stragglers(figures, STAGE_ORDER, groups, failed),
+        raised=raised_stages(failed, STAGE_ORDER),
+        memory=memory,
+    )
+
+
+def as_json(run: Path, parts: ReportParts) -> str:
+    """The report as JSON."""
     return json.dumps(
         {
             "run": str(run),
-            "headline": asdict(headline(records, figures)),
-            "records": len(records),
-            "ranks": sorted({r.rank for r in records}),
-            "stage_steps": [asdict(row) for row in rows],
-            "overhead": [asdict(row) for row in overhead],
-            "observer_hooks": [asdict(row) for row in observer_hooks(figures, STAGE_ORDER)],
-            "stragglers": [asdict(row) for row in straggling],
-            "raised": [asdict(row) for row in raised],
-            "memory": [asdict(row) for row in memory],
+            "headline": asdict(parts.headline),
+            "records": parts.records,
+            "ranks": parts.ranks,
+            "stage_steps": [asdict(row) for row in parts.stage_steps],
+            "overhead": [asdict(row) for row in parts.overhead],
+            "observer_hooks": [asdict(row) for row in parts.observer_hooks],
+            "stragglers": [asdict(row) for row in parts.stragglers],
+            "raised": [asdict(row) for row in parts.raised],
+            "memory": [asdict(row) for row in parts.memory],
         },
         indent=1,
     )
+
+
+#: The report's engines: ``records`` holds every record as a Python object; ``duckdb``
+#: aggregates the JSON lines in DuckDB (:mod:`.columnar`); ``auto`` takes DuckDB, when it is
+#: installed, for timing logs of :data:`COLUMNAR_FROM_BYTES` or more, and never for --trace.
+ENGINES = ("auto", "records", "duckdb")
+#: From this size of timing logs on, ``auto`` reads with DuckDB (about 150,000 records).
+COLUMNAR_FROM_BYTES = 64 * 2**20
 
 
 def report(
@@ -106,6 +133,7 @@ def report(
     plot: Path | None = None,
     trace: Path | None = None,
     quiet: bool = False,
+    engine: str = "auto",
 ) -> str | None:
     """Run the report; return the JSON text when ``as_json_output``."""
     from rich.progress import Progress
@@ -113,6 +141,11 @@ def report(
     if not run.is_dir():
         raise ReportError(f"{run} is not a directory; pass the save_path of a run")
     files = timing_files(run)
+    if _columnar(engine, files, trace):
+        try:
+            return _report_columnar(run, files, console, as_json_output, plot)
+        except columnar.NotColumnar as exc:
+            print(f"warning: read record by record: {exc}", file=sys.stderr)
     skipped: list[str] = []
     with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
         task = bar.add_task("reading timing logs", total=len(files))
@@ -127,6 +160,38 @@ def report(
         gc.unfreeze()
 
 
+def _columnar(engine: str, files: list[Path], trace: Path | None) -> bool:
+    """Whether to read with DuckDB (see :data:`ENGINES`), or ReportError for an engine that cannot be had."""
+    if engine not in ENGINES:
+        raise ReportError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}")
+    if engine == "records":
+        return False
+    if engine == "duckdb":
+        if not columnar.available():
+            raise ReportError("--engine duckdb needs DuckDB: pip install 'verl-events[scale]'")
+        if trace is not None:
+            raise ReportError("--trace draws every record, which --engine duckdb never holds; use --engine records")
+        return True
+    return trace is None and columnar.available() and sum(path.stat().st_size for path in files) >= COLUMNAR_FROM_BYTES
+
+
+def _report_columnar(run: Path, files: list[Path], console: Any, as_json_output: bool, plot: Path | None) -> str | None:
+    skipped: list[str] = []
+    memory_warnings: list[str] = []
+    parts = columnar.columnar_parts(run, files, skipped, memory_warnings)
+    for note in skipped + mixed_runs(parts.runs) + _incomplete(run):
+        print(f"warning: {note}", file=sys.stderr)
+    if not parts.records:
+        raise ReportError(f"{run / timing_log.TIMING_DIR} holds no stage records; nothing to report")
+    for note in memory_warnings:
+        print(f"warning: {note}", file=sys.stderr)
+    return show(run, parts, console, as_json_output, plot)
+
+
+def _incomplete(run: Path) -> list[str]:
+    return [f"{path} is an incomplete msprobe session: {why}" for path, why in msprobe_layout.incomplete_sessions(run)]
+
+
 def _report_records(
     run: Path,
     records: list[TimingRecord],
@@ -136,38 +201,41 @@ def _report_records(
     plot: Path | None,
     trace: Path | None,
 ) -> str | None:
-    incomplete = [
-        f"{path} is an incomplete msprobe session: {why}" for path, why in msprobe_layout.incomplete_sessions(run)
-    ]
-    for note in skipped + _mixed_runs(records) + incomplete:
+    for note in skipped + mixed_runs(runs_in(records)) + _incomplete(run):
         print(f"warning: {note}", file=sys.stderr)
     if not records:
         raise ReportError(f"{run / timing_log.TIMING_DIR} holds no stage records; nothing to report")
-    figures, failed = split_raised(records)
-    raised = raised_stages(failed, STAGE_ORDER)
-    groups, baseline = index_records(figures)
-    rows = stage_steps(groups, baseline)
-    overhead = overhead_table(figures, STAGE_ORDER)
-    if plot is not None:
-        write_plot(overhead, _output(plot, "--plot"))
     if trace is not None:
         write_trace(run, records, _output(trace, "--trace"))
-    straggling = stragglers(figures, STAGE_ORDER, groups, failed)
     memory_warnings: list[str] = []
     memory = stage_memory(read_memory(run, memory_warnings), list(STAGE_ORDER))
     for note in memory_warnings:
         print(f"warning: {note}", file=sys.stderr)
+    return show(run, record_parts(records, memory), console, as_json_output, plot)
+
+
+def show(run: Path, parts: ReportParts, console: Any, as_json_output: bool, plot: Path | None) -> str | None:
+    """Write ``--plot``, then print the report's tables (or return its JSON)."""
+    if plot is not None:
+        write_plot(parts.overhead, _output(plot, "--plot"))
     if as_json_output:
-        return as_json(run, records, figures, rows, overhead, straggling, raised, memory)
-    hooks = observer_hooks(figures, STAGE_ORDER)
-    console.print(headline_text(headline(records, figures)), highlight=False, soft_wrap=True)
-    render(rows, overhead, hooks, straggling, raised, console, multi_rank=len({r.rank for r in records}) > 1)
-    render_memory(memory, console)  # none without the memory observer's logs
+        return as_json(run, parts)
+    console.print(headline_text(parts.headline), highlight=False, soft_wrap=True)
+    render(
+        parts.stage_steps,
+        parts.overhead,
+        parts.observer_hooks,
+        parts.stragglers,
+        parts.raised,
+        console,
+        multi_rank=len(parts.ranks) > 1,
+    )
+    render_memory(parts.memory, console)  # none without the memory observer's logs
     return None
 
 
-def _mixed_runs(records: list[TimingRecord]) -> list[str]:
-    runs = runs_in(records)
+def mixed_runs(runs: list[str]) -> list[str]:
+    """A warning when the logs hold more than one run's records."""
     if len(runs) < 2:
         return []
     return [f"the timing logs hold records of {len(runs)} runs ({', '.join(runs)}); their figures are mixed"]

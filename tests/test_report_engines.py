@@ -1,0 +1,205 @@
+"""``verl-events report --engine``: DuckDB's columnar report (verl_events/apps/report/columnar/)
+says what the record-by-record report says, on the same runs: a synthetic run in every
+format with its planted failure (benchmarks/scale.py), the demo's real runs (msprobe
+sessions, two ranks), a run of stragglers, hiccups, waiting ranks, stages that raised,
+nested and profiled stages and a leak, and logs a crash or another writer left behind.
+The real two-rank straggler runs are compared in tests/test_stragglers.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_events.apps.cli import main
+from verl_events.apps.formats import memory_record
+from verl_events.observers.timing import TimingRecord, timing_log_path
+
+from .report_support import assert_engines_agree, engine_output
+from .support import REPO
+
+pytest.importorskip("duckdb")
+
+OBSERVERS = ("timing", "watchdog", "msprobe")
+
+
+def timed(stage: str, step: int | None, rank: int, seconds: float, end: float, **fields: object) -> TimingRecord:
+    """A stage record as the timing observer writes it, with every observer's hook times."""
+    hooks = {name: 1e-5 * (i + 1) * (rank + 1) for i, name in enumerate(OBSERVERS)}
+    return TimingRecord(
+        run="mixed",
+        stage=stage,
+        step=step,
+        rank=rank,
+        world_size=4,
+        elapsed_s=seconds,
+        observers=OBSERVERS,
+        profiled=bool(fields.get("profiled_by") or fields.get("enclosed_by")),
+        hook_s=hooks,
+        hook_begin_s={name: s / 2 for name, s in hooks.items()},
+        hook_end_s={name: s / 2 for name, s in hooks.items()},
+        overhead_s=sum(s for name, s in hooks.items() if name != "timing"),
+        end_unix=end,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def mixed_run(run: Path) -> None:
+    """Four ranks, eight steps, each stage begun by every rank together (the collectives of
+    the stage before line them up): rank 3 a straggler in actor_update, rank 2 a hiccup at
+    step 5 of compute_values, rank 0 in critic_update beginning 0.3 s early and ending with
+    the others (it waited); at step 8 rank 1 raises in critic_update and the others fail
+    waiting for it; msprobe profiles actor_compute_log_prob at steps 2 and 3, and train_batch
+    inside actor_update at step 4 (around); a stage without a step; rank 2's memory grows
+    50 MB a step in actor_update."""
+    logs: dict[int, list[TimingRecord]] = {rank: [] for rank in range(4)}
+    memory: dict[int, list[str]] = {rank: [] for rank in range(4)}
+    clock = 1_800_000_000.0
+
+    def stage_of_all(stage: str, step: int | None, seconds: dict[int, float], **fields: object) -> None:
+        nonlocal clock
+        ends = {}
+        for rank, elapsed in seconds.items():
+            early = 0.3 if (stage, rank) == ("critic_update", 0) else 0.0  # began early: ends with the others
+            ends[rank] = clock + elapsed - early
+            error = {}
+            if stage == "critic_update" and step == 8:
+                error = {"error": "RuntimeError" if rank == 1 else "DistBackendError", "message": "gone"}
+            logs[rank].append(timed(stage, step, rank, elapsed, ends[rank], **fields, **error))
+            if stage == "train_batch" or error:
+                continue
+            leaking = rank == 2 and stage == "actor_update"
+            held = 2**30 + (50 * 2**20 * (step or 0) if leaking else 0)
+            kept = 50 * 2**20 if leaking else 2**20 * (rank % 2)
+            memory[rank].append(
+                memory_record.MemoryRecord(
+                    run="mixed", step=step, stage=stage, rank=rank, role=None, time=ends[rank], pid=100 + rank,
+                    error=None, host_begin_bytes=held, host_peak_bytes=held + kept + 2**24 * rank,
+                    host_end_bytes=held + kept, host_peak="reset", device_peak_bytes=None, device=None, cgroup=None,
+                ).to_json()
+            )  # fmt: skip
+        clock = max(ends.values()) + 0.01
+
+    for step in range(1, 9):
+        profiled = {"profiled_by": ("msprobe",), "dump_bytes": 1000 * step} if step in (2, 3) else {}
+        stage_of_all("actor_compute_log_prob", step, {r: 0.2 + 0.01 * r for r in range(4)}, **profiled)
+        stage_of_all("compute_values", step, {r: 0.5 if (r, step) == (2, 5) else 0.1 + 0.001 * r for r in range(4)})
+        critic = {r: (0.4 if r == 0 else 0.1) for r in range(4)}
+        if step == 8:
+            critic = {0: 9.0, 1: 0.05, 2: 9.0, 3: 9.0}
+        stage_of_all("critic_update", step, critic)
+        inner = {"enclosed_by": ("msprobe",)} if step == 4 else {}
+        stage_of_all("train_batch", step, {r: 0.1 for r in range(4)}, depth=1, parent="actor_update", **inner)
+        stage_of_all("actor_update", step, {r: 0.3 * (3 if r == 3 else 1) + 0.002 * r for r in range(4)})
+    stage_of_all("save_checkpoint", None, {r: 0.05 for r in range(4)})
+    for rank, records in logs.items():
+        path = timing_log_path(run, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(record.to_json() + "\n" for record in records))
+        memory_path = memory_record.memory_log_path(run, rank)
+        memory_path.parent.mkdir(parents=True, exist_ok=True)
+        memory_path.write_text("\n".join(memory[rank]) + "\n")
+
+
+def test_the_engines_agree_on_stragglers_hiccups_waits_failures_profiles_and_a_leak(tmp_path: Path) -> None:
+    mixed_run(tmp_path)
+    result = assert_engines_agree(tmp_path)
+    rows = {row["stage"]: row for row in result["stragglers"]}
+    assert rows["actor_update"]["straggler_ranks"] == [3]
+    assert rows["compute_values"]["hiccup_ranks"] == [2]
+    assert rows["critic_update"]["waited_ranks"] == [0]
+    (raised,) = result["raised"]
+    assert (raised["stage"], raised["n"], raised["ranks"]) == ("critic_update", 4, [0, 1, 2, 3])
+    profiled = [row for row in result["overhead"] if row["profiled_by"]]
+    assert {tuple(row["profiled_by"]) for row in profiled} == {("msprobe",), ("msprobe (around)",)}
+    leaks = [row["stage"] for row in result["memory"] if row["leak"]]
+    assert leaks == ["actor_update"]
+    assert None in [row["step"] for row in result["stage_steps"]]  # save_checkpoint, without a step
+
+
+def test_the_engines_agree_on_a_synthetic_run_in_every_format(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/scale.py"), "--ranks", "16", "--steps", "30", "--keep",
+         str(tmp_path), "--commands", "triage"],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    result = assert_engines_agree(tmp_path / "r16_s30")
+    (raised,) = result["raised"]
+    assert (raised["stage"], raised["steps"], raised["ranks"]) == ("compute_values", [30], [12])
+    # Step 30 ends in compute_values (the fourth stage): rank 12 raised, the others hang after it.
+    assert result["records"] == 16 * 29 * 8 + 16 * 4 and len(result["memory"]) == 8
+
+
+def test_the_engines_agree_on_the_demo_runs(demo_runs: dict[str, Path]) -> None:
+    for name in ("a", "two_ranks"):
+        result = assert_engines_agree(demo_runs[name])
+        assert any(row["profiled_by"] for row in result["overhead"])  # msprobe sessions
+
+
+def one_log(run: Path, *lines: str) -> None:
+    path = timing_log_path(run, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
+
+
+def line(step: int, run: str = "r1") -> str:
+    return timed("actor_update", step, 0, 0.1 * step, 1_800_000_000.0 + step).to_json().replace('"mixed"', f'"{run}"')
+
+
+def test_a_log_cut_short_is_read_with_the_same_warning_by_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_log(tmp_path, *(line(step) + "\n" for step in range(1, 6)), line(6)[:40])
+    warnings = {}
+    for engine in ("records", "duckdb"):
+        assert main(["report", str(tmp_path), "--json", "--engine", engine]) == 0
+        out, warnings[engine] = capsys.readouterr()
+        assert json.loads(out)["records"] == 5
+    assert warnings["duckdb"] == warnings["records"] and "the last line is cut short" in warnings["records"]
+    assert_engines_agree(tmp_path)
+
+
+def test_lines_duckdb_leaves_are_read_record_by_record_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_log(tmp_path, line(1) + "\n", '{"event": "note", "text": "not a stage"}\n', line(2) + "\n")
+    assert main(["report", str(tmp_path), "--json", "--engine", "duckdb"]) == 0
+    out, err = capsys.readouterr()
+    assert "read record by record: 1 line(s) of the timing logs are not stage records" in err
+    assert "are not stage records of the timing observer and were skipped" in err
+    assert json.loads(out)["records"] == 2
+
+
+def test_a_log_of_two_runs_warns_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_log(tmp_path, line(1, "r1") + "\n", line(2, "r2") + "\n")
+    said = []
+    for engine in ("records", "duckdb"):
+        assert main(["report", str(tmp_path), "--engine", engine]) == 0
+        said.append(capsys.readouterr().err)
+    assert said[0] == said[1] and "records of 2 runs (r1, r2)" in said[0]
+
+
+def test_trace_needs_the_records_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_log(tmp_path, line(1) + "\n")
+    assert main(["report", str(tmp_path), "--engine", "duckdb", "--trace", str(tmp_path / "t.json")]) == 2
+    assert "--trace draws every record" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--trace", str(tmp_path / "t.json"), "--quiet"]) == 0  # auto: records
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+def test_an_empty_log_is_the_same_error_by_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_log(tmp_path, "\n")
+    errors = []
+    for engine in ("records", "duckdb"):
+        assert main(["report", str(tmp_path), "--engine", engine]) == 2
+        errors.append(capsys.readouterr().err)
+    assert errors[0] == errors[1] and "holds no stage records" in errors[0]
+
+
+def test_engine_output_is_the_json_and_the_tables(tmp_path: Path) -> None:
+    one_log(tmp_path, *(line(step) + "\n" for step in range(1, 4)))
+    result, text = engine_output(tmp_path, "duckdb")
+    assert result["records"] == 3 and "Stages by step" in text

@@ -1,0 +1,75 @@
+"""The report of a large run, aggregated by DuckDB straight from its JSON lines.
+
+A run of 1,024 ranks and 1,000 steps holds 8 million timing records and as many memory
+records; held as Python objects they need some 3 KB each.  Here DuckDB reads the logs
+(:mod:`.load`) and does the sums, counts, medians and quartiles (:mod:`.figures`,
+:mod:`.stragglers`, :mod:`.memory`), held to a memory limit past which it spills to a
+scratch folder; Python builds the same rows from the few figures that come back, with the
+record-by-record report's own row builders.
+
+Only this reading side imports DuckDB (the ``scale`` extra); the training processes never
+do.  :func:`columnar_parts` raises :class:`~.load.NotColumnar` for logs it leaves to the
+record-by-record report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+
+from ..memory import read_memory
+from ..memory import stage_memory as record_memory
+from ..parts import ReportParts
+from ..steps import STAGE_ORDER
+from .figures import headline, observer_hooks, overhead_table, raised_stages, stage_steps
+from .load import NotColumnar, connect, load_memory, load_timing
+from .memory import stage_memory
+from .stragglers import stragglers
+
+__all__ = ["NotColumnar", "available", "columnar_parts"]
+
+
+def available() -> bool:
+    """Whether DuckDB is installed (``pip install 'verl-events[scale]'``)."""
+    return importlib.util.find_spec("duckdb") is not None
+
+
+def columnar_parts(run: Path, files: list[Path], notes: list[str], memory_notes: list[str]) -> ReportParts:
+    """The report's parts of ``run``, whose timing logs are ``files``; ``notes`` and
+    ``memory_notes``: a sentence per line of the timing and the memory logs skipped.  The
+    memory logs are read record by record when DuckDB cannot take them."""
+
+    with tempfile.TemporaryDirectory(prefix="verl-events-report-") as scratch:
+        con = connect(Path(scratch))
+        try:
+            load_timing(con, files, Path(scratch), notes)
+            (records,) = con.execute("SELECT count(*) FROM stage").fetchone()
+            ranks = [rank for (rank,) in con.execute("SELECT DISTINCT rank FROM stage ORDER BY rank").fetchall()]
+            runs = [
+                run_id
+                for (run_id, _) in con.execute(
+                    "SELECT run, min(ord) AS seen FROM stage WHERE run IS NOT NULL GROUP BY run ORDER BY seen"
+                ).fetchall()
+            ]
+            if not records:
+                return ReportParts(0, [], runs, headline(con, 0, runs), [], [], [], [], [], [])
+            try:
+                memory = stage_memory(con) if load_memory(con, run, Path(scratch), memory_notes) else []
+            except NotColumnar:
+                memory_notes.clear()
+                memory = record_memory(read_memory(run, memory_notes), list(STAGE_ORDER))
+            return ReportParts(
+                records=records,
+                ranks=ranks,
+                runs=runs,
+                headline=headline(con, len(ranks), runs),
+                stage_steps=stage_steps(con),
+                overhead=overhead_table(con),
+                observer_hooks=observer_hooks(con),
+                stragglers=stragglers(con),
+                raised=raised_stages(con),
+                memory=memory,
+            )
+        finally:
+            con.close()
