@@ -10,15 +10,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from verl_events.apps.cli import main
 from verl_events.apps.formats import memory_record
-from verl_events.observers.timing import TimingRecord, timing_log_path
+from verl_events.apps.report.columnar.figures import observer_hooks
+from verl_events.apps.report.columnar.load import connect, load_timing
+from verl_events.apps.report.overhead import observer_hooks as record_observer_hooks
+from verl_events.apps.report.overhead import read_timing_records
+from verl_events.apps.report.raised import split_raised
+from verl_events.apps.report.steps import STAGE_ORDER
+from verl_events.observers.timing import TimingRecord, timing_log_files, timing_log_path
 
-from .report_support import assert_engines_agree, engine_output
+from .report_support import assert_engines_agree, differences, engine_output
 from .support import REPO
 
 pytest.importorskip("duckdb")
@@ -120,6 +127,22 @@ def test_the_engines_agree_on_stragglers_hiccups_waits_failures_profiles_and_a_l
     assert None in [row["step"] for row in result["stage_steps"]]  # save_checkpoint, without a step
 
 
+def test_hook_medians_taken_by_sorting_are_those_held_in_memory(tmp_path: Path) -> None:
+    """observer_hooks takes its medians by sorting (spilling to disk) past a third of DuckDB's
+    memory: both ways give the record-by-record report's figures."""
+    mixed_run(tmp_path)
+    scratch = tmp_path / "scratch"
+    con = connect(scratch)
+    load_timing(con, timing_log_files(tmp_path), scratch, [])
+    held = [asdict(row) for row in observer_hooks(con, memory_bytes=10**12)]
+    by_sorting = [asdict(row) for row in observer_hooks(con, memory_bytes=0)]
+    con.close()
+    figures, _ = split_raised(read_timing_records(tmp_path))
+    expected = [asdict(row) for row in record_observer_hooks(figures, STAGE_ORDER)]
+    assert len(expected) == len(OBSERVERS) * 6  # the six stages, save_checkpoint among them
+    assert differences(expected, held) == [] and differences(expected, by_sorting) == []
+
+
 def test_the_engines_agree_on_a_synthetic_run_in_every_format(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks/scale.py"), "--ranks", "16", "--steps", "30", "--keep",
@@ -131,6 +154,18 @@ def test_the_engines_agree_on_a_synthetic_run_in_every_format(tmp_path: Path) ->
     assert (raised["stage"], raised["steps"], raised["ranks"]) == ("compute_values", [30], [12])
     # Step 30 ends in compute_values (the fourth stage): rank 12 raised, the others hang after it.
     assert result["records"] == 16 * 29 * 8 + 16 * 4 and len(result["memory"]) == 8
+
+
+def test_duckdb_past_its_memory_says_so_and_how_to_give_it_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mixed_run(tmp_path)
+    assert main(["report", str(tmp_path), "--engine", "duckdb", "--duckdb-memory", "1MB"]) == 2
+    said = capsys.readouterr().err
+    assert "DuckDB needed more than --duckdb-memory 1MB" in said and "e.g. --duckdb-memory 4GB" in said
+    assert main(["report", str(tmp_path), "--duckdb-memory", "lots"]) == 2
+    assert "--duckdb-memory 'lots' is not a size" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--json", "--engine", "duckdb", "--duckdb-memory", "256MB"]) == 0
 
 
 def test_the_engines_agree_on_the_demo_runs(demo_runs: dict[str, Path]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..formats import timing_log
 from ..tables import terminal_console
+from .columnar import MEMORY_LIMIT
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
 from .overhead import TimingLogError
 from .steps import STAGE_ORDER
@@ -40,6 +41,12 @@ def add_command(commands: Any) -> None:
         f"memory (pip install 'verl-events[scale]'); auto (default): duckdb when installed, for timing logs of "
         f"{COLUMNAR_FROM_BYTES // 2**20} MiB or more, except with --trace",
     )
+    rep.add_argument(
+        "--duckdb-memory",
+        default=MEMORY_LIMIT,
+        metavar="SIZE",
+        help=f"what DuckDB may hold in memory, past which it spills to a temporary folder (default {MEMORY_LIMIT})",
+    )
     rep.set_defaults(run_command=command)
 
 
@@ -57,6 +64,7 @@ def command(args: argparse.Namespace) -> int:
             trace=args.trace,
             quiet=args.quiet,
             engine=args.engine,
+            duckdb_memory=args.duckdb_memory,
         )
         if memory_figure is not None:
             write_figure(memory_figure, args.memory_plot)

@@ -134,18 +134,26 @@ def report(
     trace: Path | None = None,
     quiet: bool = False,
     engine: str = "auto",
+    duckdb_memory: str = columnar.MEMORY_LIMIT,
 ) -> str | None:
-    """Run the report; return the JSON text when ``as_json_output``."""
+    """Run the report; return the JSON text when ``as_json_output``.  ``engine``: see
+    :data:`ENGINES`; ``duckdb_memory``: what DuckDB may hold (past it, it spills to disk)."""
     from rich.progress import Progress
 
     if not run.is_dir():
         raise ReportError(f"{run} is not a directory; pass the save_path of a run")
     files = timing_files(run)
+    if not columnar.SIZE.fullmatch(duckdb_memory):
+        raise ReportError(
+            f"--duckdb-memory {duckdb_memory!r} is not a size: give a number and a unit (KB, MB, GB, TB), e.g. 4GB"
+        )
     if _columnar(engine, files, trace):
         try:
-            return _report_columnar(run, files, console, as_json_output, plot)
+            return _report_columnar(run, files, console, as_json_output, plot, duckdb_memory)
         except columnar.NotColumnar as exc:
             print(f"warning: read record by record: {exc}", file=sys.stderr)
+        except columnar.OutOfMemory as exc:
+            raise ReportError(str(exc)) from exc
     skipped: list[str] = []
     with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
         task = bar.add_task("reading timing logs", total=len(files))
@@ -175,10 +183,12 @@ def _columnar(engine: str, files: list[Path], trace: Path | None) -> bool:
     return trace is None and columnar.available() and sum(path.stat().st_size for path in files) >= COLUMNAR_FROM_BYTES
 
 
-def _report_columnar(run: Path, files: list[Path], console: Any, as_json_output: bool, plot: Path | None) -> str | None:
+def _report_columnar(
+    run: Path, files: list[Path], console: Any, as_json_output: bool, plot: Path | None, memory_limit: str
+) -> str | None:
     skipped: list[str] = []
     memory_warnings: list[str] = []
-    parts = columnar.columnar_parts(run, files, skipped, memory_warnings)
+    parts = columnar.columnar_parts(run, files, skipped, memory_warnings, memory_limit)
     for note in skipped + mixed_runs(parts.runs) + _incomplete(run):
         print(f"warning: {note}", file=sys.stderr)
     if not parts.records:

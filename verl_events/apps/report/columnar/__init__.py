@@ -23,11 +23,11 @@ from ..memory import stage_memory as record_memory
 from ..parts import ReportParts
 from ..steps import STAGE_ORDER
 from .figures import headline, observer_hooks, overhead_table, raised_stages, stage_steps
-from .load import NotColumnar, connect, load_memory, load_timing
+from .load import MEMORY_LIMIT, SIZE, NotColumnar, OutOfMemory, connect, load_memory, load_timing, size_bytes
 from .memory import stage_memory
 from .stragglers import stragglers
 
-__all__ = ["NotColumnar", "available", "columnar_parts"]
+__all__ = ["MEMORY_LIMIT", "SIZE", "NotColumnar", "OutOfMemory", "available", "columnar_parts"]
 
 
 def available() -> bool:
@@ -35,13 +35,18 @@ def available() -> bool:
     return importlib.util.find_spec("duckdb") is not None
 
 
-def columnar_parts(run: Path, files: list[Path], notes: list[str], memory_notes: list[str]) -> ReportParts:
+def columnar_parts(
+    run: Path, files: list[Path], notes: list[str], memory_notes: list[str], memory_limit: str = MEMORY_LIMIT
+) -> ReportParts:
     """The report's parts of ``run``, whose timing logs are ``files``; ``notes`` and
     ``memory_notes``: a sentence per line of the timing and the memory logs skipped.  The
-    memory logs are read record by record when DuckDB cannot take them."""
+    memory logs are read record by record when DuckDB cannot take them.  DuckDB holds at
+    most ``memory_limit`` (ValueError for one that is not a size)."""
+
+    import duckdb
 
     with tempfile.TemporaryDirectory(prefix="verl-events-report-") as scratch:
-        con = connect(Path(scratch))
+        con = connect(Path(scratch), memory_limit)
         try:
             load_timing(con, files, Path(scratch), notes)
             (records,) = con.execute("SELECT count(*) FROM stage").fetchone()
@@ -66,10 +71,15 @@ def columnar_parts(run: Path, files: list[Path], notes: list[str], memory_notes:
                 headline=headline(con, len(ranks), runs),
                 stage_steps=stage_steps(con),
                 overhead=overhead_table(con),
-                observer_hooks=observer_hooks(con),
+                observer_hooks=observer_hooks(con, size_bytes(memory_limit)),
                 stragglers=stragglers(con),
                 raised=raised_stages(con),
                 memory=memory,
             )
+        except duckdb.OutOfMemoryException as exc:
+            raise OutOfMemory(
+                f"DuckDB needed more than --duckdb-memory {memory_limit} to report on {run} "
+                f"({str(exc).splitlines()[0]}); give it more, e.g. --duckdb-memory 4GB"
+            ) from exc
         finally:
             con.close()

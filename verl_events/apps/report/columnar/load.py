@@ -18,6 +18,7 @@ What DuckDB's reader cannot be trusted with goes elsewhere:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,22 @@ from typing import Any
 from ...formats import memory_record, timing_log
 from ..overhead import read_timing_records
 
-__all__ = ["NotColumnar", "connect", "hook_names", "load_memory", "load_timing", "quoted"]
+__all__ = [
+    "MEMORY_LIMIT",
+    "NotColumnar",
+    "OutOfMemory",
+    "connect",
+    "hook_names",
+    "load_memory",
+    "load_timing",
+    "quoted",
+]
 
-#: What DuckDB may hold in memory; past it, it spills to the scratch folder.
+#: What DuckDB may hold in memory by default; past it, it spills to the scratch folder.
 MEMORY_LIMIT = "1GB"
+#: A memory limit as DuckDB takes it: a number and a unit.
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)")
+_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 #: A record's place in the logs' order, as one number (cheaper to compare than a pair): its
 #: log's index, then the wall clock its line was written at, to the microsecond (a log's
 #: lines are written one after the other, further apart than that).
@@ -70,12 +83,26 @@ class NotColumnar(Exception):
     """The logs hold what only the record-by-record report reads; the message says what."""
 
 
-def connect(scratch: Path) -> Any:
-    """A DuckDB connection held to :data:`MEMORY_LIMIT`, spilling into ``scratch``."""
+class OutOfMemory(Exception):
+    """DuckDB needed more than its memory limit (it holds the values of a median: 8 bytes a
+    record); the message says where."""
+
+
+def size_bytes(size: str) -> int:
+    """A :data:`SIZE` in bytes, as DuckDB counts them (KB: 1,000; KiB: 1,024)."""
+    found = SIZE.fullmatch(size)
+    if found is None:
+        raise ValueError(f"{size!r} is not a size: give a number and a unit (KB, MB, GB, TB), e.g. 4GB")
+    return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+
+def connect(scratch: Path, memory_limit: str = MEMORY_LIMIT) -> Any:
+    """A DuckDB connection held to ``memory_limit`` (:data:`SIZE`), spilling into ``scratch``."""
     import duckdb
 
+    size_bytes(memory_limit)  # ValueError for one that is not a size
     con = duckdb.connect()
-    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute("SET temp_directory = ?", [str(scratch / "spill")])
     con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
     con.execute("SET enable_progress_bar = false")
@@ -113,6 +140,8 @@ def load_timing(con: Any, files: list[Path], scratch: Path, notes: list[str]) ->
             """,
             [[str(path) for path in sources]],
         )
+    except duckdb.OutOfMemoryException:
+        raise
     except duckdb.Error as exc:
         raise NotColumnar(f"DuckDB cannot read the timing logs ({str(exc).splitlines()[0]})") from exc
     (foreign, old) = con.execute(
@@ -150,6 +179,8 @@ def load_memory(con: Any, run: Path, scratch: Path, notes: list[str]) -> bool:
             """,
             [[str(path) for path in sources]],
         )
+    except duckdb.OutOfMemoryException:
+        raise
     except duckdb.Error as exc:
         raise NotColumnar(f"DuckDB cannot read the memory logs ({str(exc).splitlines()[0]})") from exc
     (foreign,) = con.execute(
