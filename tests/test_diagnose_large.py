@@ -58,6 +58,8 @@ def test_a_large_runs_logs_read_by_their_ends_name_the_same_failure_as_every_lin
     assert timing_all["summary"].startswith(f"{STEPS * 4} stage record(s) from 1 rank(s), 2 raised")
     assert "their ends read for the stages that raised, 2 raised" in timing["summary"]
     assert "diagnose --read-all" in timing["summary"] and ends["warnings"] == every_line["warnings"] == []
+    assert every_line["read_in_part"] == []
+    assert ends["read_in_part"] == ["timing logs: the last 4 KiB of each", "memory logs: the last 4 KiB of rank(s) 0"]
 
 
 def sync(step: int, rank: int, alarms: list[Any]) -> str:

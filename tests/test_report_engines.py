@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,7 +163,9 @@ def test_duckdb_past_its_memory_says_so_and_how_to_give_it_more(
     mixed_run(tmp_path)
     assert main(["report", str(tmp_path), "--engine", "duckdb", "--duckdb-memory", "1MB"]) == 2
     said = capsys.readouterr().err
-    assert "DuckDB needed more than --duckdb-memory 1MB" in said and "e.g. --duckdb-memory 4GB" in said
+    assert (
+        "DuckDB needed more than --duckdb-memory 1MB" in said and "give it more, e.g. --duckdb-memory 0.002GB" in said
+    )
     assert main(["report", str(tmp_path), "--duckdb-memory", "lots"]) == 2
     assert "--duckdb-memory 'lots' is not a size" in capsys.readouterr().err
     assert main(["report", str(tmp_path), "--json", "--engine", "duckdb", "--duckdb-memory", "256MB"]) == 0
@@ -197,24 +200,84 @@ def test_a_log_cut_short_is_read_with_the_same_warning_by_both(
     assert_engines_agree(tmp_path)
 
 
-def test_lines_duckdb_leaves_are_read_record_by_record_with_a_warning(
+def warnings_and_json(capsys: pytest.CaptureFixture[str], run: Path, engine: str) -> tuple[str, dict[str, Any]]:
+    assert main(["report", str(run), "--json", "--engine", engine]) == 0
+    out, err = capsys.readouterr()
+    return err, json.loads(out)
+
+
+def said_by_both(capsys: pytest.CaptureFixture[str], run: Path, code: int) -> tuple[str, str]:
+    """What ``report RUN`` writes on stderr with each engine, both exiting ``code``."""
+    said = []
+    for engine in ("records", "duckdb"):
+        assert main(["report", str(run), "--engine", engine]) == code
+        said.append(capsys.readouterr().err)
+    return said[0], said[1]
+
+
+def test_another_writers_lines_are_skipped_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log DuckDB would misread is read by its owner, and its good lines handed to DuckDB."""
+    one_log(tmp_path, line(1) + "\n", '{"event": "note", "text": "not a stage"}\n', line(2) + "\n")
+    said, result = warnings_and_json(capsys, tmp_path, "duckdb")
+    assert said == warnings_and_json(capsys, tmp_path, "records")[0]
+    assert "1 line(s) are not stage records of the timing observer and were skipped" in said
+    assert result["records"] == 2 and "record by record" not in said
+    assert_engines_agree(tmp_path)
+
+
+def test_a_damaged_line_inside_a_log_is_the_same_error_by_both(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    one_log(tmp_path, line(1) + "\n", '{"event": "note", "text": "not a stage"}\n', line(2) + "\n")
-    assert main(["report", str(tmp_path), "--json", "--engine", "duckdb"]) == 0
-    out, err = capsys.readouterr()
-    assert "read record by record: 1 line(s) of the timing logs are not stage records" in err
-    assert "are not stage records of the timing observer and were skipped" in err
-    assert json.loads(out)["records"] == 2
+    one_log(tmp_path, line(1) + "\n", "{not json\n", line(2) + "\n")
+    records, duckdb = said_by_both(capsys, tmp_path, 2)
+    assert records == duckdb and "rank0.jsonl:2 is not a JSON line" in records
+
+
+def test_lines_of_an_older_writer_are_read_record_by_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without observers and end_unix (logs of an older writer) DuckDB's engine steps aside."""
+    old = [
+        json.dumps({"stage": "actor_update", "step": s, "rank": 0, "elapsed_s": 0.1, "profiled": False}) for s in (1, 2)
+    ]
+    one_log(tmp_path, *(text + "\n" for text in old))
+    said, result = warnings_and_json(capsys, tmp_path, "duckdb")
+    assert "read record by record: 2 line(s) of the timing logs are of a writer without observers" in said
+    assert result["records"] == 2
+
+
+def test_missing_optional_fields_take_their_defaults_alike(tmp_path: Path) -> None:
+    lines = []
+    for step in (1, 2, 3):
+        data = json.loads(line(step))
+        for optional in ("depth", "overhead_s", "dump_bytes", "profiled_by", "enclosed_by", "hook_end_s"):
+            data.pop(optional)
+        lines.append(json.dumps(data) + "\n")
+    one_log(tmp_path, *lines)
+    assert assert_engines_agree(tmp_path)["records"] == 3
+
+
+def test_a_memory_log_with_a_bad_line_and_a_rank_without_a_device_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mixed_run(tmp_path)
+    first = memory_record.memory_log_path(tmp_path, 0)
+    lines = first.read_text().splitlines()
+    with_device = json.loads(lines[0])
+    with_device["device_peak_bytes"] = 5 * 2**30  # rank 0 has a device figure at step 1, the other ranks none
+    first.write_text("\n".join([json.dumps(with_device), *lines[1:]]) + "\n")
+    damaged = memory_record.memory_log_path(tmp_path, 1)
+    lines = damaged.read_text().splitlines()
+    damaged.write_text("\n".join([lines[0], "{not json", '{"no": "record"}', *lines[1:]]) + "\n")
+    said, result = warnings_and_json(capsys, tmp_path, "duckdb")
+    assert said == warnings_and_json(capsys, tmp_path, "records")[0]
+    assert "rank1.jsonl:2: not a memory record" in said and "rank1.jsonl:3: not a memory record" in said
+    assert_engines_agree(tmp_path)
+    assert result["memory"][0]["device_peak_max_mb"] == 5 * 1024  # the ranks without a figure left out
 
 
 def test_a_log_of_two_runs_warns_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one_log(tmp_path, line(1, "r1") + "\n", line(2, "r2") + "\n")
-    said = []
-    for engine in ("records", "duckdb"):
-        assert main(["report", str(tmp_path), "--engine", engine]) == 0
-        said.append(capsys.readouterr().err)
-    assert said[0] == said[1] and "records of 2 runs (r1, r2)" in said[0]
+    records, duckdb = said_by_both(capsys, tmp_path, 0)
+    assert records == duckdb and "records of 2 runs (r1, r2)" in records
 
 
 def test_trace_needs_the_records_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -227,11 +290,8 @@ def test_trace_needs_the_records_engine(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_an_empty_log_is_the_same_error_by_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one_log(tmp_path, "\n")
-    errors = []
-    for engine in ("records", "duckdb"):
-        assert main(["report", str(tmp_path), "--engine", engine]) == 2
-        errors.append(capsys.readouterr().err)
-    assert errors[0] == errors[1] and "holds no stage records" in errors[0]
+    records, duckdb = said_by_both(capsys, tmp_path, 2)
+    assert records == duckdb and "holds no stage records" in records
 
 
 def test_engine_output_is_the_json_and_the_tables(tmp_path: Path) -> None:

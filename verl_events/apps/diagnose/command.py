@@ -8,14 +8,15 @@ tool of what else the run holds, with the command to read it; and what
 the run could not show, with the observer that would have shown it.
 
 ``--json`` prints ``{"verdict", "first", "cascade", "tools", "unseen",
-"teardown", "warnings"}``; ``first`` is null for a healthy run; ``teardown``
+"teardown", "warnings", "read_in_part"}``; ``first`` is null for a healthy run; ``teardown``
 lists the ranks a launcher stopped between stages after the driver (a
 process without ranks) ended normally, as Ray does at every shutdown: not
 failures.  Each failure has
 ``rank``, ``host``, ``pid``, ``step``, ``stage``, ``parent`` (the stage
 enclosing it, if any), ``kind``, ``detail``,
 ``where`` (``file``, ``line``, ``function``, ``code``), ``time`` and
-``source`` (a cascade item adds ``why``).
+``source`` (a cascade item adds ``why``).  ``read_in_part`` names the logs of a large run
+read in part (:mod:`.large_logs`), and how; empty when every line was read.
 
 ``--log FILE`` (repeatable) names the driver's output (its console log),
 read for Ray's memory-monitor report, which names the pids Ray killed
@@ -72,6 +73,7 @@ class Diagnosis:
             "unseen": self.unseen,
             "teardown": [failure.as_json() for failure in self.evidence.teardown],
             "warnings": self.evidence.warnings,
+            "read_in_part": self.evidence.read_in_part,
         }
 
 
@@ -241,6 +243,7 @@ def render(diagnosis: Diagnosis) -> str:
             f"after the run ended normally, the launcher stopped rank(s) {ranks} between stages (not a failure)"
         )
     lines += [f"not seen: {line}" for line in diagnosis.unseen]
+    lines += [f"read in part: {part} (every line: --read-all)" for part in diagnosis.evidence.read_in_part]
     return "\n".join(lines)
 
 

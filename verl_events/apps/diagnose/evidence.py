@@ -112,6 +112,7 @@ def _timing(evidence: Evidence) -> None:
     size = total_bytes(files)
     if not evidence.read_all and size > large_logs.FULL_READ_BYTES:
         evidence.timing_tails_of = size
+        evidence.read_in_part.append(f"timing logs: the last {large_logs.TAIL_BYTES // 1024} KiB of each")
     for path in files:
         for record in _timing_records(evidence, path):
             if record.error is None:
@@ -172,6 +173,7 @@ def _weight_alarms(evidence: Evidence) -> None:
     path = weight_sync_record.weight_sync_log_path(evidence.run)
     parse = weight_sync_record.SyncRecord.from_json
     if not evidence.read_all and total_bytes([path]) > large_logs.FULL_READ_BYTES:
+        evidence.read_in_part.append("weight-sync ledger: the lines with an alarm")
         records = lines_matching(evidence, path, ALARM_LINE, parse)
     else:
         records = records_of(evidence, path, parse)
@@ -222,6 +224,10 @@ def _memory_records(evidence: Evidence, ranks: set[int]) -> Iterator[Any]:
     or those near each log's end when the memory logs are large (:mod:`.large_logs`)."""
     files = memory_record.memory_files(evidence.run)
     whole = evidence.read_all or total_bytes(files) <= large_logs.FULL_READ_BYTES
+    if not whole and ranks:
+        evidence.read_in_part.append(
+            f"memory logs: the last {large_logs.TAIL_BYTES // 1024} KiB of rank(s) {', '.join(map(str, sorted(ranks)))}"
+        )
     parse = memory_record.MemoryRecord.from_json
     theirs = {memory_record.memory_log_path(evidence.run, rank) for rank in ranks}
     for path in files:

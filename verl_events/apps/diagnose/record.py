@@ -63,6 +63,7 @@ class Evidence:
     timing_errors: int = 0
     timing_tails_of: int = 0  # the timing logs' bytes, when only their ends were read (a large run)
     read_all: bool = False  # read every line of a large run's logs (diagnose --read-all)
+    read_in_part: list[str] = field(default_factory=list)  # the logs read in part, with how
     warnings: list[str] = field(default_factory=list)
     now: float = field(default_factory=time.time)
 

@@ -104,7 +104,9 @@ def _step(step: int | None, records: list[Any]) -> StepMemory:
     kept = None
     if all(r.host_end_bytes is not None and r.host_begin_bytes is not None for r in records):
         kept = max(r.host_end_bytes - r.host_begin_bytes for r in records) / _MB
-    device = max(r.device_peak_bytes for r in records) if records[0].device_peak_bytes is not None else None
+    device = None
+    if records[0].device_peak_bytes is not None:  # a rank without a device figure does not count
+        device = max(r.device_peak_bytes for r in records if r.device_peak_bytes is not None)
     return StepMemory(step, top.host_peak_bytes, top.rank, device, kept)
 
 

@@ -14,7 +14,9 @@ record-by-record report.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import re
 import tempfile
 from pathlib import Path
 
@@ -23,16 +25,37 @@ from ..memory import stage_memory as record_memory
 from ..parts import ReportParts
 from ..steps import STAGE_ORDER
 from .figures import headline, observer_hooks, overhead_table, raised_stages, stage_steps
-from .load import MEMORY_LIMIT, SIZE, NotColumnar, OutOfMemory, connect, load_memory, load_timing, size_bytes
+from .load import MEMORY_LIMIT, EngineFailed, NotColumnar, connect, load_memory, load_timing, size_bytes
 from .memory import stage_memory
 from .stragglers import stragglers
 
-__all__ = ["MEMORY_LIMIT", "SIZE", "NotColumnar", "OutOfMemory", "available", "columnar_parts"]
+__all__ = [
+    "MEMORY_LIMIT",
+    "NEEDS",
+    "EngineFailed",
+    "NotColumnar",
+    "available",
+    "columnar_parts",
+    "installed",
+    "size_bytes",
+]
+
+
+#: The DuckDB this engine needs: its SQL uses 1.3's lambda syntax.
+NEEDS = (1, 3)
+
+
+def installed() -> str | None:
+    """The installed DuckDB's version, or None."""
+    if importlib.util.find_spec("duckdb") is None:
+        return None
+    return importlib.metadata.version("duckdb")
 
 
 def available() -> bool:
-    """Whether DuckDB is installed (``pip install 'verl-events[scale]'``)."""
-    return importlib.util.find_spec("duckdb") is not None
+    """Whether DuckDB :data:`NEEDS` or later is installed (``pip install 'verl-events[scale]'``)."""
+    version = installed()
+    return version is not None and tuple(int(part) for part in re.findall(r"\d+", version)[:2]) >= NEEDS
 
 
 def columnar_parts(
@@ -61,8 +84,8 @@ def columnar_parts(
                 return ReportParts(0, [], runs, headline(con, 0, runs), [], [], [], [], [], [])
             try:
                 memory = stage_memory(con) if load_memory(con, run, Path(scratch), memory_notes) else []
-            except NotColumnar:
-                memory_notes.clear()
+            except NotColumnar as exc:
+                memory_notes[:] = [f"the memory logs are read record by record: {exc}"]
                 memory = record_memory(read_memory(run, memory_notes), list(STAGE_ORDER))
             return ReportParts(
                 records=records,
@@ -77,9 +100,15 @@ def columnar_parts(
                 memory=memory,
             )
         except duckdb.OutOfMemoryException as exc:
-            raise OutOfMemory(
+            more = f"{2 * size_bytes(memory_limit) / 10**9:.3g}GB"
+            raise EngineFailed(
                 f"DuckDB needed more than --duckdb-memory {memory_limit} to report on {run} "
-                f"({str(exc).splitlines()[0]}); give it more, e.g. --duckdb-memory 4GB"
+                f"({str(exc).splitlines()[0]}); give it more, e.g. --duckdb-memory {more}"
+            ) from exc
+        except duckdb.Error as exc:  # its scratch folder full, or gone
+            raise EngineFailed(
+                f"DuckDB failed reporting on {run}: {str(exc).splitlines()[0]} (it spills past its memory into "
+                f"{scratch}: set TMPDIR to a folder with room)"
             ) from exc
         finally:
             con.close()

@@ -5,14 +5,12 @@ device figures.  In both, ``ord`` orders the records as the logs do (the logs in
 order, each log's lines by the wall clock they were written at: ``end_unix``, ``time``).  The JSON
 lines stay the source of truth: nothing is written beside them.
 
-What DuckDB's reader cannot be trusted with goes elsewhere:
-
-* a log whose last line is cut short (a crash mid-write) or is not a record: its lines
-  are read by the format's owner, with the same warnings as the record-by-record report,
-  and the good ones copied to a scratch file that DuckDB reads in its place;
-* anything else (a line that is not JSON in the middle of a log, a line that is not a
-  stage record, logs of a writer older than ``observers`` and ``end_unix``): :class:`NotColumnar`,
-  and the report reads the run record by record instead.
+A log DuckDB's reader cannot be trusted with is read by its owner and handed to DuckDB as a
+copy of its good lines (:mod:`.sources`).  Only logs of a writer older than the
+``observers`` and ``end_unix`` fields, or logs DuckDB cannot read even so, raise
+:class:`NotColumnar`: the report then reads the run record by record.  Missing optional
+fields take the record's defaults; a line that lacks only ``step`` reads as a step-less
+stage (DuckDB cannot tell a missing key from a null).
 """
 
 from __future__ import annotations
@@ -25,11 +23,12 @@ from typing import Any
 
 from ...formats import memory_record, timing_log
 from ..overhead import read_timing_records
+from .sources import Sources
 
 __all__ = [
     "MEMORY_LIMIT",
     "NotColumnar",
-    "OutOfMemory",
+    "EngineFailed",
     "connect",
     "hook_names",
     "load_memory",
@@ -40,14 +39,12 @@ __all__ = [
 #: What DuckDB may hold in memory by default; past it, it spills to the scratch folder.
 MEMORY_LIMIT = "1GB"
 #: A memory limit as DuckDB takes it: a number and a unit.
-SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)")
-_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B)", re.IGNORECASE)
+_POWERS = {"K": 1, "M": 2, "G": 3, "T": 4}
 #: A record's place in the logs' order, as one number (cheaper to compare than a pair): its
 #: log's index, then the wall clock its line was written at, to the microsecond (a log's
 #: lines are written one after the other, further apart than that).
 _ORD = "f.fidx::HUGEINT * 100000000000000000 + round({clock} * 1000000)::HUGEINT"
-#: The end of a log read to see whether its last line is whole.
-_TAIL_BYTES = 64 * 2**10
 
 _TIMING_COLUMNS = {
     "run": "VARCHAR",
@@ -76,6 +73,8 @@ _MEMORY_COLUMNS = {
     "host_peak_bytes": "BIGINT",
     "host_end_bytes": "BIGINT",
     "device_peak_bytes": "BIGINT",
+    "pid": "BIGINT",
+    "host_peak": "VARCHAR",
 }
 
 
@@ -83,17 +82,21 @@ class NotColumnar(Exception):
     """The logs hold what only the record-by-record report reads; the message says what."""
 
 
-class OutOfMemory(Exception):
-    """DuckDB needed more than its memory limit (it holds the values of a median: 8 bytes a
-    record); the message says where."""
+class EngineFailed(Exception):
+    """DuckDB could not finish: past its memory limit (it holds the values of a median,
+    8 bytes a record), or its scratch folder full; the message says which and what to do."""
 
 
 def size_bytes(size: str) -> int:
     """A :data:`SIZE` in bytes, as DuckDB counts them (KB: 1,000; KiB: 1,024)."""
-    found = SIZE.fullmatch(size)
-    if found is None:
-        raise ValueError(f"{size!r} is not a size: give a number and a unit (KB, MB, GB, TB), e.g. 4GB")
-    return int(float(found.group(1)) * _UNITS[found.group(2)])
+    found = SIZE.fullmatch(size.strip())
+    if found is None or float(found.group(1)) <= 0:
+        raise ValueError(
+            f"{size!r} is not a size: give a number above 0 and a unit (KB, MB, GB, TB, KiB ... TiB), e.g. 4GB"
+        )
+    unit = found.group(2)
+    base = 1024 if unit[1].lower() == "i" else 1000
+    return int(float(found.group(1)) * base ** _POWERS[unit[0].upper()])
 
 
 def connect(scratch: Path, memory_limit: str = MEMORY_LIMIT) -> Any:
@@ -104,55 +107,55 @@ def connect(scratch: Path, memory_limit: str = MEMORY_LIMIT) -> Any:
     con = duckdb.connect()
     con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute("SET temp_directory = ?", [str(scratch / "spill")])
-    con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
+    con.execute(f"SET threads = {_cpus()}")
     con.execute("SET enable_progress_bar = false")
     return con
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container's cpuset narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def load_timing(con: Any, files: list[Path], scratch: Path, notes: list[str]) -> None:
     """The ``stage`` table from the timing logs ``files``; ``notes``: a sentence per log of
     what was skipped (as the record-by-record report says it)."""
-    import duckdb
+    sources = Sources(files, timing_log.TimingRecord.from_json, _timing_skips, scratch / "timing_copies")
+    observers: list[str] = []
 
-    def skipped_of(path: Path, _: Callable[[str], Any]) -> list[str]:
-        said: list[str] = []
-        read_timing_records([path], skipped=said)  # the owner's reader, its words; damage raises
-        return said
-
-    sources = _sources(files, timing_log.TimingRecord.from_json, scratch / "timing_copies", notes, skipped_of)
-    _file_table(con, "timing_files", sources)
-    try:
+    def create() -> None:
+        nonlocal observers
         observers = _observers(con, sources)
         hooks = _struct(observers)
         columns = _TIMING_COLUMNS | {"hook_s": hooks, "hook_end_s": hooks}
         con.execute(
             f"""
-            CREATE TABLE stage AS
-            SELECT f.fidx, {_ORD.format(clock="j.end_unix")} AS ord, j.run, j.stage, j.step, j.rank, j.depth,
-                   j.elapsed_s AS elapsed, j.error, j.profiled,
-                   list_concat(j.profiled_by, list_transform(j.enclosed_by, lambda name: name || ' (around)'))
+            CREATE OR REPLACE TABLE stage AS
+            SELECT f.fidx, {_ORD.format(clock="j.end_unix")} AS ord, j.run, j.stage, j.step, j.rank,
+                   coalesce(j.depth, 0) AS depth, j.elapsed_s AS elapsed, j.error, j.profiled,
+                   list_concat(coalesce(j.profiled_by, []),
+                               list_transform(coalesce(j.enclosed_by, []), lambda name: name || ' (around)'))
                        AS profilers,
-                   j.overhead_s AS overhead, j.end_unix, j.dump_bytes, j.observers IS NULL AS old,
+                   coalesce(j.overhead_s, 0.0) AS overhead, j.end_unix, coalesce(j.dump_bytes, 0) AS dump_bytes,
+                   j.observers IS NULL AS old,
                    {_summed("j.hook_s", observers)} AS hook_total, {_summed("j.hook_end_s", observers)} AS hook_end,
                    j.hook_s
             FROM read_json(?, format = 'newline_delimited', filename = true, columns = {_columns(columns)}) j
             JOIN timing_files f USING (filename)
             """,
-            [[str(path) for path in sources]],
+            [sources.names],
         )
-    except duckdb.OutOfMemoryException:
-        raise
-    except duckdb.Error as exc:
-        raise NotColumnar(f"DuckDB cannot read the timing logs ({str(exc).splitlines()[0]})") from exc
-    (foreign, old) = con.execute(
-        "SELECT count(*) FILTER (WHERE stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL), "
-        "count(*) FILTER (WHERE old OR end_unix IS NULL) FROM stage"
-    ).fetchone()
-    if foreign:
-        raise NotColumnar(f"{foreign} line(s) of the timing logs are not stage records")
+
+    not_records = "stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL"
+    _load(con, sources, ("stage", "timing"), create, not_records, _TIMING_COLUMNS, "stage records")
+    notes.extend(sources.notes)
+    (old,) = con.execute("SELECT count(*) FROM stage WHERE old OR end_unix IS NULL").fetchone()
     if old:
         raise NotColumnar(f"{old} line(s) of the timing logs are of a writer without observers or end_unix")
-    con.execute("CREATE TABLE hook_names AS SELECT unnest(?) AS observer", [observers])
+    con.execute("CREATE TABLE hook_names AS SELECT unnest(?::VARCHAR[]) AS observer", [observers])
 
 
 def hook_names(con: Any) -> list[str]:
@@ -162,99 +165,109 @@ def hook_names(con: Any) -> list[str]:
 
 def load_memory(con: Any, run: Path, scratch: Path, notes: list[str]) -> bool:
     """The ``memory`` table from the run's memory logs; False when there are none."""
-    import duckdb
-
     files = memory_record.memory_files(run)
     if not files:
         return False
-    sources = _sources(files, memory_record.MemoryRecord.from_json, scratch / "memory_copies", notes, _memory_skips)
-    _file_table(con, "memory_files", sources)
-    try:
+    sources = Sources(files, memory_record.MemoryRecord.from_json, _memory_skips, scratch / "memory_copies")
+
+    def create() -> None:
         con.execute(
             f"""
-            CREATE TABLE memory AS
+            CREATE OR REPLACE TABLE memory AS
             SELECT f.fidx, {_ORD.format(clock="j.time")} AS ord, j.* EXCLUDE (filename)
             FROM read_json(?, format = 'newline_delimited', filename = true, columns = {_columns(_MEMORY_COLUMNS)}) j
             JOIN memory_files f USING (filename)
             """,
-            [[str(path) for path in sources]],
+            [sources.names],
         )
-    except duckdb.OutOfMemoryException:
-        raise
-    except duckdb.Error as exc:
-        raise NotColumnar(f"DuckDB cannot read the memory logs ({str(exc).splitlines()[0]})") from exc
-    (foreign,) = con.execute(
-        "SELECT count(*) FROM memory WHERE stage IS NULL OR rank IS NULL OR time IS NULL"
-    ).fetchone()
-    if foreign:
-        raise NotColumnar(f"{foreign} line(s) of the memory logs are not memory records")
+
+    not_records = "stage IS NULL OR rank IS NULL OR time IS NULL OR pid IS NULL OR host_peak IS NULL"
+    _load(con, sources, ("memory", "memory"), create, not_records, _MEMORY_COLUMNS, "memory records")
+    notes.extend(sources.notes)
     return True
 
 
-def _memory_skips(path: Path, parse: Callable[[str], Any]) -> list[str]:
+def _load(
+    con: Any,
+    sources: Sources,
+    names: tuple[str, str],
+    create: Callable[[], None],
+    not_records: str,
+    columns: dict[str, str],
+    noun: str,
+) -> None:
+    """``create`` the table ``names[0]`` from the ``names[1]`` logs.  Those DuckDB cannot
+    parse, or that hold lines ``not_records`` finds, are read by their owner and copied
+    (:mod:`.sources`), and the table made again."""
+    import duckdb
+
+    table, kind = names  # the table, and the kind of log ("timing", "memory")
+    for attempt in (1, 2):
+        _file_table(con, f"{kind}_files", sources)
+        try:
+            create()
+        except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
+            unread = [
+                i for i, path in enumerate(sources.names) if not sources.copied(i) and not _reads(con, path, columns)
+            ]
+            if attempt == 2 or not unread:
+                raise NotColumnar(f"DuckDB cannot read the {kind} logs ({str(exc).splitlines()[0]})") from exc
+            for index in unread:
+                sources.copy(index)
+            continue
+        bad = [i for (i,) in con.execute(f"SELECT DISTINCT fidx FROM {table} WHERE {not_records}").fetchall()]
+        if not bad:
+            return
+        if attempt == 2 or any(sources.copied(i) for i in bad):
+            raise NotColumnar(f"lines of {len(bad)} {kind} log(s) are not {noun}, even as their owner reads them")
+        for index in bad:
+            sources.copy(index)
+
+
+def _reads(con: Any, path: str, columns: dict[str, str]) -> bool:
+    """Whether DuckDB parses the log ``path`` (its columns only, as the table reads it)."""
+    import duckdb
+
+    try:
+        con.execute(
+            f"SELECT count(*) FROM read_json(?, format = 'newline_delimited', columns = {_columns(columns)})", [path]
+        ).fetchone()
+    except (duckdb.InvalidInputException, duckdb.ConversionException):
+        return False
+    return True
+
+
+def _memory_skips(path: Path) -> list[str]:
     """What the report's memory reader says of a log's lines that are not records."""
     said = []
     for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if line.strip():
             try:
-                parse(line)
+                memory_record.MemoryRecord.from_json(line)
             except ValueError as exc:
                 said.append(f"{path}:{number}: not a memory record ({exc}); skipped")
     return said
 
 
-def _sources(
-    files: list[Path],
-    parse: Callable[[str], Any],
-    scratch: Path,
-    notes: list[str],
-    skips: Callable[[Path, Callable[[str], Any]], list[str]],
-) -> list[Path]:
-    """``files``, each whose last line is not a whole record replaced by a copy of its good lines."""
-    sources = []
-    for index, path in enumerate(files):
-        if _last_line_whole(path, parse):
-            sources.append(path)
-            continue
-        notes.extend(skips(path, parse))
-        scratch.mkdir(parents=True, exist_ok=True)
-        copy = scratch / f"{index}.jsonl"
-        with copy.open("w", encoding="utf-8") as out:
-            for line in path.read_text(encoding="utf-8").split("\n"):
-                if line.strip() and _parses(line, parse):
-                    out.write(line + "\n")
-        sources.append(copy)
-    return sources
+def _timing_skips(path: Path) -> list[str]:
+    """What the report's timing reader says of a log's lines it skips; damage raises TimingLogError."""
+    said: list[str] = []
+    read_timing_records([path], skipped=said)
+    return said
 
 
-def _last_line_whole(path: Path, parse: Callable[[str], Any]) -> bool:
-    with path.open("rb") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        handle.seek(max(0, size - _TAIL_BYTES))
-        lines = [line for line in handle.read().split(b"\n") if line.strip()]
-    return not lines or _parses(lines[-1].decode("utf-8", "replace"), parse)
+def _file_table(con: Any, name: str, sources: Sources) -> None:
+    con.execute(f"CREATE OR REPLACE TABLE {name} (filename VARCHAR, fidx INTEGER)")
+    con.executemany(f"INSERT INTO {name} VALUES (?, ?)", [(path, index) for index, path in enumerate(sources.names)])
 
 
-def _parses(line: str, parse: Callable[[str], Any]) -> bool:
-    try:
-        parse(line)
-    except ValueError:
-        return False
-    return True
-
-
-def _file_table(con: Any, name: str, sources: list[Path]) -> None:
-    con.execute(f"CREATE TABLE {name} (filename VARCHAR, fidx INTEGER)")
-    con.executemany(f"INSERT INTO {name} VALUES (?, ?)", [(str(path), index) for index, path in enumerate(sources)])
-
-
-def _observers(con: Any, sources: list[Path]) -> list[str]:
+def _observers(con: Any, sources: Sources) -> list[str]:
     """Every observer named by a record's ``observers``: the keys its hook times may have."""
     rows = con.execute(
         # With the one column alone, DuckDB's reader takes ten times as long (2.0.1, measured).
         "SELECT DISTINCT observers FROM read_json(?, format = 'newline_delimited', "
         "columns = {'stage': 'VARCHAR', 'observers': 'VARCHAR[]'})",
-        [[str(path) for path in sources]],
+        [sources.names],
     ).fetchall()
     return sorted({name for (names,) in rows for name in names or () if name is not None})
 
