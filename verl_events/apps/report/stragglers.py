@@ -152,28 +152,26 @@ def _judged(
 ) -> StageStragglers | None:
     """One stage: who was above the line in which step, and whether they waited; then its row.
     ``raised``: by step, the seconds of each rank whose record there raised."""
-    slow: dict[int, int] = {}
-    waited: dict[int, int] = {}
-    worst: dict[int, tuple[float, int | None]] = {}
+    judged = Judged({}, {}, {})
     for step, cells in steps.items():
         failed = raised.get(step, {})
         if len(cells.keys() | failed.keys()) < 2:
             continue
         ordered = sorted([*cells.values(), *(s for rank, s in failed.items() if rank not in cells)])
         median = ordered[(len(ordered) - 1) // 2]  # the median rank's, a rank's (the lower median)
-        if median <= 0 or ordered[-1] < line_of(median):
+        line = line_of(median)
+        if median <= 0 or ordered[-1] < line:
             continue
         last = groups[step].last
         typical = next((ends(last[rank]) for rank, seconds in cells.items() if seconds == median), None)
-        above = [(rank, seconds, ends(last[rank])) for rank, seconds in cells.items() if seconds >= line_of(median)]
-        judge_step(step, above, median, typical, bool(failed), Judged(slow, waited, worst))
+        above = [(rank, seconds, ends(last[rank])) for rank, seconds in cells.items() if seconds >= line]
+        judge_step(step, above, median, typical, bool(failed), judged)
     times = _by_rank(steps)
     if len(times) < 2:
         return None
     medians = {rank: statistics.median(values) for rank, values in times.items()}
-    return stage_row(
-        stage, len(steps), medians, {rank: len(values) for rank, values in times.items()}, slow, waited, worst
-    )
+    counts = {rank: len(values) for rank, values in times.items()}
+    return stage_row(stage, len(steps), medians, counts, judged.slow, judged.waited, judged.worst)
 
 
 def line_of(median: float) -> float:

@@ -148,9 +148,10 @@ def report(
         columnar.size_bytes(duckdb_memory)
     except ValueError as exc:
         raise ReportError(f"--duckdb-memory {exc}") from exc
-    if _columnar(engine, files, trace):
+    size = sum(path.stat().st_size for path in files)
+    if _columnar(engine, size, trace):
         try:
-            return _report_columnar(run, files, console, as_json_output, plot, duckdb_memory, quiet)
+            return _report_columnar(run, files, size, console, as_json_output, plot, duckdb_memory, quiet)
         except columnar.NotColumnar as exc:
             print(f"warning: read record by record: {exc}", file=sys.stderr)
         except columnar.EngineFailed as exc:
@@ -169,7 +170,7 @@ def report(
         gc.unfreeze()
 
 
-def _columnar(engine: str, files: list[Path], trace: Path | None) -> bool:
+def _columnar(engine: str, size: int, trace: Path | None) -> bool:
     """Whether to read with DuckDB (see :data:`ENGINES`), or ReportError for an engine that cannot be had."""
     if engine not in ENGINES:
         raise ReportError(f"--engine {engine!r} is not an engine; use one of {', '.join(ENGINES)}")
@@ -183,18 +184,24 @@ def _columnar(engine: str, files: list[Path], trace: Path | None) -> bool:
         if trace is not None:
             raise ReportError("--trace draws every record, which --engine duckdb never holds; use --engine records")
         return True
-    return trace is None and columnar.available() and sum(path.stat().st_size for path in files) >= COLUMNAR_FROM_BYTES
+    return trace is None and columnar.available() and size >= COLUMNAR_FROM_BYTES
 
 
 def _report_columnar(
-    run: Path, files: list[Path], console: Any, as_json_output: bool, plot: Path | None, memory_limit: str, quiet: bool
+    run: Path,
+    files: list[Path],
+    size: int,
+    console: Any,
+    as_json_output: bool,
+    plot: Path | None,
+    memory_limit: str,
+    quiet: bool,
 ) -> str | None:
     skipped: list[str] = []
     memory_warnings: list[str] = []
-    size = sum(path.stat().st_size for path in files) / 2**30
     # A terminal shows what it waits for (tens of seconds at a thousand ranks); a pipe gets nothing.
     with (
-        console.status(f"DuckDB reads {len(files)} timing log(s), {size:.2f} GiB", spinner="dots")
+        console.status(f"DuckDB reads {len(files)} timing log(s), {size / 2**30:.2f} GiB", spinner="dots")
         if not quiet
         else contextlib.nullcontext()
     ):

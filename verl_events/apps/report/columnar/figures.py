@@ -201,17 +201,14 @@ def raised_stages(con: Any) -> list[RaisedStage]:
     """The stages that raised (see :func:`..raised.raised_stages`)."""
     rows = con.execute(
         """
-        SELECT stage, count(*), histogram(error), list(DISTINCT step), list(DISTINCT rank)
+        SELECT stage, count(*), histogram(error), list(DISTINCT step), list(DISTINCT rank), bool_or(step IS NULL)
         FROM stage WHERE error IS NOT NULL GROUP BY stage
         """
     ).fetchall()
     by_stage = {row[0]: row for row in rows}
     raised = []
     for stage in stage_order(set(by_stage)):
-        _, n, errors, steps, ranks = by_stage[stage]
-        has_unknown = con.execute(
-            "SELECT bool_or(step IS NULL) FROM stage WHERE error IS NOT NULL AND stage = ?", [stage]
-        ).fetchone()[0]
+        _, n, errors, steps, ranks, has_unknown = by_stage[stage]
         known = sorted(step for step in steps if step is not None)
         raised.append(
             RaisedStage(
