@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .support import end_processes, start_rank_pair, verl_events_exe
+from .support import LEAVE_WITHOUT_TEARDOWN, end_processes, start_rank_pair, verl_events_exe
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +41,7 @@ with verl_events.install(config):
 {fault}
             dist.all_reduce(torch.ones(1))
 print("done", flush=True)
+{leave}
 """
 
 
@@ -67,6 +68,7 @@ def two_ranks(tmp_path: Path) -> Iterator[Any]:
                 repo=str(Path(__file__).resolve().parents[1]),
                 save_path=str(tmp_path / "run"),
                 fault=textwrap.indent(textwrap.dedent(fault).strip("\n"), " " * 16),
+                leave=LEAVE_WITHOUT_TEARDOWN,
             )
         )
         started.extend(start_rank_pair(script, "postmortem"))
