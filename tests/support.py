@@ -148,8 +148,12 @@ def free_port() -> int:
 #: finished gloo rank can abort in interpreter teardown ("terminate called without an active
 #: exception", exit -6): one rank of the pair did in 10 of 20 runs of three plain-torch
 #: all-reduces, and in 1 of 20 with verl_events installed.  Leaving without the teardown, as the
-#: demo's ranks do, judges a rank by the work it finished.
-LEAVE_WITHOUT_TEARDOWN = "sys.stdout.flush(); sys.stderr.flush(); os._exit(0)"
+#: demo's ranks do (verl_events/apps/demo/tiny.py), judges a rank by the work it finished; the
+#: exit function a normal end runs still releases multiprocessing's queues and semaphores.
+LEAVE_WITHOUT_TEARDOWN = (
+    "import multiprocessing.util; multiprocessing.util._exit_function(); "
+    "sys.stdout.flush(); sys.stderr.flush(); os._exit(0)"
+)
 
 
 def start_rank_pair(script: Path, run_id: str) -> list[subprocess.Popen[str]]:

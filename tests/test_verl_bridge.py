@@ -389,9 +389,6 @@ def test_two_processes_dump_under_the_same_step_and_stage(tmp_path: Path) -> Non
                     train_step(worker, None, step, profiled=step in (1, 2))
             dist.barrier()
             dist.destroy_process_group()
-            import multiprocessing.util
-            multiprocessing.util._exit_function()
-            os._exit(0)  # skip interpreter teardown, as the demo does (see verl_events/apps/demo/tiny.py)
         """,
         timeout=300,
     )
