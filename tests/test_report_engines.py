@@ -19,7 +19,7 @@ import pytest
 from verl_events.apps.cli import main
 from verl_events.apps.formats import memory_record
 from verl_events.apps.report.columnar.figures import observer_hooks
-from verl_events.apps.report.columnar.load import connect, load_timing
+from verl_events.apps.report.columnar.load import connect, load_timing, timing_sources
 from verl_events.apps.report.overhead import observer_hooks as record_observer_hooks
 from verl_events.apps.report.overhead import read_timing_records
 from verl_events.apps.report.raised import split_raised
@@ -133,8 +133,10 @@ def test_hook_medians_taken_by_sorting_are_those_held_in_memory(tmp_path: Path) 
     memory: both ways give the record-by-record report's figures."""
     mixed_run(tmp_path)
     scratch = tmp_path / "scratch"
-    con = connect(scratch)
-    load_timing(con, timing_log_files(tmp_path), scratch, [])
+    scratch.mkdir()
+    sources = timing_sources(timing_log_files(tmp_path), scratch)
+    con = connect(scratch, sources.targets)
+    load_timing(con, sources, [])
     held = [asdict(row) for row in observer_hooks(con, memory_bytes=10**12)]
     by_sorting = [asdict(row) for row in observer_hooks(con, memory_bytes=0)]
     con.close()

@@ -180,7 +180,8 @@ def _columnar(engine: str, size: int, trace: Path | None) -> bool:
         if not columnar.available():
             found = columnar.installed()
             has = f"; this environment has DuckDB {found}" if found else ""
-            raise ReportError(f"--engine duckdb needs DuckDB 1.3 or later{has}: pip install 'verl-events[scale]'")
+            needs = ".".join(map(str, columnar.NEEDS))
+            raise ReportError(f"--engine duckdb needs DuckDB {needs} or later{has}: pip install 'verl-events[scale]'")
         if trace is not None:
             raise ReportError("--trace draws every record, which --engine duckdb never holds; use --engine records")
         return True

@@ -25,7 +25,17 @@ from ..memory import stage_memory as record_memory
 from ..parts import ReportParts
 from ..steps import STAGE_ORDER
 from .figures import headline, observer_hooks, overhead_table, raised_stages, stage_steps
-from .load import MEMORY_LIMIT, EngineFailed, NotColumnar, connect, load_memory, load_timing, size_bytes
+from .load import (
+    MEMORY_LIMIT,
+    EngineFailed,
+    NotColumnar,
+    connect,
+    load_memory,
+    load_timing,
+    memory_sources,
+    size_bytes,
+    timing_sources,
+)
 from .memory import stage_memory
 from .stragglers import stragglers
 
@@ -41,8 +51,9 @@ __all__ = [
 ]
 
 
-#: The DuckDB this engine needs: its SQL uses 1.3's lambda syntax.
-NEEDS = (1, 3)
+#: The DuckDB this engine needs: its SQL uses 1.3's lambda syntax, and 1.3 will not read a link
+#: in a permitted folder once a spill folder is set (:func:`.load.connect`); 1.4 does.
+NEEDS = (1, 4)
 
 
 def installed() -> str | None:
@@ -68,10 +79,18 @@ def columnar_parts(
 
     import duckdb
 
-    with tempfile.TemporaryDirectory(prefix="verl-events-report-") as scratch:
-        con = connect(Path(scratch), memory_limit)
+    with tempfile.TemporaryDirectory(prefix="verl-events-report-") as scratch_name:
+        scratch = Path(scratch_name)
+        timing = timing_sources(files, scratch)
+        memory_problem = None
         try:
-            load_timing(con, files, Path(scratch), notes)
+            memory = memory_sources(run, scratch)
+        except NotColumnar as exc:
+            memory, memory_problem = None, exc
+        readable = timing.targets + (memory.targets if memory is not None else [])
+        con = connect(scratch, readable, memory_limit)
+        try:
+            load_timing(con, timing, notes)
             (records,) = con.execute("SELECT count(*) FROM stage").fetchone()
             ranks = [rank for (rank,) in con.execute("SELECT DISTINCT rank FROM stage ORDER BY rank").fetchall()]
             runs = [
@@ -83,10 +102,15 @@ def columnar_parts(
             if not records:
                 return ReportParts(0, [], runs, headline(con, 0, runs), [], [], [], [], [], [])
             try:
-                memory = stage_memory(con) if load_memory(con, run, Path(scratch), memory_notes) else []
+                if memory_problem is not None:
+                    raise memory_problem
+                memory_rows = []
+                if memory is not None:
+                    load_memory(con, memory, memory_notes)
+                    memory_rows = stage_memory(con)
             except NotColumnar as exc:
                 memory_notes[:] = [f"the memory logs are read record by record: {exc}"]
-                memory = record_memory(read_memory(run, memory_notes), list(STAGE_ORDER))
+                memory_rows = record_memory(read_memory(run, memory_notes), list(STAGE_ORDER))
             return ReportParts(
                 records=records,
                 ranks=ranks,
@@ -97,7 +121,7 @@ def columnar_parts(
                 observer_hooks=observer_hooks(con, size_bytes(memory_limit)),
                 stragglers=stragglers(con),
                 raised=raised_stages(con),
-                memory=memory,
+                memory=memory_rows,
             )
         except duckdb.OutOfMemoryException as exc:
             more = f"{2 * size_bytes(memory_limit) / 10**9:.3g}GB"

@@ -17,7 +17,6 @@ from ..headline import Headline
 from ..overhead import ObserverHooks, StageOverhead, overhead_row, summary
 from ..raised import RaisedStage
 from ..steps import STAGE_ORDER, StageStep
-from .load import hook_names, quoted
 
 __all__ = ["FIRST", "headline", "observer_hooks", "overhead_table", "raised_stages", "stage_steps", "stage_order"]
 
@@ -162,27 +161,26 @@ def observer_hooks(con: Any, memory_bytes: int) -> list[ObserverHooks]:
     (``memory_bytes``); past a third of the limit the medians are taken instead by their
     place in the sorted values, a sort that spills to disk (ten times as long: 13 s for 40 M
     values on 2 cores)."""
-    names = hook_names(con)
-    if not names:
-        return []
-    selects = " UNION ALL ".join(
-        f"SELECT ? AS observer, stage, hook_s.{quoted(name)} AS s FROM stage "
-        f"WHERE error IS NULL AND hook_s.{quoted(name)} IS NOT NULL"
-        for name in names
-    )
-    (values,) = con.execute(f"SELECT count(*) FROM ({selects})", names).fetchone()
+    (values,) = con.execute(f"SELECT count(*) FROM ({_HOOK_TIMES})").fetchone()
     if values * 8 * 3 <= memory_bytes:
-        query = f"SELECT observer, stage, count(*), median(s), max(s) FROM ({selects}) GROUP BY observer, stage"
-        rows = con.execute(query, names).fetchall()
+        query = f"SELECT observer, stage, count(*), median(s), max(s) FROM ({_HOOK_TIMES}) GROUP BY observer, stage"
+        rows = con.execute(query).fetchall()
     else:
         rows = [
             (name, stage, n, (low + high) / 2 if n % 2 == 0 else low, top)  # as statistics.median
-            for name, stage, n, low, high, top in con.execute(_SORTED_MEDIANS.format(values=selects), names).fetchall()
+            for name, stage, n, low, high, top in con.execute(_SORTED_MEDIANS.format(values=_HOOK_TIMES)).fetchall()
         ]
     order = {stage: index for index, stage in enumerate(STAGE_ORDER)}
     rows.sort(key=lambda row: (row[0], order.get(row[1], len(order)), row[1]))
     return [ObserverHooks(name, stage, median, top, n) for name, stage, n, median, top in rows]
 
+
+# Every observer's hook time of every stage that did not raise: a row per key of ``hook_s``.
+_HOOK_TIMES = """
+SELECT hook.key AS observer, stage, hook.value AS s
+FROM (SELECT stage, unnest(map_entries(hook_s)) AS hook FROM stage WHERE error IS NULL)
+WHERE hook.value IS NOT NULL
+"""
 
 # Each (observer, stage)'s count, its two middle values (one, for an odd count) and its largest.
 _SORTED_MEDIANS = """

@@ -5,6 +5,12 @@ device figures.  In both, ``ord`` orders the records as the logs do (the logs in
 order, each log's lines by the wall clock they were written at: ``end_unix``, ``time``).  The JSON
 lines stay the source of truth: nothing is written beside them.
 
+A run folder is untrusted input (many hosts wrote it, ``gather`` copied it, someone else
+may have), so nothing read from it becomes SQL: every query's text is fixed here, whatever
+the logs hold (the observers' hook times are one ``MAP`` column, not a column per observer
+name), and values go in as parameters.  DuckDB is handed only paths this reader made
+(:mod:`.sources`), and :func:`connect` locks the connection down before it reads a line.
+
 A log DuckDB's reader cannot be trusted with is read by its owner and handed to DuckDB as a
 copy of its good lines (:mod:`.sources`).  Only logs of a writer older than the
 ``observers`` and ``end_unix`` fields, or logs DuckDB cannot read even so, raise
@@ -23,17 +29,17 @@ from typing import Any
 
 from ...formats import memory_record, timing_log
 from ..overhead import read_timing_records
-from .sources import Sources
+from .sources import NotColumnar, Sources
 
 __all__ = [
     "MEMORY_LIMIT",
     "NotColumnar",
     "EngineFailed",
     "connect",
-    "hook_names",
     "load_memory",
     "load_timing",
-    "quoted",
+    "memory_sources",
+    "timing_sources",
 ]
 
 #: What DuckDB may hold in memory by default; past it, it spills to the scratch folder.
@@ -61,6 +67,10 @@ _TIMING_COLUMNS = {
     "overhead_s": "DOUBLE",
     "end_unix": "DOUBLE",
     "dump_bytes": "BIGINT",
+    # One map, whatever the observers are called: a column per name would put the names in
+    # the query, and DuckDB's names ignore case where the logs' keys do not.
+    "hook_s": "MAP(VARCHAR, DOUBLE)",
+    "hook_end_s": "MAP(VARCHAR, DOUBLE)",
 }
 _MEMORY_COLUMNS = {
     "run": "VARCHAR",
@@ -76,10 +86,6 @@ _MEMORY_COLUMNS = {
     "pid": "BIGINT",
     "host_peak": "VARCHAR",
 }
-
-
-class NotColumnar(Exception):
-    """The logs hold what only the record-by-record report reads; the message says what."""
 
 
 class EngineFailed(Exception):
@@ -99,16 +105,36 @@ def size_bytes(size: str) -> int:
     return int(float(found.group(1)) * base ** _POWERS[unit[0].upper()])
 
 
-def connect(scratch: Path, memory_limit: str = MEMORY_LIMIT) -> Any:
-    """A DuckDB connection held to ``memory_limit`` (:data:`SIZE`), spilling into ``scratch``."""
+def connect(scratch: Path, readable: list[str], memory_limit: str = MEMORY_LIMIT) -> Any:
+    """A DuckDB connection held to ``memory_limit`` (:data:`SIZE`), spilling into ``scratch``,
+    that may read the files ``readable`` and what lies in ``scratch``, and nothing else.
+
+    Locked before it reads a line: no other file, no network, no extension installed or
+    loaded, and no setting changed by a query afterwards."""
     import duckdb
 
     size_bytes(memory_limit)  # ValueError for one that is not a size
     con = duckdb.connect()
-    con.execute(f"SET memory_limit = '{memory_limit}'")
-    con.execute("SET temp_directory = ?", [str(scratch / "spill")])
-    con.execute(f"SET threads = {_cpus()}")
-    con.execute("SET enable_progress_bar = false")
+    for setting, value in (
+        ("memory_limit", memory_limit),
+        ("temp_directory", str(scratch / "spill")),
+        ("threads", _cpus()),
+        ("enable_progress_bar", False),
+        ("autoinstall_known_extensions", False),
+        ("autoload_known_extensions", False),
+        ("allowed_directories", [str(scratch) + os.sep]),
+        ("allowed_paths", readable),
+        ("enable_external_access", False),
+        ("lock_configuration", True),
+    ):
+        try:
+            con.execute(f"SET {setting} = ?", [value])
+        except duckdb.Error as exc:
+            con.close()
+            raise EngineFailed(
+                f"DuckDB {duckdb.__version__} refused the setting {setting} = {value!r} "
+                f"({str(exc).splitlines()[0]}); the report needs it to read the run folder safely"
+            ) from exc
     return con
 
 
@@ -120,17 +146,24 @@ def _cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def load_timing(con: Any, files: list[Path], scratch: Path, notes: list[str]) -> None:
-    """The ``stage`` table from the timing logs ``files``; ``notes``: a sentence per log of
-    what was skipped (as the record-by-record report says it)."""
-    sources = Sources(files, timing_log.TimingRecord.from_json, _timing_skips, scratch / "timing_copies")
-    observers: list[str] = []
+def timing_sources(files: list[Path], scratch: Path) -> Sources:
+    """The timing logs ``files`` as DuckDB reads them (:mod:`.sources`)."""
+    return Sources(files, timing_log.TimingRecord.from_json, _timing_skips, scratch / "timing")
+
+
+def memory_sources(run: Path, scratch: Path) -> Sources | None:
+    """The run's memory logs as DuckDB reads them; None when there are none."""
+    files = memory_record.memory_files(run)
+    if not files:
+        return None
+    return Sources(files, memory_record.MemoryRecord.from_json, _memory_skips, scratch / "memory")
+
+
+def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
+    """The ``stage`` table from the timing logs; ``notes``: a sentence per log of what was
+    skipped (as the record-by-record report says it)."""
 
     def create() -> None:
-        nonlocal observers
-        observers = _observers(con, sources)
-        hooks = _struct(observers)
-        columns = _TIMING_COLUMNS | {"hook_s": hooks, "hook_end_s": hooks}
         con.execute(
             f"""
             CREATE OR REPLACE TABLE stage AS
@@ -141,9 +174,14 @@ def load_timing(con: Any, files: list[Path], scratch: Path, notes: list[str]) ->
                        AS profilers,
                    coalesce(j.overhead_s, 0.0) AS overhead, j.end_unix, coalesce(j.dump_bytes, 0) AS dump_bytes,
                    j.observers IS NULL AS old,
-                   {_summed("j.hook_s", observers)} AS hook_total, {_summed("j.hook_end_s", observers)} AS hook_end,
+                   -- A key twice in one object: Python keeps the last, DuckDB one or both by version.
+                   len(map_keys(j.hook_s)) <> len(list_distinct(map_keys(j.hook_s)))
+                       OR len(map_keys(j.hook_end_s)) <> len(list_distinct(map_keys(j.hook_end_s))) AS twice,
+                   coalesce(list_sum(map_values(j.hook_s)), 0.0) AS hook_total,
+                   coalesce(list_sum(map_values(j.hook_end_s)), 0.0) AS hook_end,
                    j.hook_s
-            FROM read_json(?, format = 'newline_delimited', filename = true, columns = {_columns(columns)}) j
+            FROM read_json(?, format = 'newline_delimited', compression = 'uncompressed', filename = true,
+                           columns = {_columns(_TIMING_COLUMNS)}) j
             JOIN timing_files f USING (filename)
             """,
             [sources.names],
@@ -152,30 +190,25 @@ def load_timing(con: Any, files: list[Path], scratch: Path, notes: list[str]) ->
     not_records = "stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL"
     _load(con, sources, ("stage", "timing"), create, not_records, _TIMING_COLUMNS, "stage records")
     notes.extend(sources.notes)
-    (old,) = con.execute("SELECT count(*) FROM stage WHERE old OR end_unix IS NULL").fetchone()
+    old, twice = con.execute(
+        "SELECT count(*) FILTER (old OR end_unix IS NULL), count(*) FILTER (twice) FROM stage"
+    ).fetchone()
     if old:
         raise NotColumnar(f"{old} line(s) of the timing logs are of a writer without observers or end_unix")
-    con.execute("CREATE TABLE hook_names AS SELECT unnest(?::VARCHAR[]) AS observer", [observers])
+    if twice:
+        raise NotColumnar(f"{twice} line(s) of the timing logs name an observer twice in hook_s or hook_end_s")
 
 
-def hook_names(con: Any) -> list[str]:
-    """The observers whose hook times the timing logs hold."""
-    return [name for (name,) in con.execute("SELECT observer FROM hook_names").fetchall()]
-
-
-def load_memory(con: Any, run: Path, scratch: Path, notes: list[str]) -> bool:
-    """The ``memory`` table from the run's memory logs; False when there are none."""
-    files = memory_record.memory_files(run)
-    if not files:
-        return False
-    sources = Sources(files, memory_record.MemoryRecord.from_json, _memory_skips, scratch / "memory_copies")
+def load_memory(con: Any, sources: Sources, notes: list[str]) -> None:
+    """The ``memory`` table from the memory logs (:func:`memory_sources`)."""
 
     def create() -> None:
         con.execute(
             f"""
             CREATE OR REPLACE TABLE memory AS
             SELECT f.fidx, {_ORD.format(clock="j.time")} AS ord, j.* EXCLUDE (filename)
-            FROM read_json(?, format = 'newline_delimited', filename = true, columns = {_columns(_MEMORY_COLUMNS)}) j
+            FROM read_json(?, format = 'newline_delimited', compression = 'uncompressed', filename = true,
+                           columns = {_columns(_MEMORY_COLUMNS)}) j
             JOIN memory_files f USING (filename)
             """,
             [sources.names],
@@ -184,7 +217,6 @@ def load_memory(con: Any, run: Path, scratch: Path, notes: list[str]) -> bool:
     not_records = "stage IS NULL OR rank IS NULL OR time IS NULL OR pid IS NULL OR host_peak IS NULL"
     _load(con, sources, ("memory", "memory"), create, not_records, _MEMORY_COLUMNS, "memory records")
     notes.extend(sources.notes)
-    return True
 
 
 def _load(
@@ -211,7 +243,10 @@ def _load(
                 i for i, path in enumerate(sources.names) if not sources.copied(i) and not _reads(con, path, columns)
             ]
             if attempt == 2 or not unread:
-                raise NotColumnar(f"DuckDB cannot read the {kind} logs ({str(exc).splitlines()[0]})") from exc
+                said = str(exc).splitlines()[0]
+                for made, log in zip(sources.names, sources.files, strict=True):
+                    said = said.replace(made, str(log))  # name the log, not the link or copy read
+                raise NotColumnar(f"DuckDB cannot read the {kind} logs ({said})") from exc
             for index in unread:
                 sources.copy(index)
             continue
@@ -230,7 +265,9 @@ def _reads(con: Any, path: str, columns: dict[str, str]) -> bool:
 
     try:
         con.execute(
-            f"SELECT count(*) FROM read_json(?, format = 'newline_delimited', columns = {_columns(columns)})", [path]
+            "SELECT count(*) FROM read_json(?, format = 'newline_delimited', compression = 'uncompressed', "
+            f"columns = {_columns(columns)})",
+            [path],
         ).fetchone()
     except (duckdb.InvalidInputException, duckdb.ConversionException):
         return False
@@ -261,33 +298,6 @@ def _file_table(con: Any, name: str, sources: Sources) -> None:
     con.executemany(f"INSERT INTO {name} VALUES (?, ?)", [(path, index) for index, path in enumerate(sources.names)])
 
 
-def _observers(con: Any, sources: Sources) -> list[str]:
-    """Every observer named by a record's ``observers``: the keys its hook times may have."""
-    rows = con.execute(
-        # With the one column alone, DuckDB's reader takes ten times as long (2.0.1, measured).
-        "SELECT DISTINCT observers FROM read_json(?, format = 'newline_delimited', "
-        "columns = {'stage': 'VARCHAR', 'observers': 'VARCHAR[]'})",
-        [sources.names],
-    ).fetchall()
-    return sorted({name for (names,) in rows for name in names or () if name is not None})
-
-
-def _struct(names: list[str]) -> str:
-    if not names:
-        return "MAP(VARCHAR, DOUBLE)"
-    return "STRUCT(" + ", ".join(f"{quoted(name)} DOUBLE" for name in names) + ")"
-
-
-def _summed(column: str, names: list[str]) -> str:
-    if not names:
-        return "0.0"
-    return " + ".join(f"coalesce({column}.{quoted(name)}, 0.0)" for name in names)
-
-
-def quoted(name: str) -> str:
-    """``name`` as an SQL identifier."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _columns(columns: dict[str, str]) -> str:
+    """The ``columns`` argument of ``read_json``, from this module's own constants only."""
     return "{" + ", ".join(f"'{name}': '{kind}'" for name, kind in columns.items()) + "}"
