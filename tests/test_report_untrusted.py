@@ -216,3 +216,17 @@ def test_the_connection_reads_only_the_logs_it_was_handed(tmp_path: Path, query:
     finally:
         con.close()
     assert not os.path.exists(f"{marker}.copy") and not os.path.exists(f"{marker}.db")
+
+
+def test_a_log_that_is_not_a_regular_file_is_never_handed_to_duckdb(tmp_path: Path) -> None:
+    """A FIFO would never end a read; a link to a device never stop one."""
+    good = timing_log_path(tmp_path / "run", 0)
+    write_log(good, records(("timing",), 2))
+    fifo = good.with_name("rank1.jsonl")
+    os.mkfifo(fifo)
+    device = good.with_name("rank2.jsonl")
+    device.symlink_to("/dev/zero")
+    for log in (fifo, device):
+        scratch = tmp_path / f"scratch-{log.name}"
+        with pytest.raises(columnar.NotColumnar, match=f"{log.name} is not a regular file"):
+            timing_sources([good, log], scratch)

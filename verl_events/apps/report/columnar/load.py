@@ -132,8 +132,8 @@ def connect(scratch: Path, readable: list[str], memory_limit: str = MEMORY_LIMIT
         except duckdb.Error as exc:
             con.close()
             raise EngineFailed(
-                f"DuckDB {duckdb.__version__} refused the setting {setting} = {value!r} "
-                f"({str(exc).splitlines()[0]}); the report needs it to read the run folder safely"
+                f"DuckDB {duckdb.__version__} refused the setting {setting} ({str(exc).splitlines()[0]}); "
+                "the report needs it to read a run folder safely"
             ) from exc
     return con
 
