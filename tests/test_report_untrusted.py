@@ -104,9 +104,14 @@ def test_past_64_mib_auto_takes_duckdb_and_hostile_names_stay_names(
     write_log(timing_log_path(run, 0), records(hostile(marker), steps))
     taken = []
     real = columnar.columnar_parts
-    monkeypatch.setattr(columnar, "columnar_parts", lambda *args, **kwargs: taken.append(1) or real(*args, **kwargs))
+
+    def duckdb_engine(*args: Any, **kwargs: Any) -> Any:
+        taken.append("duckdb")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(columnar, "columnar_parts", duckdb_engine)
     code, auto, err = said(capsys, run, "auto")
-    assert code == 0 and err == "" and taken == [1]
+    assert code == 0 and err == "" and taken == ["duckdb"]
     assert secret not in auto
     code, by_records, _ = said(capsys, run, "records")
     assert code == 0 and differences(json.loads(by_records), json.loads(auto)) == []
