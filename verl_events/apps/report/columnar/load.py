@@ -148,7 +148,7 @@ def _cpus() -> int:
 
 def timing_sources(files: list[Path], scratch: Path) -> Sources:
     """The timing logs ``files`` as DuckDB reads them (:mod:`.sources`)."""
-    return Sources(files, timing_log.TimingRecord.from_json, _timing_skips, scratch / "timing")
+    return Sources(files, timing_log.TimingRecord.from_json, _timing_skips, scratch / "timing_logs")
 
 
 def memory_sources(run: Path, scratch: Path) -> Sources | None:
@@ -156,7 +156,7 @@ def memory_sources(run: Path, scratch: Path) -> Sources | None:
     files = memory_record.memory_files(run)
     if not files:
         return None
-    return Sources(files, memory_record.MemoryRecord.from_json, _memory_skips, scratch / "memory")
+    return Sources(files, memory_record.MemoryRecord.from_json, _memory_skips, scratch / "memory_logs")
 
 
 def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
