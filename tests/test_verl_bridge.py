@@ -171,6 +171,42 @@ def test_install_is_idempotent_and_uninstall_restores_verl_exactly() -> None:
     assert "__init_subclass__" not in verl_profiler.DistProfilerExtension.__dict__
 
 
+def test_the_stage_runs_inside_transferqueues_bridge_with_registers_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verl's @register puts TransferQueue's tqbridge around the method: on the v1 trainer it
+    fetches the batch a handle names, calls the method and puts the result back.  The stage
+    goes inside it, so it sees the tensors and not the fetch, and the method keeps @register's
+    dispatch arguments.  TransferQueue is not installed here: tqbridge's own code runs, and
+    passes the DataProto through, as on the v0 trainer."""
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+    from verl.utils import transferqueue_utils
+
+    original = ActorRolloutRefWorker.__dict__["update_actor"]
+    install_verl_bridge()
+    try:
+        bridged = ActorRolloutRefWorker.__dict__["update_actor"]
+        assert getattr(bridged, MAGIC_ATTR) == getattr(original, MAGIC_ATTR)
+        tqbridge_code = transferqueue_utils.tqbridge()(lambda: None).__code__
+        assert bridged.__wrapped__.__code__ is tqbridge_code
+        assert bridged.__wrapped__.__wrapped__.__wrapped__ is original.__wrapped__.__wrapped__  # annotate(f)
+        recorder = RecordingObserver()
+        seen_by_bridge: list[int] = []
+        find_meta = transferqueue_utils._find_meta
+
+        def looking_for_a_handle(*args: Any, **kwargs: Any) -> Any:
+            seen_by_bridge.append(len(recorder.calls))  # the observer calls made before the bridge ran
+            return find_meta(*args, **kwargs)
+
+        monkeypatch.setattr(transferqueue_utils, "_find_meta", looking_for_a_handle)
+        with verl_events.install(observers=[recorder]):
+            ActorRolloutRefWorker().update_actor(batch(1))
+        assert seen_by_bridge == [0] and [call[0] for call in recorder.calls] == ["begin", "end"]
+    finally:
+        uninstall_verl_bridge()
+    assert ActorRolloutRefWorker.__dict__["update_actor"] is original
+
+
 def test_worker_classes_defined_after_install_are_bridged(bridge: None) -> None:
     class LateWorker(verl_profiler.DistProfilerExtension):  # type: ignore[misc]
         def __init__(self) -> None:

@@ -5,7 +5,9 @@ on classes that mix in ``DistProfilerExtension``.  :func:`install_verl_bridge`
 finds every such method, on the classes defined so far and on any defined
 later, and wraps it in :func:`verl_events.emits_stage` with that stage name.
 Inside, verl's own wrapper still runs, so verl's profiler tools keep working
-beside ours.
+beside ours.  A method of ``@register`` is built again with the stage inside
+TransferQueue's bridge, so that on the v1 trainer the stage sees the tensors and
+not the handles (:mod:`verl_events._verl_register`).
 
 The global step (see docs/verl.md, "Which step a stage belongs to"): verl's
 trainer calls ``update_weights(global_steps=N)`` on the actor workers after
@@ -47,6 +49,7 @@ from ._emit import emits_stage
 from ._errors import ConfigError
 from ._events import check_stage_name
 from ._resolve import set_step
+from ._verl_register import RegisterLayers
 
 logger = logging.getLogger("verl_events.verl")
 
@@ -65,6 +68,7 @@ class VerlBridgeError(RuntimeError):
 class _Bridge:
     def __init__(self) -> None:
         import verl
+        from verl.single_controller.base import decorator as verl_decorator
         from verl.utils import profiler as verl_profiler
 
         version = getattr(verl, "__version__", "(unknown version)")
@@ -79,6 +83,9 @@ class _Bridge:
                 "reads it (the decorator's kwargs_outer); the bridge supports verl 0.9.x"
             )
         self.annotate_code = probe.__code__
+        for name in ("register", "MAGIC_ATTR"):
+            _require(verl_decorator, name, version, "verl.single_controller.base.decorator")
+        self.register_layers = RegisterLayers(verl_decorator)
         self.patched: list[tuple[type, str, Any]] = []
         self.own_init_subclass: Any = None
         self.on_import: PatchOnImport | None = None
@@ -147,7 +154,8 @@ class _Bridge:
                         "verl_events bridge: %s.%s is async; its stage %r is not bridged", cls.__qualname__, name, stage
                     )
                     continue
-                self._replace(cls, name, value, emits_stage(stage)(value))
+                inside = self.register_layers.inside_tqbridge(value, emits_stage(stage))
+                self._replace(cls, name, value, inside or emits_stage(stage)(value))
 
     def patch_rollout(self, cls: type) -> None:
         """Wrap a rollout adapter's own async ``resume`` as ``rollout_wake_up``, and pass
