@@ -10,6 +10,7 @@ msprobe tensor dumps of a small model, one side in bfloat16.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ pytest.importorskip("verl")
 pytest.importorskip("msprobe")  # the layer profile's dumps are real msprobe dumps
 
 import yaml
+from tensordict import TensorDict
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug.metrics import calculate_debug_metrics
@@ -123,6 +125,50 @@ def test_verl_engine_workers_nested_log_probs_give_the_padded_layouts_numbers() 
     assert nested_stats["verl"] == pytest.approx(padded_stats["verl"])
     assert [(t["sample"], t["position"], t["token"]) for t in nested_stats["top"]] == [
         (t["sample"], t["position"], int(data["responses"][t["sample"], t["position"]])) for t in padded_stats["top"]
+    ]
+
+
+def test_verls_v1_trainer_jagged_responses_give_verls_own_numbers() -> None:
+    """verl's default (v1) trainer hands the stage TransferQueue's layout: every response
+    tensor jagged, a row per response, and the actor's log-probs in bfloat16.  The stage's
+    own tensors give verl's figures as its v1 trainer computes them
+    (trainer/ppo/v1/trainer_base.py: response_from_nested, to_padded_tensor, then
+    calculate_debug_metrics), and the padded layout's statistics."""
+    from verl.workers.utils.padding import response_from_nested
+
+    rows = [torch.tensor([-1.0, -1.5]), torch.tensor([-2.0, -2.5, -0.5, -1.0]), torch.tensor([-4.0])]
+    padded_rollout = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    data = engine_inputs(padded_batch(rollout_log_probs=padded_rollout), calculate_entropy=True)
+    jagged = functools.partial(torch.nested.as_nested_tensor, layout=torch.jagged)
+    tokens = [torch.tensor([21, 22]), torch.tensor([23, 24, 25, 26]), torch.tensor([27])]
+    data["rollout_log_probs"] = jagged(rows)
+    data["response_mask"] = jagged([torch.ones(len(row), dtype=torch.long) for row in rows])
+    data["responses"] = jagged(tokens)
+    total = data["input_ids"].values().shape[0]
+    log_probs = nested_like(data, -torch.arange(total, dtype=torch.float32) / 7).to(torch.bfloat16)
+    result = tu.get_tensordict(tensor_dict={"log_probs": log_probs}, non_tensor_dict={"metrics": {}})
+    theirs = TensorDict(
+        {
+            "old_log_probs": response_from_nested(log_probs, data["response_mask"]),
+            "rollout_log_probs": data["rollout_log_probs"],
+            "response_mask": data["response_mask"],
+            "responses": data["responses"],
+        },
+        batch_size=[3],
+    ).to_padded_tensor()
+    verls = calculate_debug_metrics(DataProto(batch=theirs))
+
+    stats = measure(step_tokens(result, data), top_k=2)  # type: ignore[arg-type]
+
+    assert stats["tokens"] == 7
+    for name in ("probs_diff_max", "probs_diff_mean", "probs_diff_std"):
+        assert stats["verl"][name] == verls[f"training/rollout_{name}"], name  # the same arithmetic
+    assert stats["verl"]["pearson_corr"] == pytest.approx(verls["training/rollout_actor_probs_pearson_corr"], rel=1e-6)
+    padded = {"old_log_probs": theirs["old_log_probs"], "rollout_log_probs": padded_rollout}
+    padded |= {"response_mask": theirs["response_mask"], "responses": theirs["responses"]}
+    assert stats["log_prob"] == pytest.approx(measure(step_tokens(padded, padded), top_k=2)["log_prob"])  # type: ignore[arg-type]
+    assert [t["token"] for t in stats["top"]] == [
+        int(theirs["responses"][t["sample"], t["position"]]) for t in stats["top"]
     ]
 
 

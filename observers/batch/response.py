@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ResponseView", "Source", "as_on", "computes_reference", "first_tensor", "nested_parts"]
+__all__ = ["ResponseView", "Source", "as_on", "computes_reference", "first_tensor", "nested_parts", "padded_rows"]
 
 
 class Source(Protocol):
@@ -83,7 +83,10 @@ class ResponseView:
     def __init__(self, out: Source, inputs: Source | None) -> None:
         self.batches = (inputs, out)
         mask = first_tensor("response_mask", inputs, out)
-        self.response_mask = mask if mask is not None and not mask.is_nested and mask.dim() == 2 else None
+        if mask is not None and mask.is_nested:  # verl's v1 trainer: a row per response (TransferQueue)
+            rows = padded_rows(mask)
+            mask = None if rows is None else rows[0].bool() & rows[1]
+        self.response_mask = mask if mask is not None and mask.dim() == 2 else None
         self._lengths: Any = False  # the tensors the response lengths come from, or None; False: not looked up yet
         self._masks: dict[tuple[Any, ...], torch.Tensor | None] = {}
         # id(tensor) -> (tensor, its elements detached, its nested parts or None)
@@ -227,6 +230,29 @@ def nested_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
     if not tensor.is_nested:
         return None
     return tensor.values(), tensor.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor's
+
+
+def padded_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A nested ``[batch, jagged]`` tensor as a padded ``[batch, longest row]`` one (zeros
+    past each row's end), detached, and which of its places hold a value; None for a
+    plain tensor.  verl's v1 trainer hands response tensors so (``rollout_log_probs``,
+    ``response_mask``, ``responses``: one row per response, TransferQueue's layout), where
+    its v0 trainer pads them on the right, as this does."""
+    import torch
+
+    parts = nested_parts(tensor)
+    if parts is None:
+        return None
+    values, offsets = parts[0].detach(), parts[1]
+    device = values.device
+    lengths = as_on(offsets.diff(), device, torch.long)
+    width = int(lengths.max()) if lengths.numel() else 0
+    columns = torch.arange(width, device=device)
+    valid = columns[None, :] < lengths[:, None]
+    index = (as_on(offsets[:-1], device, torch.long)[:, None] + columns[None, :]).clamp(0, max(values.shape[0] - 1, 0))
+    if values.shape[0] == 0:
+        return values.new_zeros((lengths.shape[0], width)), valid
+    return torch.where(valid, values[index], values.new_zeros(())), valid
 
 
 def _jagged_class() -> Any:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._reads import Reads
-from ..batch import ResponseView, as_batch, as_on, computes_reference, first_tensor, keys_for
+from ..batch import ResponseView, as_batch, as_on, computes_reference, first_tensor, keys_for, padded_rows
 from .record import TRAINER_STAGE
 
 if TYPE_CHECKING:
@@ -96,8 +96,11 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     old = next((t for key in _OLD_KEYS if (t := out.tensor(key)) is not None), None)
     if old is None:
         return f"the stage returned no {_OLD_KEYS[0]} (nor {', '.join(_OLD_KEYS[1:])})"
+    if rollout.is_nested:  # verl's v1 trainer: a row per response
+        rows = padded_rows(rollout)
+        rollout = rollout if rows is None else rows[0]
     if rollout.is_nested or rollout.dim() != 2:
-        return f"rollout_log_probs is not a padded [batch, response] tensor (shape {tuple(rollout.shape)})"
+        return f"rollout_log_probs is not a [batch, response] tensor (shape {tuple(rollout.shape)})"
     view = ResponseView(out, given)
     aligned = view.aligned(old, rollout)  # detached by the view
     if aligned is None:
@@ -113,7 +116,10 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     entropy_aligned = None if entropy_source is None else view.aligned(entropy_source, rollout)
     entropy = None if entropy_aligned is None else entropy_aligned[0]
     tokens = first_tensor("responses", given, out)
-    if tokens is not None and (tokens.is_nested or tuple(tokens.shape) != tuple(rollout.shape)):
+    if tokens is not None and tokens.is_nested:
+        rows = padded_rows(tokens)
+        tokens = None if rows is None else rows[0]
+    if tokens is not None and tuple(tokens.shape) != tuple(rollout.shape):
         tokens = None
     return StepTokens(old, rollout, mask, verl_mask, entropy, None if tokens is None else as_on(tokens, device))
 
@@ -204,9 +210,12 @@ def _verl(step: StepTokens, reads: Reads) -> Callable[[], dict[str, float]]:
     for a mask with at least one token."""
     import torch
 
-    probs = torch.stack([step.old, step.rollout]).float().exp()[:, step.verl_mask]  # [old, rollout]
-    old, rollout = probs
+    # Each side's exp in its own dtype, as verl takes it: verl's v1 trainer keeps the actor's
+    # log-probs in bfloat16, and its figures carry that rounding (a difference of 8.2e-5
+    # where float32 probabilities give 8.7e-5, measured on the CPU trainer).
+    old, rollout = step.old.exp()[step.verl_mask], step.rollout.exp()[step.verl_mask]
     diff = (old - rollout).abs()
+    probs = torch.stack([old.float(), rollout.float()])
     # verl's Pearson correlation is torch.corrcoef's; its covariance matrix is a matrix product,
     # which on a CPU with several threads waits for the BLAS library's threads to wake
     # (milliseconds on a busy machine) for two numbers.  Here: its sums of products, in float64
