@@ -175,6 +175,32 @@ def test_log_probs_written_in_place_after_one_reader_are_read_again_by_the_next(
     assert again[GAP_MAX] == (aligned - rollout).abs()[response].max().item()
 
 
+def test_the_gap_is_read_from_verls_v1_trainer_jagged_responses() -> None:
+    """verl's default (v1) trainer hands the stage TransferQueue's layout: the response
+    tensors jagged, a row per response.  The gap is the one the padded layout gives."""
+    rows = [torch.tensor([-1.0, -1.0]), torch.tensor([-2.0, -2.0, -2.0, -2.0]), torch.tensor([-4.0])]
+    padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    data = engine_inputs(padded_batch(rollout_log_probs=padded), calculate_entropy=True)
+    total = data["input_ids"].values().shape[0]
+    log_probs = nested_like(data, -torch.arange(total, dtype=torch.float32) / 4)
+    result = tu.get_tensordict(tensor_dict={"log_probs": log_probs}, non_tensor_dict={"metrics": {}})
+    by_padding = extract_metrics("actor_compute_log_prob", result, data)
+    jagged = data.clone()
+    jagged["rollout_log_probs"] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    jagged["response_mask"] = torch.nested.as_nested_tensor(
+        [torch.ones(len(r), dtype=torch.long) for r in rows], layout=torch.jagged
+    )
+
+    found = extract_metrics("actor_compute_log_prob", result, jagged)
+
+    assert found[GAP_MAX] == by_padding[GAP_MAX] > 0
+    assert found[GAP_MEAN] == pytest.approx(by_padding[GAP_MEAN], rel=1e-6)
+    assert (
+        found["rollout_log_probs/abs_max"] == 4.0
+        and found["rollout_log_probs/mean"] == by_padding["rollout_log_probs/mean"] == -2.0
+    )
+
+
 def test_the_gap_of_padded_log_probs_uses_attention_masks_response_part_without_a_response_mask() -> None:
     batch = padded_batch()
     inputs = DataProto.from_dict(
