@@ -18,7 +18,7 @@ logged on ``verl_events.batch``.
 """
 
 from .metrics import GAP_MAX, GAP_MEAN, STAGE_TENSORS, TENSOR_STATISTICS, extract_metrics
-from .response import ResponseView, as_on, computes_reference, first_tensor, padded_rows
+from .response import ResponseView, as_on, as_padded, computes_reference, first_tensor, padded_rows
 from .tensors import keys_for
 from .tokens import TokenCounts, token_counts
 from .view import Batch, as_batch
@@ -33,6 +33,7 @@ __all__ = [
     "TokenCounts",
     "as_batch",
     "as_on",
+    "as_padded",
     "computes_reference",
     "extract_metrics",
     "first_tensor",

@@ -39,7 +39,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ResponseView", "Source", "as_on", "computes_reference", "first_tensor", "nested_parts", "padded_rows"]
+__all__ = [
+    "ResponseView",
+    "Source",
+    "as_on",
+    "as_padded",
+    "computes_reference",
+    "first_tensor",
+    "nested_parts",
+    "padded_rows",
+]
 
 
 class Source(Protocol):
@@ -253,6 +262,12 @@ def padded_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
     if values.shape[0] == 0:
         return values.new_zeros((lengths.shape[0], width)), valid
     return torch.where(valid, values[index], values.new_zeros(())), valid
+
+
+def as_padded(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself, or for a nested one its :func:`padded_rows` values."""
+    rows = padded_rows(tensor)
+    return tensor if rows is None else rows[0]
 
 
 def _jagged_class() -> Any:

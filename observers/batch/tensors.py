@@ -75,7 +75,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .response import ResponseView, Source, computes_reference, first_tensor, padded_rows
+from .response import ResponseView, Source, as_padded, computes_reference, first_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -211,9 +211,7 @@ def read_tensors(
     if not gap_stage:
         return
     rollout = first_tensor("rollout_log_probs", inputs, out)
-    rows = None if rollout is None else padded_rows(rollout)  # verl's v1 trainer: a row per response
-    if rows is not None:
-        rollout = rows[0]
+    rollout = None if rollout is None else as_padded(rollout)  # verl's v1 trainer: a row per response
     if rollout is None or not rollout.is_floating_point() or rollout.is_nested:
         return
     rollout = rollout.detach()

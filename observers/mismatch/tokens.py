@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._reads import Reads
-from ..batch import ResponseView, as_batch, as_on, computes_reference, first_tensor, keys_for, padded_rows
+from ..batch import ResponseView, as_batch, as_on, as_padded, computes_reference, first_tensor, keys_for
 from .record import TRAINER_STAGE
 
 if TYPE_CHECKING:
@@ -96,9 +96,7 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     old = next((t for key in _OLD_KEYS if (t := out.tensor(key)) is not None), None)
     if old is None:
         return f"the stage returned no {_OLD_KEYS[0]} (nor {', '.join(_OLD_KEYS[1:])})"
-    if rollout.is_nested:  # verl's v1 trainer: a row per response
-        rows = padded_rows(rollout)
-        rollout = rollout if rows is None else rows[0]
+    rollout = as_padded(rollout)  # verl's v1 trainer hands it jagged, a row per response
     if rollout.is_nested or rollout.dim() != 2:
         return f"rollout_log_probs is not a [batch, response] tensor (shape {tuple(rollout.shape)})"
     view = ResponseView(out, given)
@@ -116,9 +114,7 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     entropy_aligned = None if entropy_source is None else view.aligned(entropy_source, rollout)
     entropy = None if entropy_aligned is None else entropy_aligned[0]
     tokens = first_tensor("responses", given, out)
-    if tokens is not None and tokens.is_nested:
-        rows = padded_rows(tokens)
-        tokens = None if rows is None else rows[0]
+    tokens = None if tokens is None else as_padded(tokens)
     if tokens is not None and tuple(tokens.shape) != tuple(rollout.shape):
         tokens = None
     return StepTokens(old, rollout, mask, verl_mask, entropy, None if tokens is None else as_on(tokens, device))
@@ -210,9 +206,8 @@ def _verl(step: StepTokens, reads: Reads) -> Callable[[], dict[str, float]]:
     for a mask with at least one token."""
     import torch
 
-    # Each side's exp in its own dtype, as verl takes it: verl's v1 trainer keeps the actor's
-    # log-probs in bfloat16, and its figures carry that rounding (a difference of 8.2e-5
-    # where float32 probabilities give 8.7e-5, measured on the CPU trainer).
+    # Each side's exp in its own dtype, as verl's: its v1 trainer keeps the actor's log-probs in
+    # bfloat16, and its figures carry that rounding (8.2e-5 where float32 gives 8.7e-5).
     old, rollout = step.old.exp()[step.verl_mask], step.rollout.exp()[step.verl_mask]
     diff = (old - rollout).abs()
     probs = torch.stack([old.float(), rollout.float()])
