@@ -18,7 +18,7 @@ logged on ``verl_events.batch``.
 """
 
 from .metrics import GAP_MAX, GAP_MEAN, STAGE_TENSORS, TENSOR_STATISTICS, extract_metrics
-from .response import ResponseView, as_on, as_padded, computes_reference, first_tensor, padded_rows
+from .response import ResponseView, as_on, as_padded, computes_reference, first_tensor
 from .tensors import keys_for
 from .tokens import TokenCounts, token_counts
 from .view import Batch, as_batch
@@ -38,6 +38,5 @@ __all__ = [
     "extract_metrics",
     "first_tensor",
     "keys_for",
-    "padded_rows",
     "token_counts",
 ]

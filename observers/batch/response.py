@@ -47,7 +47,6 @@ __all__ = [
     "computes_reference",
     "first_tensor",
     "nested_parts",
-    "padded_rows",
 ]
 
 
@@ -93,8 +92,7 @@ class ResponseView:
         self.batches = (inputs, out)
         mask = first_tensor("response_mask", inputs, out)
         if mask is not None and mask.is_nested:  # verl's v1 trainer: a row per response (TransferQueue)
-            rows = padded_rows(mask)
-            mask = None if rows is None else rows[0].bool() & rows[1]
+            mask = as_padded(mask).bool()  # the padding is zeros: no response token
         self.response_mask = mask if mask is not None and mask.dim() == 2 else None
         self._lengths: Any = False  # the tensors the response lengths come from, or None; False: not looked up yet
         self._masks: dict[tuple[Any, ...], torch.Tensor | None] = {}
@@ -241,33 +239,23 @@ def nested_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
     return tensor.values(), tensor.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor's
 
 
-def padded_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A nested ``[batch, jagged]`` tensor as a padded ``[batch, longest row]`` one (zeros
-    past each row's end), detached, and which of its places hold a value; None for a
-    plain tensor.  verl's v1 trainer hands response tensors so (``rollout_log_probs``,
-    ``response_mask``, ``responses``: one row per response, TransferQueue's layout), where
-    its v0 trainer pads them on the right, as this does."""
+def as_padded(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself, or for a nested ``[batch, jagged]`` one a padded ``[batch, longest
+    row]`` copy, detached, with zeros past each row's end.  verl's v1 trainer hands response
+    tensors so (``rollout_log_probs``, ``response_mask``, ``responses``: one row per response,
+    TransferQueue's layout), where its v0 trainer pads them on the right, as this does."""
     import torch
 
     parts = nested_parts(tensor)
     if parts is None:
-        return None
+        return tensor
     values, offsets = parts[0].detach(), parts[1]
-    device = values.device
-    lengths = as_on(offsets.diff(), device, torch.long)
+    lengths = as_on(offsets.diff(), values.device, torch.long)
     width = int(lengths.max()) if lengths.numel() else 0
-    columns = torch.arange(width, device=device)
-    valid = columns[None, :] < lengths[:, None]
-    index = (as_on(offsets[:-1], device, torch.long)[:, None] + columns[None, :]).clamp(0, max(values.shape[0] - 1, 0))
     if values.shape[0] == 0:
-        return values.new_zeros((lengths.shape[0], width)), valid
-    return torch.where(valid, values[index], values.new_zeros(())), valid
-
-
-def as_padded(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself, or for a nested one its :func:`padded_rows` values."""
-    rows = padded_rows(tensor)
-    return tensor if rows is None else rows[0]
+        return values.new_zeros((lengths.shape[0], width))
+    index, valid = _rows(as_on(offsets[:-1], values.device, torch.long), lengths, width, values.shape[0])
+    return torch.where(valid, values[index], values.new_zeros(()))
 
 
 def _jagged_class() -> Any:
@@ -293,15 +281,23 @@ def _plan(
         return None
     lengths = as_on(lengths, device, torch.long)
     width = int(mask.shape[1]) if mask is not None and mask.shape[0] == lengths.shape[0] else int(lengths.max())
-    columns = torch.arange(width, device=device)
-    valid = columns[None, :] < lengths[:, None]
     # As no_padding_2_padding: the output for response token j of a sequence
     # ending at offset e sits at e - length - 1 + j (a model predicts the next token).
-    starts = as_on(offsets[1:], device, torch.long) - lengths - 1
-    index = starts[:, None] + columns[None, :]
-    index = torch.where(valid, index, 0).clamp(0, size - 1)
+    index, valid = _rows(as_on(offsets[1:], device, torch.long) - lengths - 1, lengths, width, size)
     if mask is not None and tuple(mask.shape) == tuple(valid.shape):
         valid = valid & as_on(mask, device, torch.bool)
+    return index, valid
+
+
+def _rows(starts: torch.Tensor, lengths: torch.Tensor, width: int, size: int) -> Plan:
+    """Rows of ``lengths`` elements beginning at ``starts`` in values of ``size`` elements,
+    as ``[batch, width]``: each place's index in the values (0 where a row has ended, so
+    every index is one), and which places are in a row."""
+    import torch
+
+    columns = torch.arange(width, device=starts.device)
+    valid = columns[None, :] < lengths[:, None]
+    index = torch.where(valid, starts[:, None] + columns[None, :], 0).clamp(0, size - 1)
     return index, valid
 
 

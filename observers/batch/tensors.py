@@ -212,7 +212,7 @@ def read_tensors(
         return
     rollout = first_tensor("rollout_log_probs", inputs, out)
     rollout = None if rollout is None else as_padded(rollout)  # verl's v1 trainer: a row per response
-    if rollout is None or not rollout.is_floating_point() or rollout.is_nested:
+    if rollout is None or not rollout.is_floating_point():
         return
     rollout = rollout.detach()
     actor = found.get("old_log_probs")

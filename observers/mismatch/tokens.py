@@ -97,7 +97,7 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
     if old is None:
         return f"the stage returned no {_OLD_KEYS[0]} (nor {', '.join(_OLD_KEYS[1:])})"
     rollout = as_padded(rollout)  # verl's v1 trainer hands it jagged, a row per response
-    if rollout.is_nested or rollout.dim() != 2:
+    if rollout.dim() != 2:
         return f"rollout_log_probs is not a [batch, response] tensor (shape {tuple(rollout.shape)})"
     view = ResponseView(out, given)
     aligned = view.aligned(old, rollout)  # detached by the view
