@@ -1,0 +1,175 @@
+"""The CPU checkpoint engine (verl_events.apps.verl_cpu.checkpoint_engine) driven as verl's
+``CheckpointEngineManager`` drives it: ``prepare``, ``build_topology``, ``init_process_group``, the
+sender's ``send_weights`` beside each reader's ``receive_weights``, ``finalize``.
+
+The round trips run on a real local Ray (the mailbox is a Ray actor), with real torch tensors,
+the sender and two readers in this process, each reader in a thread as each rollout worker is a
+process. The overrides are checked against verl's own Hydra config. The trainer run that uses
+the engine (``separate_async``, 2 steps) is described in the commit that added it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+
+with warnings.catch_warnings():  # verl's single_controller imports Ray's state API, which warns that it moved
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    from verl_events.apps.verl_cpu.checkpoint_engine import BACKEND, SEPARATE_ASYNC, CpuRayCheckpointEngine
+from verl_events.apps.verl_cpu import job
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+Named = list[tuple[str, Any]]
+
+
+def weights(scale: float) -> Named:
+    """Three dtypes, shapes from a scalar to a matrix: a bf16 weight, an int buffer, a bool mask."""
+    return [
+        ("model.embed_tokens.weight", torch.arange(24, dtype=torch.float32).reshape(6, 4) * scale),
+        ("model.layers.0.mlp.up_proj.weight", (torch.ones(3, 5) * scale).to(torch.bfloat16)),
+        ("model.rotary.inv_freq", torch.tensor([1, 2, 3], dtype=torch.int64)),
+        ("model.norm.eps", torch.tensor(scale)),
+        ("lm_head.mask", torch.tensor([True, False])),
+    ]
+
+
+def join_sync(sender: CpuRayCheckpointEngine, readers: list[CpuRayCheckpointEngine]) -> None:
+    """What CheckpointEngineManager.build_process_group does for one trainer rank and the readers."""
+    metadata = [engine.prepare() for engine in (sender, *readers)]
+    actor_kwargs, rollout_kwargs = CpuRayCheckpointEngine.build_topology(1, len(readers), metadata)
+    sender.init_process_group(**{key: values[0] for key, values in actor_kwargs.items()})
+    for rank, reader in enumerate(readers):
+        reader.init_process_group(**{key: values[rank] for key, values in rollout_kwargs.items()})
+
+
+def read(engine: CpuRayCheckpointEngine, step: int) -> Named:
+    return list(engine.receive_weights(global_steps=step))
+
+
+async def sync(sender: CpuRayCheckpointEngine, readers: list[CpuRayCheckpointEngine], sent: Named, step: int) -> Any:
+    join_sync(sender, readers)
+    # In threads: a reader blocks on each fetch, as the rollout worker's event loop does.
+    reading = asyncio.gather(*(asyncio.to_thread(read, reader, step) for reader in readers))
+    await asyncio.sleep(0.2)  # the readers wait for buckets that are not there yet
+    metrics = await sender.send_weights(iter(sent), global_steps=step)
+    received = await reading
+    for engine in (sender, *readers):
+        engine.finalize()
+    return metrics, received
+
+
+def assert_same(received: Named, sent: Named) -> None:
+    assert [name for name, _ in received] == [name for name, _ in sent]
+    for (name, got), (_, want) in zip(received, sent, strict=True):
+        assert got.dtype == want.dtype, name
+        assert torch.equal(got, want), name
+
+
+@pytest.fixture
+def local_ray() -> Iterator[None]:
+    import ray
+
+    # address="local": a private cluster, never one someone else started on this machine.
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_readers_get_the_senders_names_dtypes_and_values_in_order_twice_at_one_step(local_ray: None) -> None:
+    # 16-byte buckets: every tensor but the scalars and the mask spans a bucket of its own.
+    sender = CpuRayCheckpointEngine(bucket_size=16, is_master=True)
+    readers = [CpuRayCheckpointEngine(bucket_size=16) for _ in range(2)]
+
+    # Two syncs at global step 0, as separate_async makes: the second must not read the first.
+    for scale in (1.0, 2.0):
+        metrics, received = asyncio.run(sync(sender, readers, weights(scale), step=0))
+        for by_reader in received:
+            assert_same(by_reader, weights(scale))
+    assert metrics["checkpoint_engine/buckets"] == 4.0
+    assert metrics["checkpoint_engine/payload_mbytes"] * 2**20 == sum(t.nbytes for _, t in weights(1.0))
+
+
+@pytest.mark.slow
+def test_a_reader_whose_sender_never_sends_times_out_naming_the_setting(local_ray: None) -> None:
+    sender = CpuRayCheckpointEngine(bucket_size=1 << 20, is_master=True)
+    reader = CpuRayCheckpointEngine(bucket_size=1 << 20, timeout_s=0.5)
+    join_sync(sender, [reader])
+    with pytest.raises(TimeoutError, match=r"did not come within 0.5 s.*engine_kwargs\.cpu_ray\.timeout_s"):
+        read(reader, step=1)
+
+
+def test_a_trainer_rank_that_is_not_master_walks_the_generator_and_sends_nothing() -> None:
+    """Unsharding each FSDP parameter is a collective: every trainer rank must run the generator."""
+    walked: list[str] = []
+
+    def named() -> Iterator[tuple[str, Any]]:
+        for name, tensor in weights(1.0):
+            walked.append(name)
+            yield name, tensor
+
+    engine = CpuRayCheckpointEngine(bucket_size=16)
+    engine.init_process_group(mailbox=object(), token="t", sends=False)  # the mailbox is never touched
+    assert asyncio.run(engine.send_weights(named())) == {}
+    assert walked == [name for name, _ in weights(1.0)]
+
+
+def test_sending_or_receiving_outside_a_sync_is_refused() -> None:
+    engine = CpuRayCheckpointEngine(bucket_size=16, is_master=True)
+    with pytest.raises(RuntimeError, match="send_weights called outside a sync; .*build_topology"):
+        asyncio.run(engine.send_weights(iter(weights(1.0))))
+    with pytest.raises(RuntimeError, match="receive_weights called outside a sync"):
+        engine.receive_weights()
+
+
+def test_a_topology_without_exactly_one_master_trainer_rank_is_refused() -> None:
+    with pytest.raises(ValueError, match="exactly one trainer rank must be is_master to send, got ranks \\[\\]"):
+        CpuRayCheckpointEngine.build_topology(2, 1, [{"is_master": False}] * 3)
+
+
+def test_a_bucket_size_or_timeout_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(ValueError, match="bucket_size and timeout_s must be > 0, not 0 and 600"):
+        CpuRayCheckpointEngine(bucket_size=0)
+
+
+def test_importing_the_module_registers_the_engine_under_its_backend_name() -> None:
+    assert CheckpointEngineRegistry.get(BACKEND) is CpuRayCheckpointEngine
+
+
+def test_the_overrides_compose_with_the_jobs_into_a_config_separate_async_accepts(tmp_path: Path) -> None:
+    """Every key exists in verl's own config, and the values pass separate_async's asserts
+    (trainer_separate_async.py:57-70) and select this engine."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+
+    files = job.JobFiles(tmp_path, tmp_path / "model", tmp_path / "d.parquet", tmp_path / "d.parquet", tmp_path, "f")
+    overrides = job.merge_overrides(job.trainer_args(files), SEPARATE_ASYNC)
+    config_dir = Path(main_ppo.__file__).parent / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        config = compose("ppo_trainer", [o for o in overrides if not o.startswith("hydra.")])
+    assert config.trainer.v1.trainer_mode == "separate_async"
+    separate = config.trainer.v1.separate_async
+    assert (
+        config.data.train_batch_size
+        == separate.parameter_sync_step * config.actor_rollout_ref.actor.ppo_mini_batch_size
+    )
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.nnodes > 0 and rollout.n_gpus_per_node > 0
+    assert (rollout.checkpoint_engine.backend, rollout.checkpoint_engine.custom_backend_module) == (
+        BACKEND,
+        CpuRayCheckpointEngine.__module__,
+    )
+    assert config.ray_kwargs.ray_init.num_gpus == config.trainer.n_gpus_per_node + rollout.n_gpus_per_node
