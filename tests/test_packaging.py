@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,26 @@ def test_this_install_has_no_top_level_observers_and_the_built_ins_under_verl_ev
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["None", "verl_events.observers.msprobe.observer"]
+
+
+def test_the_top_level_folders_verl_and_transferqueue_install_never_shadow_this_checkouts() -> None:
+    """verl's and TransferQueue's wheels put top-level ``tests/``, ``scripts/``, ``recipe/`` and
+    ``tutorial/`` folders into site-packages (verl's ``tests`` a regular package). Of this
+    checkout's folders only ``tests`` shares a name with one of them, and it is ours both in this
+    pytest process and in a child started from another folder with the checkout on PYTHONPATH,
+    as the trainer tests start verl's workers (``tests.support`` observers)."""
+    import tests
+
+    installed = {p.name for site in map(Path, sys.path) if site.name == "site-packages" for p in site.iterdir()}
+    ours = {p.name for p in REPO.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    assert ours & installed & {"tests", "scripts", "recipe", "tutorial"} <= {"tests"}
+    assert Path(tests.__file__).parent == REPO / "tests"
+    script = "import tests.support; print(tests.support.__file__)"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd="/", env=env, capture_output=True, text=True, check=True
+    )
+    assert Path(result.stdout.strip()) == REPO / "tests/support.py"
 
 
 @pytest.fixture(scope="module")

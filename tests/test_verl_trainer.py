@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,14 +45,16 @@ def run_doc_command(
     steps: int = 3,
     env: dict[str, str] | None = None,
     extra: tuple[str, ...] = (),
+    legacy: bool = False,
 ) -> Path:
     """Run one of the doc's main_ppo commands on the tiny job (``env`` added to its
-    environment, ``extra`` to its arguments); return its save_path root."""
+    environment, ``extra`` to its arguments; verl's v0 trainer when ``legacy``); return its
+    save_path root."""
     assert command.argv[:3] == ["python3", "-m", "verl.trainer.main_ppo"], command.argv
     doc_args = [on(root, arg) for arg in command.argv[3:]]
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {k: on(root, v) for k, v in command.env.items()} | (env or {})
-    overrides = job.merge_overrides(job.trainer_args(files, steps=steps), [*doc_args, *extra])
+    overrides = job.merge_overrides(job.trainer_args(files, steps=steps, legacy=legacy), [*doc_args, *extra])
     log = root / f"{name}.log"
     code = job.run_trainer(overrides, env, log=log)
     assert code == 0, f"{name}: main_ppo exited {code}:\n{log.read_text()[-6000:]}"
@@ -68,7 +72,7 @@ def write_doc_config(root: Path) -> None:
 @dataclass(frozen=True)
 class Runs:
     plugin: Path  # the one-variable switch; also holds verl's own run (verl-profile/)
-    hook: Path  # the setup-hook switch with verl's plugins off
+    hook: Path  # the setup-hook switch with verl's plugins off, on verl's legacy (v0) trainer
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +92,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     saves = ("trainer.save_freq=1", f"trainer.default_local_dir={plugin / 'checkpoints'}")
     run_doc_command(switch, plugin, files, "ours", extra=saves)
     run_doc_command(doc_commands("precision_debugger")[0], plugin, files, "verls")
-    run_doc_command(doc_commands("worker_process_setup_hook")[0], hook, files, "hook")
+    # The one run of verl's deprecated v0 trainer: the comparison with the default (v1) one.
+    run_doc_command(doc_commands("worker_process_setup_hook")[0], hook, files, "hook", legacy=True)
     return Runs(plugin, hook)
 
 
@@ -229,12 +234,32 @@ def test_compare_as_documented_says_match_for_every_stage_dump(runs: Runs, capsy
             assert "MATCH" in capsys.readouterr().out
 
 
-def test_the_setup_hook_switch_alone_dumps_the_same(runs: Runs) -> None:
-    assert dump_files(runs.hook / "profile") == GUIDE_TREE
+def model_ops(dump: Path) -> Counter[str]:
+    """The dump's module and functional entries, counted without msprobe's call numbers: the
+    model's own ops, not the tensor work a worker does on its batch around them."""
+    names = (re.sub(r"\.\d+\.", ".", name) for name in entries(dump))
+    return Counter(name for name in names if not name.startswith("Tensor."))
+
+
+def stage_steps(save_path: Path, *, without: tuple[str, ...] = ()) -> list[tuple[str, int, list[str]]]:
+    records = [json.loads(line) for line in (save_path / "timing/rank0.jsonl").read_text().splitlines()]
+    return [(r["stage"], r["step"], r["enclosed_by"]) for r in records if r["stage"] not in without]
+
+
+def test_the_setup_hook_switch_alone_on_verls_legacy_trainer_dumps_the_same_stages_and_model_ops(runs: Runs) -> None:
+    """The setup hook with verl's plugins off, on verl's deprecated v0 trainer: the same dump
+    tree, the same stages of the same steps in the same order, and the same model ops in every
+    dump as on the default trainer. Only the worker's tensor work on its batch differs (v1's
+    engine builds position ids from jagged rows: more ``cumsum``)."""
+    legacy, default = runs.hook / "profile", runs.plugin / "profile"
+    assert dump_files(legacy) == GUIDE_TREE
     for name in GUIDE_TREE:
-        assert entries(runs.hook / "profile" / name) == entries(runs.plugin / "profile" / name), name
+        assert model_ops(legacy / name) == model_ops(default / name), name
+    # The default run also saved a checkpoint every step.
+    assert stage_steps(legacy) == stage_steps(default, without=("save_checkpoint",))
     # verl's plugins were off in that run: the hook alone installed the observers.
     assert doc_commands("worker_process_setup_hook")[0].env == {"VERL_USE_EXTERNAL_PLUGINS": "none"}
+    assert "main_ppo_v0" in (runs.hook / "hook.log").read_text()  # the legacy trainer ran
 
 
 # -- the anomaly sentinel on verl's trainer ------------------------------------------

@@ -3,15 +3,18 @@
 :func:`prepare` builds everything the job reads into a work directory (no network):
 a random 2-layer Qwen2 model, a byte-level BPE tokenizer with a Qwen-style chat template,
 a 32-row parquet in verl's RL format. :func:`trainer_args` and :func:`trainer_env` give the
-Hydra overrides and environment that run verl's own trainer on it with the CPU shim
+Hydra overrides and environment that run verl's own default trainer (v1) on it with the CPU shim
 (:mod:`verl_events.apps.verl_cpu.shim`)::
 
     python -m verl_events.apps.verl_cpu.job WORKDIR [hydra overrides...]
 
 Two runs with the same overrides compute the same numbers: the model init, the data
 order (``data.seed``), the rollout sampling (seeded per request) and the mini-batch
-order (``actor.data_loader_seed``) are all seeded, and each prompt gets one response
-(``rollout.n=1``), so no result depends on the order of concurrent requests.
+order (``actor.data_loader_seed``) are all seeded, each prompt gets one response
+(``rollout.n=1``), and a batch's rows come in the order their prompts were drawn
+(:mod:`.sampler`), so no result depends on the order of concurrent requests. That holds for
+the ``sync`` mode and the legacy trainer; the asynchronous modes train on whatever rollouts
+have finished, as they do for every verl user.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 from .session import run_in_own_session as _run_in_own_session
 from .trainer_log import LogFollower
 
-__all__ = ["JobFiles", "main", "merge_overrides", "prepare", "run_trainer", "trainer_args", "trainer_env"]
+__all__ = ["MODES", "JobFiles", "main", "merge_overrides", "prepare", "run_trainer", "trainer_args", "trainer_env"]
 
 #: Module verl must import in each process (``VERL_USE_EXTERNAL_MODULES``).
 SHIM_MODULE = "verl_events.apps.verl_cpu.shim"
@@ -216,18 +219,53 @@ def prepare(workdir: Path) -> JobFiles:
     return files
 
 
-def trainer_args(files: JobFiles, *, steps: int = 3, save_path: Path | None = None) -> list[str]:
+#: verl's v1 trainer modes (``trainer.v1.trainer_mode``), each of which the CPU job runs.
+MODES = ("sync", "colocate_async", "separate_async")
+
+
+def _v1_args(mode: str) -> list[str]:
+    """verl's default trainer in ``mode``, said out loud, with what each mode needs on CPU."""
+    if mode not in MODES:
+        raise ValueError(f"trainer_args: mode {mode!r} is not one of verl's v1 trainer modes ({', '.join(MODES)})")
+    args = [
+        "trainer.use_v1=True",
+        f"trainer.v1.trainer_mode={mode}",
+        # TransferQueue starts num_data_storage_units storage units (8 by default), each asking
+        # Ray for a CPU: with the job's 8 CPUs the eighth never starts and tq.init waits forever,
+        # printing nothing. One unit holds this job.
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+    if mode == "sync":
+        # Batches in draw order, not finishing order, so that two runs compute the same numbers.
+        sampler = "trainer.v1.sampler.custom_sampler"
+        args += [f"{sampler}.path=pkg://verl_events.apps.verl_cpu.sampler", f"{sampler}.name=DrawOrderReplayBuffer"]
+    if mode == "separate_async":
+        from .checkpoint_engine import SEPARATE_ASYNC  # imports Ray and verl: only when asked
+
+        args = merge_overrides(args, SEPARATE_ASYNC)
+    return args
+
+
+def trainer_args(
+    files: JobFiles,
+    *,
+    steps: int = 3,
+    save_path: Path | None = None,
+    mode: str = "sync",
+    legacy: bool = False,
+) -> list[str]:
     """Hydra overrides for ``python -m verl.trainer.main_ppo`` running the prepared job.
 
-    ``save_path`` is where verl's profilers write (``global_profiler.save_path``),
-    by default ``files.root / "profile"``.
+    verl's default trainer runs it (v1, with TransferQueue) in ``mode``, one of :data:`MODES`
+    (``separate_async`` with the CPU checkpoint engine of :mod:`.checkpoint_engine`);
+    ``legacy`` runs the deprecated v0 trainer instead. ``save_path`` is where verl's profilers
+    write (``global_profiler.save_path``), by default ``files.root / "profile"``.
     """
     profile_dir = Path(save_path) if save_path is not None else files.root / "profile"
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
-    return [
-        # The v1 trainer needs transfer_queue, which is not installed (trainer/main_ppo.py:137).
-        "trainer.use_v1=False",
+    trainer = ["trainer.use_v1=False"] if legacy else _v1_args(mode)
+    job = [
         "trainer.device=cpu",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
@@ -285,6 +323,7 @@ def trainer_args(files: JobFiles, *, steps: int = 3, save_path: Path | None = No
         "+ray_kwargs.ray_init.include_dashboard=False",
         f"hydra.run.dir={files.root / 'hydra'}",
     ]
+    return merge_overrides(job, trainer)
 
 
 def trainer_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
