@@ -212,6 +212,19 @@ def test_the_sequences_for_the_engine_drop_the_padding() -> None:
     assert sampled_sequences({"prompts": batch["prompts"]}) == []
 
 
+def test_the_sequences_for_the_engine_from_verls_v1_jagged_rows_are_each_rows_prompt_and_response() -> None:
+    """verl's v1 trainer hands prompts and responses as jagged tensors, unpadded, with no
+    attention_mask of the padded shape: the same sequences as the padded batch above."""
+    jagged = functools.partial(torch.nested.as_nested_tensor, layout=torch.jagged)
+    prompts = jagged([torch.tensor([11, 12]), torch.tensor([13, 14, 15]), torch.tensor([16, 17, 18, 19])])
+    responses = jagged([torch.tensor([21, 22]), torch.tensor([23, 24, 25, 26]), torch.tensor([27])])
+    assert sampled_sequences({"prompts": prompts, "responses": responses}) == [
+        [11, 12, 21, 22],
+        [13, 14, 15, 23, 24, 25, 26],
+        [16, 17, 18, 19, 27],
+    ]
+
+
 # -- the observer --------------------------------------------------------------
 
 

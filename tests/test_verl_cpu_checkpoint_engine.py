@@ -156,11 +156,13 @@ def test_the_overrides_compose_with_the_jobs_into_a_config_separate_async_accept
     from verl.trainer import main_ppo
 
     files = job.JobFiles(tmp_path, tmp_path / "model", tmp_path / "d.parquet", tmp_path / "d.parquet", tmp_path, "f")
-    overrides = job.merge_overrides(job.trainer_args(files), SEPARATE_ASYNC)
+    overrides = job.trainer_args(files, mode="separate_async")
+    assert job.merge_overrides(overrides, SEPARATE_ASYNC) == overrides  # the job's mode carries them all
     config_dir = Path(main_ppo.__file__).parent / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         config = compose("ppo_trainer", [o for o in overrides if not o.startswith("hydra.")])
     assert config.trainer.v1.trainer_mode == "separate_async"
+    assert config.trainer.v1.sampler.custom_sampler.path is None  # verl's own asynchronous buffer
     separate = config.trainer.v1.separate_async
     assert (
         config.data.train_batch_size
@@ -173,3 +175,42 @@ def test_the_overrides_compose_with_the_jobs_into_a_config_separate_async_accept
         CpuRayCheckpointEngine.__module__,
     )
     assert config.ray_kwargs.ray_init.num_gpus == config.trainer.n_gpus_per_node + rollout.n_gpus_per_node
+
+
+@pytest.mark.slow
+def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl's real main_ppo in separate_async (2 steps), the always-on preset watching: the run
+    ends 0, the stages show what this mode does twice (two syncs at step 0, one to the
+    standalone rollout through this engine and one to the colocated replica; each compute stage
+    once per ``parameter_sync_step`` mini-batch group), the mismatch observer compares each
+    recomputation, and diagnose calls the run healthy."""
+    import json
+    import os
+
+    from verl_events.apps.cli import main as verl_events_main
+    from verl_events.observers.timing import TimingRecord, timing_log_files
+
+    files = job.prepare(tmp_path / "job")
+    save_path = tmp_path / "profile"
+    (tmp_path / "observers.yaml").write_text(json.dumps({"preset": "always_on", "save_path": str(save_path)}))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
+    env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(tmp_path / "observers.yaml")}
+    log = tmp_path / "trainer.log"
+    code = job.run_trainer(job.trainer_args(files, steps=2, mode="separate_async"), env, log=log, timeout=900)
+    assert code == 0, log.read_text()[-6000:]
+
+    records = [
+        TimingRecord.from_json(line) for path in timing_log_files(save_path) for line in path.read_text().splitlines()
+    ]
+    seen = [(r.stage, r.step) for r in records if r.stage != "rollout_wake_up"]
+    compute = ["actor_compute_log_prob", "ref_compute_log_prob", "actor_update"]
+    assert seen.count(("update_weights", 0)) == 2, seen
+    for step in (1, 2):
+        assert [seen.count((stage, step)) for stage in compute] == [2, 2, 2], seen
+        assert seen.count(("update_weights", step)) == 1, seen
+    mismatch = [json.loads(line) for line in (save_path / "mismatch.jsonl").read_text().splitlines()]
+    assert sorted((m["stage"], m["step"]) for m in mismatch) == [("actor_compute_log_prob", s) for s in (1, 1, 2, 2)]
+    assert verl_events_main(["diagnose", str(save_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "healthy"

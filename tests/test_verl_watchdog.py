@@ -1,7 +1,9 @@
 """The watchdog in verl 0.9.1's real trainer (``main_ppo`` under Ray, on CPU), switched on with
 ``VERL_EVENTS_CONFIG`` as docs/verl.md says: a worker stuck in step 2's ``actor_update`` is
-reported with its line, and ``action: abort`` ends the job.  That healthy steps pass no deadline
-is shown on tests/test_verl_trainer.py's 12 healthy steps, which the watchdog watches too."""
+reported with its line, and ``action: abort`` ends the job.  This run is verl's default trainer
+in its ``colocate_async`` mode (the trainer tests' one run of it: rollouts of the next step are
+generated while this one trains).  That healthy steps pass no deadline is shown on
+tests/test_verl_trainer.py's 12 healthy steps, which the watchdog watches too."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def run(root: Path, observers: list[dict[str, object]], steps: int, timeout: flo
     (root / "observers.yaml").write_text(json.dumps(config))  # JSON is YAML
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(root / "observers.yaml"), "PYTHONPATH": str(REPO)}
-    return job.run_trainer(job.trainer_args(files, steps=steps), env, log=root / "trainer.log", timeout=timeout)
+    overrides = job.trainer_args(files, steps=steps, mode="colocate_async")
+    return job.run_trainer(overrides, env, log=root / "trainer.log", timeout=timeout)
 
 
 def test_a_worker_stuck_in_step_2s_update_is_reported_with_its_line_and_abort_ends_the_job(
@@ -55,3 +58,4 @@ def test_a_worker_stuck_in_step_2s_update_is_reported_with_its_line_and_abort_en
     assert result["stuck"] == {"step": 2, "stage": "actor_update"}
     print(f"main_ppo exited {code} after {took:.0f} s; its log's last lines:\n{log[-2500:]}")
     assert str(ABORT_EXIT_CODE) in log or "died" in log.lower()
+    assert "trainer_mode': 'colocate_async'" in log  # verl printed the config it ran

@@ -160,8 +160,9 @@ class MismatchObserver(Observer):
         sequences = sampled_sequences(event.inputs)
         if not sequences:
             logger.warning(
-                "mismatch: step %s: nothing to prefill: the batch has no padded prompts, responses and "
-                "attention_mask (as verl's trainer hands them) to rebuild the sequences from",
+                "mismatch: step %s: nothing to prefill: the batch has neither padded prompts, responses and "
+                "attention_mask nor jagged prompts and responses (as verl's trainers hand them) to rebuild "
+                "the sequences from",
                 event.step,
             )
             return
@@ -178,17 +179,21 @@ class MismatchObserver(Observer):
 
 def sampled_sequences(inputs: Any) -> list[list[int]]:
     """Each row's prompt and response tokens, padding dropped: ``prompts`` and
-    ``responses`` side by side, kept where ``attention_mask`` is 1."""
+    ``responses`` side by side, kept where ``attention_mask`` is 1. verl's v1 trainer hands
+    them jagged, a row per sample with no padding: there each row is the two rows joined."""
     batch = as_batch(inputs) if inputs is not None else None
     if batch is None:
         return []
     prompts, responses, attention = (batch.tensor(key) for key in ("prompts", "responses", "attention_mask"))
-    if prompts is None or responses is None or attention is None:
-        return []
-    if any(t.is_nested for t in (prompts, responses, attention)):
+    if prompts is None or responses is None:
         return []
     import torch
 
+    if prompts.is_nested and responses.is_nested:
+        pairs = zip(prompts.unbind(), responses.unbind(), strict=True)
+        return [torch.cat([prompt, response]).tolist() for prompt, response in pairs]
+    if attention is None or any(t.is_nested for t in (prompts, responses, attention)):
+        return []
     tokens = torch.cat([prompts, responses], dim=1)
     if tuple(tokens.shape) != tuple(attention.shape):
         return []
