@@ -28,7 +28,7 @@ class DrawOrderReplayBuffer(ReplayBuffer):
     """verl's synchronous replay buffer; a batch's rows by their prompt's draw order, then session and index."""
 
     def _materialize_batch(
-        self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict[str, dict]
+        self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict[str, dict[str, Any]]
     ) -> Any:
         drawn = {uid: position for position, uid in enumerate(self.prompt_global_steps[partition_id])}
 
