@@ -214,3 +214,12 @@ def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
     assert sorted((m["stage"], m["step"]) for m in mismatch) == [("actor_compute_log_prob", s) for s in (1, 1, 2, 2)]
     assert verl_events_main(["diagnose", str(save_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "healthy"
+
+
+def test_the_job_refuses_a_mode_verl_has_not_and_a_mode_for_the_legacy_trainer(tmp_path: Path) -> None:
+    files = job.JobFiles(tmp_path, tmp_path / "model", tmp_path / "d.parquet", tmp_path / "d.parquet", tmp_path, "f")
+    with pytest.raises(ValueError, match=r"mode 'fast' is not one of verl's v1 trainer modes \(sync, colocate_async"):
+        job.trainer_args(files, mode="fast")
+    with pytest.raises(ValueError, match=r"mode 'colocate_async' is a mode of verl's v1 trainer; legacy=True runs v0"):
+        job.trainer_args(files, mode="colocate_async", legacy=True)
+    assert "trainer.use_v1=False" in job.trainer_args(files, legacy=True)

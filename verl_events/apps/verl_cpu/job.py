@@ -264,6 +264,10 @@ def trainer_args(
     profile_dir = Path(save_path) if save_path is not None else files.root / "profile"
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
+    if legacy and mode != "sync":
+        raise ValueError(
+            f"trainer_args: mode {mode!r} is a mode of verl's v1 trainer; legacy=True runs v0, which has none"
+        )
     trainer = ["trainer.use_v1=False"] if legacy else _v1_args(mode)
     job = [
         "trainer.device=cpu",
