@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .modes import MODES, merge_overrides, v1_args
 from .session import run_in_own_session as _run_in_own_session
 from .trainer_log import LogFollower
 
@@ -219,33 +220,6 @@ def prepare(workdir: Path) -> JobFiles:
     return files
 
 
-#: verl's v1 trainer modes (``trainer.v1.trainer_mode``), each of which the CPU job runs.
-MODES = ("sync", "colocate_async", "separate_async")
-
-
-def _v1_args(mode: str) -> list[str]:
-    """verl's default trainer in ``mode``, said out loud, with what each mode needs on CPU."""
-    if mode not in MODES:
-        raise ValueError(f"trainer_args: mode {mode!r} is not one of verl's v1 trainer modes ({', '.join(MODES)})")
-    args = [
-        "trainer.use_v1=True",
-        f"trainer.v1.trainer_mode={mode}",
-        # TransferQueue starts num_data_storage_units storage units (8 by default), each asking
-        # Ray for a CPU: with the job's 8 CPUs the eighth never starts and tq.init waits forever,
-        # printing nothing. One unit holds this job.
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-    ]
-    if mode == "sync":
-        # Batches in draw order, not finishing order, so that two runs compute the same numbers.
-        sampler = "trainer.v1.sampler.custom_sampler"
-        args += [f"{sampler}.path=pkg://verl_events.apps.verl_cpu.sampler", f"{sampler}.name=DrawOrderReplayBuffer"]
-    if mode == "separate_async":
-        from .checkpoint_engine import SEPARATE_ASYNC  # imports Ray and verl: only when asked
-
-        args = merge_overrides(args, SEPARATE_ASYNC)
-    return args
-
-
 def trainer_args(
     files: JobFiles,
     *,
@@ -268,7 +242,7 @@ def trainer_args(
         raise ValueError(
             f"trainer_args: mode {mode!r} is a mode of verl's v1 trainer; legacy=True runs v0, which has none"
         )
-    trainer = ["trainer.use_v1=False"] if legacy else _v1_args(mode)
+    trainer = ["trainer.use_v1=False"] if legacy else v1_args(mode)
     job = [
         "trainer.device=cpu",
         "trainer.nnodes=1",
@@ -349,20 +323,6 @@ def trainer_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONHASHSEED"] = "0"
     env["HYDRA_FULL_ERROR"] = "1"
     return env
-
-
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def merge_overrides(defaults: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """``defaults`` without the keys ``extra`` sets, then ``extra``.
-
-    The caller's overrides replace the job's: Hydra would apply both in order, and refuses
-    a "+key=" append for a key an earlier "+key=" already added.
-    """
-    replaced = {_override_key(o) for o in extra}
-    return [o for o in defaults if _override_key(o) not in replaced] + list(extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
