@@ -311,6 +311,78 @@ def test_a_run_without_rollout_log_probs_names_the_setting_that_fills_them(
     assert "actor_rollout_ref.rollout.calculate_log_probs=True" in error and "step(s) 1" in error
 
 
+def test_a_batch_that_is_no_batch_is_said_without_the_setting_that_fills_rollout_log_probs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The setting is advice for one reason only: a stage that returned something else (as
+    verl's v1 stages did before the bridge moved inside TransferQueue's) is another matter."""
+    save_path = tmp_path / "run"
+    with verl_events.install({"save_path": str(save_path), "observers": [{"name": "mismatch"}]}):
+        call = stage("actor_compute_log_prob", step=1, inputs={"rollout_log_probs": torch.zeros(2, 3)})
+        with call:
+            call.set_result(["not", "a", "batch"])
+
+    assert verl_events_main(["mismatch", str(save_path)]) == 2
+    error = capsys.readouterr().err
+    assert "at step(s) 1, the stage returned a list, not a batch of tensors" in error
+    assert "calculate_log_probs" not in error and "bypass_mode" not in error
+
+
+def v1_inputs(step: int, versions: list[tuple[int, int]], rollout: torch.Tensor) -> TensorDict:
+    """A v1 batch as TransferQueue hands it: each row's weight versions in ``extra_fields``."""
+    extra = [{"global_steps": low, "min_global_steps": low, "max_global_steps": high} for low, high in versions]
+    return tu.get_tensordict(
+        tensor_dict={"rollout_log_probs": rollout, "responses": torch.zeros_like(rollout, dtype=torch.long)},
+        non_tensor_dict={"extra_fields": extra, "global_steps": [step] * len(versions)},
+    )
+
+
+def test_each_line_says_which_weight_versions_it_compares_and_the_command_flags_older_rollouts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl's asynchronous modes: step 2's rollouts sampled with the weights of sync 0 while the
+    trainer holds version 1 (verl's trajectory_staleness 1); at step 3 one row spans two versions."""
+    save_path = tmp_path / "run"
+    old, rollout = random_gap(shape=(2, 3))
+    with verl_events.install({"save_path": str(save_path), "observers": [{"name": "mismatch"}]}):
+        for step, versions in ((1, [(0, 0), (0, 0)]), (2, [(0, 0), (0, 0)]), (3, [(1, 1), (0, 1)])):
+            log_prob_stage(step, old, v1_inputs(step, versions, rollout))  # type: ignore[arg-type]
+        log_prob_stage(4, old, {"rollout_log_probs": rollout})  # no tags: the legacy trainer, the demo
+
+    found = records(save_path)
+    assert [r.weights for r in found] == [
+        {"trainer": 0, "rollout_min": 0, "rollout_max": 0},
+        {"trainer": 1, "rollout_min": 0, "rollout_max": 0},
+        {"trainer": 2, "rollout_min": 0, "rollout_max": 1},
+        None,
+    ]
+    assert verl_events_main(["mismatch", str(save_path)]) == 0
+    text = capsys.readouterr().out
+    table = text.split("\n\n")[1].splitlines()
+    assert table[1].split()[-1] == "weights"
+    assert [line.split("  ")[-1].strip() for line in table[2:]] == ["same", "1 behind", "1-2 behind", "-"]
+    assert "older weights: at step(s) 2, 3 the rollout sampled with weights older than the trainer's" in text
+    assert verl_events_main(["mismatch", str(save_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"][1]["weights"] == found[1].weights
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        {"trainer": 1},
+        {"trainer": 1, "rollout_min": 0, "rollout_max": "0"},
+        [1, 0, 0],
+        {"trainer": True, "rollout_min": 0, "rollout_max": 0},
+    ],
+)
+def test_a_line_whose_weights_are_not_three_whole_numbers_is_not_a_record(weights: object) -> None:
+    line = json.dumps(
+        {"run": "r", "step": 1, "stage": "actor_compute_log_prob", "rank": 0, "time": 1.0, "weights": weights}
+    )
+    with pytest.raises(ValueError, match="its weights are not a mapping of trainer, rollout_min, rollout_max"):
+        MismatchRecord.from_json(line)
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

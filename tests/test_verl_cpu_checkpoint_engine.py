@@ -212,6 +212,10 @@ def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
         assert seen.count(("update_weights", step)) == 1, seen
     mismatch = [json.loads(line) for line in (save_path / "mismatch.jsonl").read_text().splitlines()]
     assert sorted((m["stage"], m["step"]) for m in mismatch) == [("actor_compute_log_prob", s) for s in (1, 1, 2, 2)]
+    # Each line says which weights its two sides had (verl's tags; the trainer's version is step - 1).
+    for line in mismatch:
+        weights = line["weights"]
+        assert weights["trainer"] == line["step"] - 1 and weights["rollout_max"] <= weights["trainer"], mismatch
     assert verl_events_main(["diagnose", str(save_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "healthy"
 

@@ -131,6 +131,10 @@ def test_the_doc_switch_runs_twice_in_a_row_each_run_in_its_own_folder(bf16: tup
         found = run.records()
         assert [(r.step, r.rank) for r in found] == [(1, 0), (2, 0), (3, 0)]
         assert len({r.run for r in found}) == 1 and all(r.stats is not None for r in found)
+        # verl's sync mode: each step's rollout sampled with the weights the trainer recomputes with.
+        assert [r.weights for r in found] == [
+            {"trainer": s - 1, "rollout_min": s - 1, "rollout_max": s - 1} for s in (1, 2, 3)
+        ]
         dumps = sorted(str(p.relative_to(run.save_path)) for p in run.save_path.rglob("dump.json"))
         assert dumps == [
             f"step_2/{stage}/step0/rank0/dump.json" for stage in ("actor_compute_log_prob", "rollout_prefill")

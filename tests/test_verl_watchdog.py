@@ -2,7 +2,8 @@
 ``VERL_EVENTS_CONFIG`` as docs/verl.md says: a worker stuck in step 2's ``actor_update`` is
 reported with its line, and ``action: abort`` ends the job.  This run is verl's default trainer
 in its ``colocate_async`` mode (the trainer tests' one run of it: rollouts of the next step are
-generated while this one trains).  That healthy steps pass no deadline is shown on
+generated while this one trains), so the mismatch observer watching it says each step's
+rollout was sampled with older weights than the trainer's.  That healthy steps pass no deadline is shown on
 tests/test_verl_trainer.py's 12 healthy steps, which the watchdog watches too."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ pytest.importorskip("verl")
 
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
+from verl_events.observers.mismatch import MismatchRecord
 from verl_events.observers.watchdog import ABORT_EXIT_CODE, HangRecord
 
 from . import support
@@ -44,6 +46,7 @@ def test_a_worker_stuck_in_step_2s_update_is_reported_with_its_line_and_abort_en
     observers = [
         {"name": "watchdog", "timeout_s": deadline, "action": "abort", "stages": ["actor_update"]},
         {"_target_": "tests.support:Sleeper", "step": 2, "seconds": 600, "stages": ["actor_update"]},
+        {"name": "mismatch"},
     ]
     began = time.monotonic()
     code = run(tmp_path, observers, steps=3, timeout=600)
@@ -58,4 +61,10 @@ def test_a_worker_stuck_in_step_2s_update_is_reported_with_its_line_and_abort_en
     assert result["stuck"] == {"step": 2, "stage": "actor_update"}
     print(f"main_ppo exited {code} after {took:.0f} s; its log's last lines:\n{log[-2500:]}")
     assert str(ABORT_EXIT_CODE) in log or "died" in log.lower()
+    # Step 2's responses were sampled while step 1 trained, with the weights of sync 0; the
+    # trainer's are version 1 (verl's reckoning: step - 1).
+    lines = [MismatchRecord.from_json(line) for line in (tmp_path / "profile/mismatch.jsonl").read_text().splitlines()]
+    weights = {line.step: line.weights for line in lines}
+    assert sorted(weights) == [1, 2], lines
+    assert weights[2] is not None and weights[2]["trainer"] == 1 and weights[2]["rollout_max"] == 0, weights
     assert "trainer_mode': 'colocate_async'" in log  # verl printed the config it ran

@@ -11,8 +11,10 @@ Config::
 At the end of every ``actor_compute_log_prob`` it selects, it compares the
 trainer's recomputed log-probs with the ``rollout_log_probs`` the batch
 carries (:mod:`.tokens`) and appends one line per rank to
-``mismatch.jsonl`` (:mod:`.record`).  A batch without ``rollout_log_probs``
-gets a line saying so, which ``verl-events mismatch`` turns into the
+``mismatch.jsonl`` (:mod:`.record`), with the weight versions of both
+sides where verl tagged the batch (:mod:`.versions`: in its asynchronous
+modes the rollout may have sampled with older weights).  A batch without
+``rollout_log_probs`` gets a line saying so, which ``verl-events mismatch`` turns into the
 setting that fills them.  A call that computed the reference's log-probs
 (verl 0.9's LoRA reference, ``calculate_entropy=False``) is passed over.
 
@@ -57,6 +59,7 @@ from .._lines import append_line
 from ..batch import as_batch
 from .record import TRAINER_STAGE, MismatchRecord, mismatch_files, mismatch_log_path
 from .tokens import StepTokens, measure, step_tokens
+from .versions import weight_versions
 
 __all__ = ["DEFAULT_PREFILL_ENGINE", "STAGE", "MismatchObserver"]
 
@@ -134,10 +137,11 @@ class MismatchObserver(Observer):
         found = step_tokens(event.result, event.inputs)
         if found is None:  # the reference's log-probs, computed by the actor (LoRA)
             return
+        weights = weight_versions(event.inputs, event.step)
         if isinstance(found, StepTokens):
-            record = self._record(event, stats=measure(found, self.top_k))
+            record = self._record(event, stats=measure(found, self.top_k), weights=weights)
         else:
-            record = self._record(event, missing=found)
+            record = self._record(event, missing=found, weights=weights)
         append_line(mismatch_log_path(self._root), record.to_json())
         if self.prefill_steps and event.step in self.prefill_steps:
             self._ask_engine(event)

@@ -5,11 +5,12 @@ mismatch`` reads it back, both through the names here.  A line is a
 :class:`MismatchRecord`: the stage's step, rank and run, and either
 ``stats`` (what :func:`~.tokens.measure` found) or ``missing`` (a sentence:
 why that call could not be compared, such as a batch without
-``rollout_log_probs``)::
+``rollout_log_probs``), and ``weights``: the weight versions the two sides
+were computed with, where verl tagged the batch (:mod:`.versions`), else null::
 
     {"run": "ray-0a1b", "step": 2, "stage": "actor_compute_log_prob", "rank": 0, "time": 1796025667.1,
      "stats": {"tokens": 28, "nonfinite": 0, "log_prob": {"mean": 0.012, "p50": ..., "max": 0.31}, ...},
-     "missing": null}
+     "missing": null, "weights": {"trainer": 1, "rollout_min": 0, "rollout_max": 0}}
 
 Lines are appended with one ``write`` on an ``O_APPEND`` descriptor, so the
 ranks' lines never interleave.  Standard library only.
@@ -28,6 +29,7 @@ __all__ = [
     "ENGINE_STAGE",
     "MISMATCH_LOG",
     "TRAINER_STAGE",
+    "NO_ROLLOUT_LOG_PROBS",
     "MismatchRecord",
     "NotAMismatchRecord",
     "mismatch_files",
@@ -41,6 +43,8 @@ TRAINER_STAGE = "actor_compute_log_prob"
 #: The stage a rollout engine runs a step's sequences in for the layer profile; its dump is
 #: the engine's side.
 ENGINE_STAGE = "rollout_prefill"
+#: ``missing`` of a batch without the rollout's log-probs: the one reason a setting cures.
+NO_ROLLOUT_LOG_PROBS = "the batch carries no rollout_log_probs"
 
 
 def mismatch_log_path(save_path: Path) -> Path:
@@ -68,6 +72,7 @@ class MismatchRecord:
     time: float
     stats: dict[str, Any] | None = None
     missing: str | None = None
+    weights: dict[str, int] | None = None
 
     def to_json(self) -> str:
         # The fields as they are: asdict would deep-copy the ~170 statistics first, for the same text.
@@ -85,7 +90,15 @@ class MismatchRecord:
         stats = data.get("stats")
         if stats is not None and not (isinstance(stats, dict) and isinstance(stats.get("tokens"), int)):
             raise NotAMismatchRecord("its stats are not a mapping with a token count")
+        weights = data.get("weights")
+        if weights is not None and not (
+            isinstance(weights, dict)
+            and set(weights) == set(_WEIGHT_KEYS)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in weights.values())
+        ):
+            raise NotAMismatchRecord(f"its weights are not a mapping of {', '.join(_WEIGHT_KEYS)} to whole numbers")
         return cls(**{key: value for key, value in data.items() if key in names})
 
 
+_WEIGHT_KEYS = ("trainer", "rollout_min", "rollout_max")
 _FIELDS = tuple(f.name for f in fields(MismatchRecord))

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._reads import Reads
 from ..batch import ResponseView, as_batch, as_on, as_padded, computes_reference, first_tensor, keys_for
-from .record import TRAINER_STAGE
+from .record import NO_ROLLOUT_LOG_PROBS, TRAINER_STAGE
 
 if TYPE_CHECKING:
     import torch
@@ -92,7 +92,7 @@ def step_tokens(result: Any, inputs: Any) -> StepTokens | str | None:
         return f"the stage returned a {type(result).__name__}, not a batch of tensors"
     rollout = first_tensor("rollout_log_probs", given, out)
     if rollout is None:
-        return "the batch carries no rollout_log_probs"
+        return NO_ROLLOUT_LOG_PROBS
     old = next((t for key in _OLD_KEYS if (t := out.tensor(key)) is not None), None)
     if old is None:
         return f"the stage returned no {_OLD_KEYS[0]} (nor {', '.join(_OLD_KEYS[1:])})"

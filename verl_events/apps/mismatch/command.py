@@ -163,6 +163,12 @@ def render(summary: Summary) -> str:
     lines.append("")
     lines.append(_table(summary))
     lines.extend(["", _trend_line(summary)])
+    if behind := _behind_steps(summary):
+        lines.append(
+            f"older weights: at step(s) {', '.join(map(str, behind))} the rollout sampled with weights older than the "
+            "trainer's (verl's asynchronous modes), so |Δ log p| there holds the policy's change between the versions, "
+            "not only the engines' disagreement"
+        )
     for title, rows, key in (
         ("|Δ log p| by response position", summary.by_position, "position"),
         ("|Δ log p| by the trainer's entropy (nats)", summary.by_entropy, "entropy"),
@@ -189,8 +195,36 @@ def _columns(header: list[str], rows: list[list[str]], left: tuple[int, ...] = (
     )
 
 
+def _versions_behind(weights: dict[str, int] | None) -> tuple[int, int] | None:
+    """How many weight versions the rollout's side is behind the trainer's: (least, most)."""
+    if weights is None:
+        return None
+    return weights["trainer"] - weights["rollout_max"], weights["trainer"] - weights["rollout_min"]
+
+
+def _behind_steps(summary: Summary) -> list[Any]:
+    """The steps where some rank compared a rollout sampled with older weights."""
+    return sorted(
+        {row["step"] for row in summary.steps if (behind := _versions_behind(row.get("weights"))) and behind[1] > 0},
+        key=lambda step: (step is None, step or 0),
+    )
+
+
+def _weights_cell(weights: dict[str, int] | None) -> str:
+    behind = _versions_behind(weights)
+    if behind is None:
+        return "-"
+    least, most = behind
+    if most == 0:
+        return "same"
+    return f"{least} behind" if least == most else f"{least}-{most} behind"
+
+
 def _table(summary: Summary) -> str:
     header = ["step", "rank", "tokens", "mean", "p50", "p90", "p99", "max", "|Δp| max", "verl diff mean", "pearson"]
+    tagged = any(row.get("weights") is not None for row in summary.steps)
+    if tagged:
+        header.append("rollout weights")
     rows = []
     for row in summary.steps:
         gap, prob, verl = row.get("log_prob", {}), row.get("prob", {}), row["verl"]
@@ -203,6 +237,7 @@ def _table(summary: Summary) -> str:
                 _g(prob.get("max")),
                 _g(verl.get("probs_diff_mean")),
                 "-" if verl.get("pearson_corr") is None else f"{verl['pearson_corr']:.6f}",
+                *([_weights_cell(row.get("weights"))] if tagged else []),
             ]
         )
     return "|Δ log p| per step and rank; verl's training/rollout_probs_diff_mean and pearson_corr:\n" + _columns(

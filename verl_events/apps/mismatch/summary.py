@@ -20,6 +20,7 @@ from ..formats import mismatch_record
 from ..jsonl import read_log
 
 MismatchRecord = mismatch_record.MismatchRecord
+NO_ROLLOUT_LOG_PROBS = mismatch_record.NO_ROLLOUT_LOG_PROBS
 
 __all__ = ["MismatchInputError", "Summary", "read_records", "summarize"]
 
@@ -87,16 +88,8 @@ def summarize(run: Path, *, top: int = 10) -> Summary:
     compared = sorted((r for r in records if r.stats is not None), key=lambda r: (r.step or 0, r.rank))
     missing = [{"step": r.step, "rank": r.rank, "why": r.missing} for r in records if r.missing]
     if not compared:
-        if missing:
-            at = ", ".join(sorted({str(m["step"]) for m in missing}, key=lambda s: (len(s), s)))
-            why = missing[0]["why"]
-            raise MismatchInputError(
-                f"nothing to compare in {run}: at step(s) {at}, {why}. The rollout's log-probs are kept only "
-                f"with {SETTING}; with algorithm.rollout_correction.bypass_mode=True the trainer never "
-                "recomputes them, and there is no actor_compute_log_prob to compare at"
-            )
-        raise MismatchInputError(f"{run}'s {mismatch_record.MISMATCH_LOG} has no usable record")
-    steps = [{"step": r.step, "rank": r.rank, **(r.stats or {})} for r in compared]
+        raise MismatchInputError(_nothing_compared(run, missing))
+    steps = [{"step": r.step, "rank": r.rank, "weights": r.weights, **(r.stats or {})} for r in compared]
     return Summary(
         run=run,
         steps=steps,
@@ -107,6 +100,28 @@ def summarize(run: Path, *, top: int = 10) -> Summary:
         missing=missing,
         warnings=warnings,
     )
+
+
+def _nothing_compared(run: Path, missing: list[dict[str, Any]]) -> str:
+    """Why nothing in ``run`` could be compared: each reason with its steps, and the setting
+    that fills ``rollout_log_probs`` only where their absence is the reason."""
+    if not missing:
+        return f"{run}'s {mismatch_record.MISMATCH_LOG} has no usable record"
+    steps_by_reason: dict[str, set[str]] = {}
+    for found in missing:
+        steps_by_reason.setdefault(found["why"], set()).add(str(found["step"]))
+    said = "; ".join(
+        f"at step(s) {', '.join(sorted(steps, key=lambda s: (len(s), s)))}, {why}"
+        for why, steps in steps_by_reason.items()
+    )
+    message = f"nothing to compare in {run}: {said}"
+    if NO_ROLLOUT_LOG_PROBS in steps_by_reason:
+        message += (
+            f". The rollout's log-probs are kept only with {SETTING}; with "
+            "algorithm.rollout_correction.bypass_mode=True the trainer never recomputes them, and there is no "
+            "actor_compute_log_prob to compare at"
+        )
+    return message
 
 
 def _trend(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
