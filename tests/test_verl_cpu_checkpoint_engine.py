@@ -185,7 +185,8 @@ def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
     ends 0, the stages show what this mode does twice (two syncs at step 0, one to the
     standalone rollout through this engine and one to the colocated replica; each compute stage
     once per ``parameter_sync_step`` mini-batch group), the mismatch observer compares each
-    recomputation, and diagnose calls the run healthy."""
+    recomputation, the weight_sync ledger has a line for every sync, and diagnose calls the run
+    healthy."""
     import json
     import os
 
@@ -194,7 +195,8 @@ def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
 
     files = job.prepare(tmp_path / "job")
     save_path = tmp_path / "profile"
-    (tmp_path / "observers.yaml").write_text(json.dumps({"preset": "always_on", "save_path": str(save_path)}))
+    config = {"preset": "always_on", "save_path": str(save_path), "observers": [{"name": "weight_sync"}]}
+    (tmp_path / "observers.yaml").write_text(json.dumps(config))
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(tmp_path / "observers.yaml")}
     log = tmp_path / "trainer.log"
@@ -216,6 +218,21 @@ def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
     for line in mismatch:
         weights = line["weights"]
         assert weights["trainer"] == line["step"] - 1 and weights["rollout_max"] <= weights["trainer"], mismatch
+    # A ledger line for each sync the trainer's rank ran: the engine's, seen at its send_weights,
+    # with no receipt (the rollout loads them in its own process, after the send returned: asked
+    # at the send's end, the engine still held the previous weights), and the colocated
+    # replica's, at the adapter, with its receipt; none unchecked, no alarm.
+    ledger = [json.loads(line) for line in (save_path / "weight_sync.jsonl").read_text().splitlines()]
+    syncs = [step for stage, step in seen if stage == "update_weights"]
+    assert sorted(line["step"] for line in ledger) == sorted(syncs), (ledger, seen)
+    assert {line["seen_at"] for line in ledger} == {
+        "CpuRayCheckpointEngine.send_weights",
+        "the rollout adapter's update_weights",
+    }, ledger
+    assert all(line["unchecked"] is None and line["tensors"] > 0 and not line["alarms"] for line in ledger), ledger
+    for line in ledger:
+        engine_sent = line["seen_at"] == "CpuRayCheckpointEngine.send_weights"
+        assert line["receipt"] is None if engine_sent else line["receipt"]["compared"] == 27, ledger
     assert verl_events_main(["diagnose", str(save_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "healthy"
 

@@ -9,13 +9,19 @@ below, in the trainer's rank processes that run them, with the wrappers built he
 | ``update_weights`` | the actor worker's ``update_weights(global_steps=N)`` | every trainer rank | N |
 | ``rollout_wake_up`` | the rollout adapter's ``resume(tags)`` (inside the sync) | every trainer rank | the sync's N |
 | (none) | the rollout adapter's ``update_weights(weights, ...)`` (in the sync) | every trainer rank | the sync's N |
+| (none) | a checkpoint engine's ``send_weights(weights, ...)`` (in the sync) | every trainer rank | the sync's N |
 | ``save_checkpoint`` | a worker's ``save_checkpoint(..., global_step=N)`` | every trainer rank | N |
 | ``load_checkpoint`` | a worker's ``load_checkpoint(".../global_step_N/...")`` | every trainer rank | N |
 
 A sync, a save or a load carries the step whose weights it moves; the
 wake-up, the sync's.  The adapter's ``update_weights`` is no stage of its
 own: its ``weights`` pass through :func:`verl_events._weights.passing`, so
-that the ``weight_sync`` observer sees each tensor the sync sends.
+that the ``weight_sync`` observer sees each tensor the sync sends.  So do a
+checkpoint engine's: every engine but ``naive`` (verl's separate_async
+trainer, nccl, nixl, …) sends from the trainer's ranks through
+``send_weights`` and runs the adapter in the rollout's own process.  A delta
+flush (``wire_format="delta_flush"``) is a patch, not parameters: the
+adapter's tap hands it on unwatched.
 
 The rollout's sleep is not here: verl 0.9.1's driver sends it straight to
 the rollout servers (``CheckpointEngineManager.sleep_replicas``), and
@@ -195,10 +201,48 @@ def sending(update_weights: Callable[..., Any]) -> Callable[..., Any]:
         extra = bound.arguments.get(var_keyword, {}) if var_keyword else {}
         step = bound.arguments.get("global_steps", extra.get("global_steps"))
         peft_config = bound.arguments.get("peft_config", extra.get("peft_config"))
-        if "weights" in bound.arguments:
+        wire_format = bound.arguments.get("wire_format", extra.get("wire_format", "named_tensors"))
+        if "weights" in bound.arguments and wire_format == "named_tensors":
             payload = Payload(step=step_or_none(step), adapter=peft_config is not None)
             bound.arguments["weights"] = passing(bound.arguments["weights"], payload)
         return await update_weights(*bound.args, **bound.kwargs)
+
+    return watched
+
+
+def engine_sending(send_weights: Callable[..., Any]) -> Callable[..., Any]:
+    """A checkpoint engine's ``send_weights(weights, global_steps=N)`` with its ``weights``
+    shown to the payload's watchers as they pass; sync or async, as the engine wrote it."""
+    signature = inspect.signature(send_weights)
+    parameters = list(signature.parameters)
+    sent = parameters[1] if len(parameters) > 1 else None  # the first after self
+
+    def shown(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return args, kwargs  # the call itself will raise
+        if sent is None or sent not in bound.arguments:
+            return args, kwargs
+        step = step_or_none(bound.arguments.get("global_steps"))
+        seen_at = f"{type(args[0]).__name__}.send_weights"
+        payload = Payload(step=step, adapter=False, seen_at=seen_at, loaded_on_return=False)
+        bound.arguments[sent] = passing(bound.arguments[sent], payload)
+        return bound.args, bound.kwargs
+
+    if inspect.iscoroutinefunction(send_weights):
+
+        @functools.wraps(send_weights)
+        async def watched_async(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = shown(args, kwargs)
+            return await send_weights(*args, **kwargs)
+
+        return watched_async
+
+    @functools.wraps(send_weights)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = shown(args, kwargs)
+        return send_weights(*args, **kwargs)
 
     return watched
 

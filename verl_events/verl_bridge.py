@@ -20,8 +20,8 @@ or a reference model), the step is the ``profile_step`` of the trainer's
 verl's transitions on the trainer's ranks (the weight sync, the rollout's
 wake-up inside it, checkpoint save and load) are stages too:
 :mod:`verl_events._verl_transitions` says which method each one wraps.  The
-rollout adapters' base module is patched when verl imports it (importing it
-here would cost every process seconds).
+rollout adapters' and checkpoint engines' base modules are patched when verl
+imports them (importing them here would cost every process seconds).
 
 Off by default, idempotent, and undone exactly by :func:`uninstall_verl_bridge`.
 
@@ -111,7 +111,7 @@ class _Bridge:
         # Classes defined later (a worker module imported after install, a Ray
         # actor class rebuilt in its process) are bridged as they are created.
         self.extension.__init_subclass__ = classmethod(_bridged_init_subclass)
-        self.on_import = PatchOnImport({_ROLLOUT_BASE: self._patch_rollout_base})
+        self.on_import = PatchOnImport({name: self._patch_base for name in _BASES})
         for name, patch in self.on_import.patches.items():
             module = sys.modules.get(name)
             if module is not None:
@@ -157,28 +157,31 @@ class _Bridge:
                 inside = self.register_layers.inside_tqbridge(value, emits_stage(stage))
                 self._replace(cls, name, value, inside or emits_stage(stage)(value))
 
-    def patch_rollout(self, cls: type) -> None:
-        """Wrap a rollout adapter's own async ``resume`` as ``rollout_wake_up``, and pass
-        its own async ``update_weights``'s tensors by the payload's watchers."""
+    def patch_subclass(self, cls: type, wraps: dict[str, Callable[..., Any]]) -> None:
+        """Wrap each of ``cls``'s own methods named in ``wraps`` (a rollout adapter's, a
+        checkpoint engine's: see :data:`_BASES`); a wrapper that returns None leaves it."""
         with self.lock:
-            for name, wrap in (("resume", transitions.wake_up), ("update_weights", transitions.sending)):
+            for name, wrap in wraps.items():
                 value = vars(cls).get(name)
-                if inspect.iscoroutinefunction(value) and not hasattr(value, _BRIDGED):
-                    self._replace(cls, name, value, wrap(value))
+                if inspect.isfunction(value) and not hasattr(value, _BRIDGED):
+                    bridged = wrap(value)
+                    if bridged is not None:
+                        self._replace(cls, name, value, bridged)
 
-    def _patch_rollout_base(self, module: ModuleType) -> None:
-        base = getattr(module, "BaseRollout", None)
+    def _patch_base(self, module: ModuleType) -> None:
+        base_name, wraps = _BASES[module.__name__]
+        base = getattr(module, base_name, None)
         if not isinstance(base, type):
-            logger.warning("verl_events bridge: %s has no BaseRollout; rollout_wake_up is not emitted", module.__name__)
+            logger.warning("verl_events bridge: %s has no %s; its methods are not bridged", module.__name__, base_name)
             return
         for cls in _subclasses(base):
-            self.patch_rollout(cls)
+            self.patch_subclass(cls, wraps)
         with self.lock:
             self._replace(
                 base,
                 "__init_subclass__",
                 base.__dict__.get("__init_subclass__", _ABSENT),
-                classmethod(_bridged_rollout_init_subclass),
+                classmethod(_bridged_base_init_subclass),
             )
 
     def _replace(self, owner: type, name: str, original: Any, bridged: Any) -> None:
@@ -266,18 +269,35 @@ def _after_sync(global_steps: int | None) -> None:
     bridge.announce_step()
 
 
-def _bridged_rollout_init_subclass(cls: Any, /, **kwargs: Any) -> None:
-    """``BaseRollout.__init_subclass__`` while the bridge is installed: a rollout adapter
-    defined later (verl imports vLLM's or SGLang's when the worker builds it) is bridged."""
-    from verl.workers.rollout.base import BaseRollout
-
-    super(BaseRollout, cls).__init_subclass__(**kwargs)
+def _bridged_base_init_subclass(cls: Any, /, **kwargs: Any) -> None:
+    """The ``__init_subclass__`` of each base of :data:`_BASES` while the bridge is installed:
+    a rollout adapter or checkpoint engine defined later (verl imports vLLM's adapter when the
+    worker builds it, a custom engine's module when the config names it) is bridged."""
+    base = next(
+        k
+        for k in cls.__mro__[1:]
+        if getattr(k.__dict__.get("__init_subclass__"), "__func__", None) is _bridged_base_init_subclass
+    )
+    super(base, cls).__init_subclass__(**kwargs)
     bridge = _bridge
     if bridge is not None:
-        bridge.patch_rollout(cls)
+        bridge.patch_subclass(cls, _BASES[base.__module__][1])
 
 
-_ROLLOUT_BASE = "verl.workers.rollout.base"
+def _async_only(wrap: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrap`` for an async method; None (left as it is) for any other."""
+    return lambda method: wrap(method) if inspect.iscoroutinefunction(method) else None
+
+
+# verl's base classes whose subclasses' own methods are wrapped, by the module that defines
+# them: the rollout adapters' wake-up and weight load, the checkpoint engines' send.
+_BASES: dict[str, tuple[str, dict[str, Callable[..., Any]]]] = {
+    "verl.workers.rollout.base": (
+        "BaseRollout",
+        {"resume": _async_only(transitions.wake_up), "update_weights": _async_only(transitions.sending)},
+    ),
+    "verl.checkpoint_engine.base": ("CheckpointEngine", {"send_weights": transitions.engine_sending}),
+}
 _ABSENT = object()  # an attribute the bridge added: uninstall deletes it
 
 

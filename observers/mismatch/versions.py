@@ -55,10 +55,10 @@ def _tagged(inputs: Any) -> tuple[int, int] | None:
         starts, ends = list(columns["min_global_steps"]), list(columns["max_global_steps"])
     else:
         return None
-    starts, ends = _whole(starts), _whole(ends)
-    if not starts or not ends:
+    oldest, newest = _whole(starts), _whole(ends)
+    if not oldest or not newest:
         return None
-    return min(starts), max(ends)
+    return min(oldest), max(newest)
 
 
 def _whole(values: list[Any]) -> list[int] | None:

@@ -12,13 +12,16 @@ At every weight sync it selects (verl's ``update_weights`` stage, on every
 trainer rank) it keeps:
 
 * a **manifest** of what the trainer sent, taken as the tensors pass the
-  rollout adapter's ``update_weights`` (:func:`verl_events.watch_payloads`): each
-  tensor's name, shape, dtype, size, a fingerprint (:mod:`.fingerprint`)
-  and its count of NaN and infinite values;
+  rollout adapter's ``update_weights`` (the ``naive`` engine) or a checkpoint
+  engine's ``send_weights`` (every other engine) in the trainer's process
+  (:func:`verl_events.watch_payloads`): each tensor's name, shape, dtype,
+  size, a fingerprint (:mod:`.fingerprint`) and its count of NaN and
+  infinite values;
 * a **receipt** of what the engine holds afterwards: ``receipt_engine``, a
   function ``(rank) -> {name: (dtype, fingerprint)}`` that fingerprints the
   engine's own weights in the engine's process (for the CPU rollout, its Ray
-  actor);
+  actor); not asked, nor the canary, where a checkpoint engine's receiver
+  loads the weights in its own process after the send returned;
 * whether the optimizer stepped since the previous sync: an
   ``actor_update`` ended without error on this rank in between (null when
   the observer's stages leave ``actor_update`` out);
@@ -30,7 +33,8 @@ trainer rank) it keeps:
   every rank runs it, so the canary refuses a ``ranks`` selection.
 
 It judges them (:mod:`.judge`), appends one line per sync and rank to
-``weight_sync.jsonl`` (:mod:`.record`), and sends each alarm as an
+``weight_sync.jsonl`` (:mod:`.record`; a sync whose tensors passed
+nowhere this process watches gets its line too, saying why it is unchecked), and sends each alarm as an
 ``anomaly`` (stage ``update_weights``, metric ``weight_sync/<kind>``), so an
 armed capture observer starts and trackers and ``verl-events diagnose`` see
 it.  ``verl-events weights RUN`` reads the ledger back.
@@ -130,6 +134,7 @@ class WeightSyncObserver(Observer):
         self._previous: dict[str, Entry] | None = None
         self._previous_receipt: Receipt | None = None
         self._stepped = False
+        self._unseen: str | None = None  # why the sync being sent cannot be seen, when the tap said
         self._warned_no_payload = False
 
     def outputs(self, save_path: Path) -> list[Path]:
@@ -178,6 +183,10 @@ class WeightSyncObserver(Observer):
                 self._sending.manifest[name] = entry
                 self._sending.seconds += time.perf_counter() - started
 
+    def unseen(self, payload: Payload, why: str) -> None:
+        with self._lock:
+            self._unseen = why
+
     def ended(self, payload: Payload, complete: bool) -> None:
         with self._lock:
             sending, self._sending = self._sending, None
@@ -196,19 +205,23 @@ class WeightSyncObserver(Observer):
             return
         with self._lock:
             sent, self._sent = self._sent, None
+            unseen, self._unseen = self._unseen, None
         if event.error is not None:
             return  # the sync raised: the timing log and the watchdog say so
         if sent is None:
-            self._warn_no_payload(event)
+            self._unchecked(event, unseen)
             return
         self._judge(event, sent)
 
     def _judge(self, event: StageEnd, sent: _Sending) -> None:
+        # An engine's receiver loads in its own process, maybe after this rank's send returned:
+        # asked now, the engine would answer with the weights it had before (a false alarm).
+        engine_loaded = sent.payload.loaded_on_return
         started = time.perf_counter()
-        receipt = self._ask_receipt(event.rank)
+        receipt = self._ask_receipt(event.rank) if engine_loaded else None
         receipt_s = time.perf_counter() - started
         started = time.perf_counter()
-        canary = self._run_canary(event)
+        canary = self._run_canary(event) if engine_loaded else None
         canary_s = time.perf_counter() - started
         with self._lock:
             stepped: bool | None = self._stepped if self._watches_optimizer() else None
@@ -245,6 +258,7 @@ class WeightSyncObserver(Observer):
                 "receipt": round(receipt_s, 6),
                 **({"canary": round(canary_s, 6)} if canary is not None else {}),
             },
+            seen_at=sent.payload.seen_at,
         )
         append_line(weight_sync_log_path(self._root), record.to_json())
         for alarm in record.alarms:
@@ -344,17 +358,36 @@ class WeightSyncObserver(Observer):
         stages = self.selection.stages
         return stages is None or OPTIMIZER_STAGE in stages
 
-    def _warn_no_payload(self, event: StageEnd) -> None:
-        if self._warned_no_payload:
-            return
-        self._warned_no_payload = True
-        logger.warning(
-            "weight_sync: rank %d: %s ran at step %s but no tensor passed a rollout adapter's update_weights in "
-            "this process (a checkpoint engine that sends from elsewhere?): nothing to check",
-            event.rank,
-            STAGE,
-            event.step,
+    def _unchecked(self, event: StageEnd, why: str | None) -> None:
+        """The sync's line, saying why nothing of it could be checked: 1 sync of 4 in the
+        ledger must never read as the whole run."""
+        why = why or (
+            "no tensor passed a rollout adapter's update_weights or a checkpoint engine's send_weights in this "
+            "process (an engine that sends from elsewhere?)"
         )
+        if self._run is None:
+            self._run = run_id()
+        record = SyncRecord(
+            run=self._run,
+            step=event.step,
+            rank=event.rank,
+            time=time.time(),
+            complete=False,
+            tensors=0,
+            bytes=0,
+            adapter=False,
+            adapter_tensors=0,
+            changed=None,
+            unchanged=[],
+            optimizer_stepped=None,
+            nonfinite=[],
+            receipt=None,
+            unchecked=why,
+        )
+        append_line(weight_sync_log_path(self._root), record.to_json())
+        if not self._warned_no_payload:
+            self._warned_no_payload = True
+            logger.warning("weight_sync: rank %d: %s at step %s is unchecked: %s", event.rank, STAGE, event.step, why)
 
 
 class _Sending:

@@ -11,14 +11,19 @@ through the names here.  A line is a :class:`SyncRecord`::
                  "missing": [], "differs": [], "not_updated": []},
      "canary": {"max": 3.1e-07, "mean": 4.2e-08, "layers": [1.1e-07, 2.3e-07], "tolerance": 0.001,
                 "first_layer": null},
-     "alarms": [], "seconds": {"manifest": 0.41, "receipt": 0.52, "canary": 0.08}}
+     "alarms": [], "seconds": {"manifest": 0.41, "receipt": 0.52, "canary": 0.08},
+     "seen_at": "the rollout adapter's update_weights", "unchecked": null}
 
 ``changed`` is how many tensors differ from the previous sync this rank
 sent (null at the first one); ``unchanged`` names the others (at most
 :data:`NAMES_KEPT`).  ``receipt`` is what the engine holds after the sync
 (null without one); ``canary`` the canary's comparison (null without one;
 its ``tolerance`` is null at the rank's first check, the baseline: see
-:mod:`.canary`); each alarm is an :class:`Alarm`.  Lines are appended
+:mod:`.canary`); each alarm is an :class:`Alarm`.  ``seen_at`` names the
+call the tensors were seen passing (the rollout adapter's
+``update_weights``, or a checkpoint engine's ``send_weights``).  A sync
+whose tensors passed nowhere this rank watches still has its line:
+``unchecked`` says why, with no tensor counted and nothing judged.  Lines are appended
 with one ``write`` on an ``O_APPEND`` descriptor, so the ranks' lines never
 interleave.  Standard library only.
 """
@@ -110,6 +115,8 @@ class SyncRecord:
     canary: dict[str, Any] | None = None
     alarms: list[Alarm] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    seen_at: str | None = None
+    unchecked: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=True)
@@ -129,4 +136,5 @@ class SyncRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(SyncRecord))
-_REQUIRED = tuple(f.name for f in fields(SyncRecord) if f.name not in ("canary", "alarms", "seconds"))
+_OPTIONAL = ("canary", "alarms", "seconds", "seen_at", "unchecked")
+_REQUIRED = tuple(f.name for f in fields(SyncRecord) if f.name not in _OPTIONAL)

@@ -2,7 +2,8 @@
 
 Reads the ``weight_sync`` observer's ledger (``weight_sync.jsonl``, format
 owner :mod:`verl_events.observers.weight_sync.record`): one row per sync and
-rank, then each alarm with the tensors and the layer it names.  ``--json``
+rank, then each alarm with the tensors and the layer it names, and each sync
+that could not be checked with the reason its line gives.  ``--json``
 prints ``{"run", "syncs": [{"step", "rank", "tensors", "changed",
 "optimizer_stepped", "receipt", "alarms": [{"kind", "tensors", "layer",
 "detail"}], ...}], "warnings"}``.
@@ -96,9 +97,11 @@ def render(syncs: Syncs) -> str:
     steps = [r.step for r in records if r.step is not None]
     span = f"steps {min(steps)}-{max(steps)}" if steps else "steps unknown"
     alarms = syncs.alarms
+    unchecked = [r for r in records if r.unchecked]
     lines = [
         f"run {syncs.run}: {len(records)} sync(s) on {ranks} rank(s), {span}; "
-        f"{len(alarms) or 'no'} alarm{'' if len(alarms) == 1 else 's'}",
+        f"{len(alarms) or 'no'} alarm{'' if len(alarms) == 1 else 's'}"
+        + (f"; {len(unchecked)} unchecked" if unchecked else ""),
         "",
         f"{'step':>4}  {'rank':>4}  {'tensors':>7}  {'MB':>8}  {'changed':>7}  {'stepped':>7}  {'receipt':<22}  alarms",
     ]
@@ -108,8 +111,14 @@ def render(syncs: Syncs) -> str:
         kinds = ", ".join(alarm.kind for alarm in r.alarms) or "-"
         lines.append(
             f"{_step(r.step):>4}  {r.rank:>4}  {r.tensors:>7}  {r.bytes / 1e6:>8.1f}  {changed:>7}  "
-            f"{stepped:>7}  {_receipt(r.receipt):<22}  {kinds}"
+            f"{stepped:>7}  {'unchecked' if r.unchecked else _receipt(r.receipt):<22}  {kinds}"
         )
+    if unchecked:
+        lines += ["", "unchecked (nothing of these syncs was seen, so nothing is known about them):"]
+        by_reason: dict[str, list[str]] = {}
+        for r in unchecked:
+            by_reason.setdefault(r.unchecked, []).append(f"step {_step(r.step)} rank {r.rank}")
+        lines += [f"  {', '.join(where)}: {why}" for why, where in by_reason.items()]
     if alarms:
         lines += ["", "alarms:"]
         for record, alarm in alarms:
