@@ -4,13 +4,16 @@ sender's ``send_weights`` beside each reader's ``receive_weights``, ``finalize``
 
 The round trips run on a real local Ray (the mailbox is a Ray actor), with real torch tensors,
 the sender and two readers in this process, each reader in a thread as each rollout worker is a
-process. The overrides are checked against verl's own Hydra config. The trainer run that uses
-the engine (``separate_async``, 2 steps) is described in the commit that added it.
+process. The overrides are checked against verl's own Hydra config. Then verl's real main_ppo
+runs on the engine in ``separate_async`` (2 steps, the always-on preset and the weight_sync
+observer): the suite's one run of that mode.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +29,9 @@ with warnings.catch_warnings():  # verl's single_controller imports Ray's state 
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
     from verl_events.apps.verl_cpu.checkpoint_engine import BACKEND, SEPARATE_ASYNC, CpuRayCheckpointEngine
+from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
+from verl_events.observers.timing import TimingRecord, timing_log_files
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -187,12 +192,6 @@ def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
     once per ``parameter_sync_step`` mini-batch group), the mismatch observer compares each
     recomputation, the weight_sync ledger has a line for every sync, and diagnose calls the run
     healthy."""
-    import json
-    import os
-
-    from verl_events.apps.cli import main as verl_events_main
-    from verl_events.observers.timing import TimingRecord, timing_log_files
-
     files = job.prepare(tmp_path / "job")
     save_path = tmp_path / "profile"
     config = {"preset": "always_on", "save_path": str(save_path), "observers": [{"name": "weight_sync"}]}

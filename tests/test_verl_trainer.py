@@ -17,6 +17,7 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -113,8 +114,12 @@ def test_the_one_variable_switch_dumps_the_guides_tree_for_steps_1_and_2_only(ru
     assert json.loads((runs.plugin / "profile/run.json").read_text())["run_id"].startswith("ray-")
 
 
+def rank0_timing(save_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (save_path / "timing/rank0.jsonl").read_text().splitlines()]
+
+
 def test_every_timing_record_of_every_step_has_the_trainers_step(runs: Runs) -> None:
-    records = [json.loads(line) for line in (runs.plugin / "profile/timing/rank0.jsonl").read_text().splitlines()]
+    records = rank0_timing(runs.plugin / "profile")
     steps = {stage: [r["step"] for r in records if r["stage"] == stage] for stage in (*STAGES, "train_batch")}
     assert steps == {
         "actor_compute_log_prob": [1, 2, 3],
@@ -242,8 +247,7 @@ def model_ops(dump: Path) -> Counter[str]:
 
 
 def stage_steps(save_path: Path, *, without: tuple[str, ...] = ()) -> list[tuple[str, int, list[str]]]:
-    records = [json.loads(line) for line in (save_path / "timing/rank0.jsonl").read_text().splitlines()]
-    return [(r["stage"], r["step"], r["enclosed_by"]) for r in records if r["stage"] not in without]
+    return [(r["stage"], r["step"], r["enclosed_by"]) for r in rank0_timing(save_path) if r["stage"] not in without]
 
 
 def test_the_setup_hook_switch_alone_on_verls_legacy_trainer_dumps_the_same_stages_and_model_ops(runs: Runs) -> None:
