@@ -13,6 +13,11 @@ says MATCH), so it plugs this buffer in through verl's own
 Only the order changes: which trajectories a batch holds is still verl's choice. verl writes
 each prompt's key ``{uid}`` when the dataloader draws it, before generation, so TransferQueue
 lists the prompts in draw order; a trajectory's key is ``{uid}_{session}_{index}``.
+
+It also looks for finished trajectories every :data:`POLL_INTERVAL_S` instead of verl's 2 s
+(``ReplayBuffer(poll_interval=2.0)``): this job generates a batch in a fraction of a second,
+so verl's first look always came too early and its 2 s wait was most of every step (measured:
+2.4 s a step, of which 0.4 s in the stages).
 """
 
 from __future__ import annotations
@@ -21,11 +26,17 @@ from typing import Any
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-__all__ = ["DrawOrderReplayBuffer"]
+__all__ = ["POLL_INTERVAL_S", "DrawOrderReplayBuffer"]
+
+#: How often the buffer looks for finished trajectories while a batch is not complete.
+POLL_INTERVAL_S = 0.1
 
 
 class DrawOrderReplayBuffer(ReplayBuffer):
     """verl's synchronous replay buffer; a batch's rows by their prompt's draw order, then session and index."""
+
+    def __init__(self, *args: Any, poll_interval: float = POLL_INTERVAL_S, **kwargs: Any) -> None:
+        super().__init__(*args, poll_interval=poll_interval, **kwargs)
 
     def _materialize_batch(
         self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict[str, dict[str, Any]]
