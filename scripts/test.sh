@@ -7,5 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
 ./.venv/bin/ruff check .
 ./.venv/bin/ruff format --check .
-./.venv/bin/python -m pytest "$@"
+# Two workers: the Ray and verl trainer tests one after another on one (tests/conftest.py
+# groups them), the rest beside them.
+./.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
 bash scripts/test-core.sh -p no:cacheprovider

@@ -71,8 +71,26 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 DEMO_FIXTURES = frozenset({"demo_runs", "module_runs"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that reads demo runs waits for several demo processes: it is slow."""
+#: Test modules that start a Ray cluster or verl's trainer (which starts one): under
+#: pytest-xdist they run one after another on one worker, as each takes most of the machine,
+#: and a second cluster beside it would only slow both.
+ONE_CLUSTER_AT_A_TIME = ("test_verl_", "test_demo_verl.py", "test_memory_ray_kill.py", "test_run.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that reads demo runs waits for several demo processes: it is slow.
+
+    With pytest-xdist (scripts/test.sh runs two workers, ``--dist loadgroup``), the Ray tests
+    share one worker, and so do the tests of the session's demo runs, which each worker would
+    otherwise make again; every other test goes to whichever worker is free."""
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
-        if DEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
+        demo = bool(DEMO_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if demo:
             item.add_marker(pytest.mark.slow)
+        if not grouped:
+            continue
+        if item.path.name.startswith(ONE_CLUSTER_AT_A_TIME):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif demo:
+            item.add_marker(pytest.mark.xdist_group("demo_runs"))
