@@ -74,7 +74,21 @@ DEMO_FIXTURES = frozenset({"demo_runs", "module_runs"})
 #: Test modules that start a Ray cluster or verl's trainer (which starts one): under
 #: pytest-xdist they run one after another on one worker, as each takes most of the machine,
 #: and a second cluster beside it would only slow both.
-ONE_CLUSTER_AT_A_TIME = ("test_verl_", "test_demo_verl.py", "test_memory_ray_kill.py", "test_run.py")
+ONE_CLUSTER_AT_A_TIME = frozenset(
+    {
+        "test_demo_verl.py",
+        "test_memory_ray_kill.py",
+        "test_run.py",
+        "test_verl_bridge.py",
+        "test_verl_cpu_checkpoint_engine.py",
+        "test_verl_mismatch.py",
+        "test_verl_postmortem.py",
+        "test_verl_replay.py",
+        "test_verl_trainer.py",
+        "test_verl_watchdog.py",
+        "test_verl_weight_sync.py",
+    }
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -90,7 +104,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if not grouped:
             continue
-        if item.path.name.startswith(ONE_CLUSTER_AT_A_TIME):
+        if item.path.name in ONE_CLUSTER_AT_A_TIME:
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif demo:
             item.add_marker(pytest.mark.xdist_group("demo_runs"))
