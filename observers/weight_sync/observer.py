@@ -367,23 +367,7 @@ class WeightSyncObserver(Observer):
         )
         if self._run is None:
             self._run = run_id()
-        record = SyncRecord(
-            run=self._run,
-            step=event.step,
-            rank=event.rank,
-            time=time.time(),
-            complete=False,
-            tensors=0,
-            bytes=0,
-            adapter=False,
-            adapter_tensors=0,
-            changed=None,
-            unchanged=[],
-            optimizer_stepped=None,
-            nonfinite=[],
-            receipt=None,
-            unchecked=why,
-        )
+        record = SyncRecord.not_seen(run=self._run, step=event.step, rank=event.rank, time=time.time(), why=why)
         append_line(weight_sync_log_path(self._root), record.to_json())
         if not self._warned_no_payload:
             self._warned_no_payload = True

@@ -118,6 +118,27 @@ class SyncRecord:
     seen_at: str | None = None
     unchecked: str | None = None
 
+    @classmethod
+    def not_seen(cls, *, run: str, step: int | None, rank: int, time: float, why: str) -> SyncRecord:
+        """The line of a sync none of whose tensors could be seen: nothing counted, nothing judged."""
+        return cls(
+            run=run,
+            step=step,
+            rank=rank,
+            time=time,
+            complete=False,
+            tensors=0,
+            bytes=0,
+            adapter=False,
+            adapter_tensors=0,
+            changed=None,
+            unchanged=[],
+            optimizer_stepped=None,
+            nonfinite=[],
+            receipt=None,
+            unchecked=why,
+        )
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=True)
 

@@ -20,7 +20,6 @@ from ..formats import mismatch_record
 from ..jsonl import read_log
 
 MismatchRecord = mismatch_record.MismatchRecord
-NO_ROLLOUT_LOG_PROBS = mismatch_record.NO_ROLLOUT_LOG_PROBS
 
 __all__ = ["MismatchInputError", "Summary", "read_records", "summarize"]
 
@@ -115,7 +114,7 @@ def _nothing_compared(run: Path, missing: list[dict[str, Any]]) -> str:
         for why, steps in steps_by_reason.items()
     )
     message = f"nothing to compare in {run}: {said}"
-    if NO_ROLLOUT_LOG_PROBS in steps_by_reason:
+    if mismatch_record.NO_ROLLOUT_LOG_PROBS in steps_by_reason:
         message += (
             f". The rollout's log-probs are kept only with {SETTING}; with "
             "algorithm.rollout_correction.bypass_mode=True the trainer never recomputes them, and there is no "
