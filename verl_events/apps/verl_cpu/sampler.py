@@ -35,8 +35,9 @@ POLL_INTERVAL_S = 0.1
 class DrawOrderReplayBuffer(ReplayBuffer):
     """verl's synchronous replay buffer; a batch's rows by their prompt's draw order, then session and index."""
 
-    def __init__(self, *args: Any, poll_interval: float = POLL_INTERVAL_S, **kwargs: Any) -> None:
-        super().__init__(*args, poll_interval=poll_interval, **kwargs)
+    def __init__(self, *, poll_interval: float = POLL_INTERVAL_S, **kwargs: Any) -> None:
+        # verl builds its sampler with keywords only (``sampler_cls(**replay_buffer_kwargs)``).
+        super().__init__(poll_interval=poll_interval, **kwargs)
 
     def _materialize_batch(
         self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict[str, dict[str, Any]]
