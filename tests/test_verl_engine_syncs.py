@@ -14,6 +14,7 @@ tests/test_verl_cpu_checkpoint_engine.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -243,3 +244,23 @@ def test_weights_that_are_iterable_both_ways_come_back_as_a_plain_generator() ->
     finally:
         unwatch_payloads(watcher)
     assert watcher.seen == ["began the rollout adapter's update_weights", "w", "ended True"]
+
+
+@pytest.mark.parametrize("field", ["seen_at", "unchecked"])
+def test_a_ledger_line_whose_seen_at_or_unchecked_is_not_text_is_skipped_with_a_warning(
+    bridged: tuple[type, type, type], tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str
+) -> None:
+    """A run folder is untrusted: a reason that is a mapping must not reach the rendering."""
+    _, delta_like, engine_worker = bridged
+    worker = engine_worker(delta_like())
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "weight_sync"}]}):
+        asyncio.run(worker.update_weights(global_steps=0, mode="delta_sharded"))
+        asyncio.run(worker.update_weights(global_steps=1, mode="delta_sharded"))
+    log = tmp_path / "weight_sync.jsonl"
+    first, second = log.read_text().splitlines()
+    hostile = json.loads(second) | {field: {"not": "text"}}
+    log.write_text(f"{first}\n{json.dumps(hostile)}\n")
+    assert verl_events_main(["weights", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "1 sync(s) on 1 rank(s), steps 0-0; no alarms; 1 unchecked" in out
+    assert f"{log}:2: not a weight-sync record (its {field} is neither text nor null)" in err

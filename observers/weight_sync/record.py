@@ -148,6 +148,9 @@ class SyncRecord:
         missing = [name for name in _REQUIRED if name not in data]
         if missing:
             raise NotASyncRecord(f"no {', '.join(missing)}")
+        for name in ("seen_at", "unchecked"):
+            if not isinstance(data.get(name), str | None):
+                raise NotASyncRecord(f"its {name} is neither text nor null")
         try:
             alarms = [Alarm(**alarm) for alarm in data.get("alarms") or []]
             known = {name: data[name] for name in _FIELDS if name in data and name != "alarms"}
