@@ -250,6 +250,7 @@ class TimingObserver(Observer):
     priority = 1000
     wants_timings = True
     passive = True
+    sees_driver = True  # the driver's wait for generation is stage time too
 
     def __init__(self, console: bool = False) -> None:
         self.console = console

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import verl_events
-from verl_events import ConfigError, StageEnd, emits_stage, stage
+from verl_events import ConfigError, Observer, StageEnd, StageEvent, emits_stage, stage
 from verl_events.testing import RecordingObserver, capture_events
 
 try:  # the core suite runs without numpy and torch; their step types are checked when present
@@ -165,9 +165,37 @@ def test_a_stage_may_name_the_rank_it_works_for(monkeypatch: pytest.MonkeyPatch)
         with stage("rollout_prefill", step=2, rank=1):
             pass
     assert (events[0].stage, events[0].role, events[0].rank) == ("rollout_prefill", "rollout", 1)
-    for bad in (-1, True, "1"):
-        with pytest.raises(ValueError, match=f"rank {bad!r} is not allowed; use an integer >= 0"):
+    for bad in (-2, True, "1"):
+        with pytest.raises(ValueError, match=f"rank {bad!r} is not allowed; use an integer >= 0, DRIVER_RANK"):
             stage("rollout_prefill", rank=bad)  # type: ignore[arg-type]
+
+
+def test_verls_driver_has_a_rank_of_its_own_that_only_observers_asking_for_it_see(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's wait for generation is filed under DRIVER_RANK, never under rank 0, and
+    reaches only the observers that set ``sees_driver`` (the timing observer does)."""
+    monkeypatch.setenv("RANK", "0")
+    seen: dict[str, list[tuple[str, int]]] = {"asks": [], "plain": []}
+
+    class Asks(Observer):
+        sees_driver = True
+
+        def on_stage_begin(self, event: StageEvent) -> None:
+            seen["asks"].append((event.stage, event.rank))
+
+    class Plain(Observer):
+        def on_stage_begin(self, event: StageEvent) -> None:
+            seen["plain"].append((event.stage, event.rank))
+
+    with verl_events.install(observers=[Asks(), Plain()]):
+        with stage("rollout_generate", step=2, rank=verl_events.DRIVER_RANK):
+            pass
+        with stage("actor_update", step=2):
+            pass
+    assert seen["asks"] == [("rollout_generate", -1), ("actor_update", 0)]
+    assert seen["plain"] == [("actor_update", 0)]
+    assert [verl_events.rank_name(rank) for rank in (-1, 0)] == ["driver", "rank 0"]
 
 
 def test_a_bad_rank_variable_warns_once_and_uses_zero(

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._anomaly import AnomalyEvent, anomaly
     from ._emit import emits_stage, stage
     from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
-    from ._events import STAGE_ROLES, StageEnd, StageEvent, StageReport
+    from ._events import DRIVER_RANK, STAGE_ROLES, StageEnd, StageEvent, StageReport, rank_name
     from ._hang import HangEvent, hang
     from ._install import Installation, current_installation, install
     from ._observer import InstallContext, Observer
@@ -54,7 +54,9 @@ _HOMES = {
     "ObserverError": "._errors",
     "ObserverSetupError": "._errors",
     "VerlEventsWarning": "._errors",
+    "DRIVER_RANK": "._events",
     "STAGE_ROLES": "._events",
+    "rank_name": "._events",
     "StageEnd": "._events",
     "StageEvent": "._events",
     "StageReport": "._events",
@@ -94,6 +96,7 @@ _MOVED = {
 }
 
 __all__ = [
+    "DRIVER_RANK",
     "STAGE_ROLES",
     "AnomalyEvent",
     "ConfigError",
@@ -118,6 +121,7 @@ __all__ = [
     "hang",
     "install",
     "prepare_output_dir",
+    "rank_name",
     "set_step",
     "stage",
     "stage_begin",

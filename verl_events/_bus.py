@@ -49,7 +49,7 @@ from ._anomaly import AnomalyEvent, anomaly
 from ._arming import ArmedSelection
 from ._dispatch_warnings import warn_model_missing, warn_step_unknown
 from ._errors import ObserverError
-from ._events import StageEnd, StageEvent, StageReport
+from ._events import DRIVER_RANK, StageEnd, StageEvent, StageReport
 from ._hang import HangEvent, hang
 from ._observer import Observer
 from ._run import SavePathTaken
@@ -208,6 +208,8 @@ class Dispatcher:
             warn_step_unknown(event, candidates, self._step_warned)
         if event.replay:  # only armed observers and those that ask see a replay
             candidates = tuple(o for o in candidates if o.sees_replays or isinstance(o.selection, ArmedSelection))
+        if event.rank == DRIVER_RANK:  # only observers that ask see the driver's stages
+            candidates = tuple(o for o in candidates if o.sees_driver)
         selected = [o for o in candidates if o.selection.accepts(event) and o.name not in self._switched_off]
         claim = self._claim  # read once: another thread may make it and clear it meanwhile
         if claim is not None and selected:

@@ -28,7 +28,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from ._bus import result_asked
-from ._events import EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
+from ._events import DRIVER_RANK, EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
 from ._listened import listeners as _listeners
 from ._replay import active as active_replay_plan
 from ._replay import replayable as replayable_stage
@@ -165,7 +165,7 @@ class stage:
     step announced with :func:`set_step`; ``rank`` to the process's own
     (torch.distributed, env ``RANK``, 0): a process that works for another
     rank, like a rollout server prefilling one trainer rank's sequences,
-    names that rank.  A ``step`` follows set_step's
+    names that rank, and verl's driver names :data:`DRIVER_RANK`.  A ``step`` follows set_step's
     rule (a non-negative int, numpy and 0-d tensor ints included, or None):
     anything else raises ValueError with set_step's sentence when the stage
     is entered and something listens.  Extra keywords become
@@ -212,8 +212,13 @@ class stage:
         rank: int | None = None,
         **meta: Any,
     ) -> None:
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-            raise ValueError(f"stage {name!r}: rank {rank!r} is not allowed; use an integer >= 0, or None")
+        if rank is not None and (
+            isinstance(rank, bool) or not isinstance(rank, int) or (rank < 0 and rank != DRIVER_RANK)
+        ):
+            raise ValueError(
+                f"stage {name!r}: rank {rank!r} is not allowed; use an integer >= 0, "
+                f"DRIVER_RANK ({DRIVER_RANK}) in verl's driver, or None"
+            )
         self._name = name
         self._role = role
         self._step = step

@@ -17,7 +17,9 @@ from ._errors import ConfigError
 #: rollout server running the trainer's sequences for the mismatch observer's
 #: layer profile (docs/mismatch.md), right after ``actor_compute_log_prob``.
 #: verl's transitions are stages too (``verl_events._verl_transitions``): a
-#: resumed run's ``load_checkpoint`` comes first; after the update,
+#: resumed run's ``load_checkpoint`` comes first; ``rollout_generate`` is the
+#: driver waiting for the step's generation (``rollout_validate`` for a
+#: validation's, after the step); after the update,
 #: ``save_checkpoint`` (when verl saves that step) and the ``update_weights``
 #: sync, in which the rollout wakes up.  The checkpoints are the actor's or the
 #: critic's: no fixed role.
@@ -35,10 +37,26 @@ STAGE_ROLES: Mapping[str, str | None] = MappingProxyType(
         "save_checkpoint": None,
         "update_weights": "actor",
         "rollout_wake_up": "rollout",
+        "rollout_validate": "rollout",
         "train_batch": None,
         "forward_backward": None,
     }
 )
+
+#: The rank of verl's driver (the ``TaskRunner`` process that runs the trainer's
+#: loop), which is no trainer rank.  Its stages (the wait for generation) are
+#: filed under this number, so its per-rank files (``rank-1.jsonl``) never mix
+#: with trainer rank 0's.  Readers call it ``driver`` (:func:`rank_name`).
+DRIVER_RANK = -1
+
+
+def rank_name(rank: int, *, compact: bool = False) -> str:
+    """How people read a rank: ``rank 3`` (``rank3`` in a table cell), or ``driver`` for
+    :data:`DRIVER_RANK`."""
+    if rank == DRIVER_RANK:
+        return "driver"
+    return f"rank{rank}" if compact else f"rank {rank}"
+
 
 EMPTY_META: Mapping[str, Any] = MappingProxyType({})
 

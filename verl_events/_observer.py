@@ -84,6 +84,12 @@ class Observer:
       a stage run again right after it raised an anomaly, for the armed
       capture observers; see :mod:`verl_events._replay`).  The sentinel
       does, to judge them; other observers never see them;
+    * ``sees_driver``: the observer also receives the stages of verl's driver
+      (``event.rank == DRIVER_RANK``: its wait for generation,
+      ``rollout_generate``), which runs no model and no collective.  The
+      timing, watchdog and memory observers do (its time, its hangs, its
+      memory); a capture there would record the driver polling, and a
+      per-rank tracker run would be one run too many, so others never see them;
     * ``output_noun``: what :meth:`outputs` lists, in the sentence that
       refuses another run's files (``"msprobe dump(s)"``).
 
@@ -105,6 +111,7 @@ class Observer:
     wants_result: bool = False
     sends_anomalies: bool = False
     sees_replays: bool = False
+    sees_driver: bool = False
     output_noun: str = "file(s)"
     optional: bool = False
 

@@ -92,7 +92,8 @@ def checkpoint_step(local_path: Any) -> int | None:
     return int(found[-1]) if found else None
 
 
-def _nested_in_itself(name: str) -> bool:
+def nested_in_itself(name: str) -> bool:
+    """Whether the innermost stage open on this thread is ``name``."""
     stack = open_stages()
     return bool(stack) and stack[-1].stage == name
 
@@ -166,7 +167,7 @@ def checkpoint(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def saving_or_loading(*args: Any, **kwargs: Any) -> Any:
-        if _nested_in_itself(name):
+        if nested_in_itself(name):
             return method(*args, **kwargs)
         with stage(name, step=step_of(args, kwargs)):
             return method(*args, **kwargs)

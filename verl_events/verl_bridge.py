@@ -19,9 +19,12 @@ or a reference model), the step is the ``profile_step`` of the trainer's
 
 verl's transitions on the trainer's ranks (the weight sync, the rollout's
 wake-up inside it, checkpoint save and load) are stages too:
-:mod:`verl_events._verl_transitions` says which method each one wraps.  The
-rollout adapters' and checkpoint engines' base modules are patched when verl
-imports them (importing them here would cost every process seconds).
+:mod:`verl_events._verl_transitions` says which method each one wraps.  On
+the v1 trainer the driver's wait for generation is the ``rollout_generate``
+stage, filed under the driver's own rank (:mod:`verl_events._verl_generation`).
+The rollout adapters', checkpoint engines' and replay buffer's base modules are
+patched when verl imports them (:mod:`verl_events._verl_bases`; importing them
+here would cost every process seconds).
 
 Off by default, idempotent, and undone exactly by :func:`uninstall_verl_bridge`.
 
@@ -49,6 +52,7 @@ from ._emit import emits_stage
 from ._errors import ConfigError
 from ._events import check_stage_name
 from ._resolve import set_step
+from ._verl_bases import BASES as _BASES
 from ._verl_register import RegisterLayers
 
 logger = logging.getLogger("verl_events.verl")
@@ -169,12 +173,12 @@ class _Bridge:
                         self._replace(cls, name, value, bridged)
 
     def _patch_base(self, module: ModuleType) -> None:
-        base_name, wraps = _BASES[module.__name__]
+        base_name, wraps, with_base = _BASES[module.__name__]
         base = getattr(module, base_name, None)
         if not isinstance(base, type):
             logger.warning("verl_events bridge: %s has no %s; its methods are not bridged", module.__name__, base_name)
             return
-        for cls in _subclasses(base):
+        for cls in [base] * with_base + _subclasses(base):
             self.patch_subclass(cls, wraps)
         with self.lock:
             self._replace(
@@ -284,20 +288,6 @@ def _bridged_base_init_subclass(cls: Any, /, **kwargs: Any) -> None:
         bridge.patch_subclass(cls, _BASES[base.__module__][1])
 
 
-def _async_only(wrap: Callable[..., Any]) -> Callable[..., Any]:
-    """``wrap`` for an async method; None (left as it is) for any other."""
-    return lambda method: wrap(method) if inspect.iscoroutinefunction(method) else None
-
-
-# verl's base classes whose subclasses' own methods are wrapped, by the module that defines
-# them: the rollout adapters' wake-up and weight load, the checkpoint engines' send.
-_BASES: dict[str, tuple[str, dict[str, Callable[..., Any]]]] = {
-    "verl.workers.rollout.base": (
-        "BaseRollout",
-        {"resume": _async_only(transitions.wake_up), "update_weights": _async_only(transitions.sending)},
-    ),
-    "verl.checkpoint_engine.base": ("CheckpointEngine", {"send_weights": transitions.engine_sending}),
-}
 _ABSENT = object()  # an attribute the bridge added: uninstall deletes it
 
 

@@ -97,6 +97,7 @@ class MemoryObserver(Observer):
     """Host, cgroup and device memory of every selected stage (see the module docstring)."""
 
     passive = True
+    sees_driver = True  # the driver holds what generation returns
     sends_anomalies = True
     output_noun = "memory log(s)"
 

@@ -84,8 +84,8 @@ FATAL_SIGNALS = {
     "Illegal instruction": "SIGILL",
 }
 
-_LOG = re.compile(r"^rank(\d+)\.jsonl$")
-_FATAL = re.compile(r"^(?:rank(\d+)|pid(\d+))\.(fatal|SIG[A-Z]+)\.txt$")
+_LOG = re.compile(r"^rank(-?\d+)\.jsonl$")  # -1: verl's driver (DRIVER_RANK)
+_FATAL = re.compile(r"^(?:rank(-?\d+)|pid(\d+))\.(fatal|SIG[A-Z]+)\.txt$")
 #: The middle of a fatal signal's dump name; a terminating signal's is the signal's name.
 FATAL = "fatal"
 

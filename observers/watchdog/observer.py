@@ -71,6 +71,7 @@ class WatchdogObserver(Observer):
     the ``hang`` signal when one passes (see the module docstring)."""
 
     passive = True
+    sees_driver = True  # a hang in generation is the driver's
     priority = 900  # outside the other observers (the timing observer is at 1000): their hooks count as the stage's
     output_noun = "watchdog file(s)"
 

@@ -95,7 +95,7 @@ HEARTBEAT_DIR = "heartbeats"
 #: ``hang``: a deadline passed; ``late``: that stage ended after all.
 KINDS = ("hang", "late")
 
-_RANK_FILE = re.compile(r"^rank(\d+)\.json$")
+_RANK_FILE = re.compile(r"^rank(-?\d+)\.json$")  # -1: verl's driver (DRIVER_RANK)
 
 
 def hangs_log_path(save_path: Path) -> Path:

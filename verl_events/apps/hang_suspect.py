@@ -16,6 +16,9 @@ a rank that has not finished the stage is
 
 A rank ended by ``action: abort`` is judged by where it was when its
 deadline passed, as every rank is: its process being gone says nothing more.
+A process for which the stage is another kind of process's (``elsewhere``: the
+ranks while verl's driver waits for generation, the driver while the ranks
+compute) is no suspect, as a rank that finished it is not.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .liveness import Liveness
+from .ranks import DRIVER_RANK, GENERATION_STAGES, rank_list, rank_name
 
 __all__ = ["Suspect", "suspect"]
 
@@ -61,10 +65,12 @@ def suspect(positions: Sequence[Position], stage: str) -> Suspect:
     waiting: dict[str, list[int]] = {}
     unknown: list[int] = []
     for p in sorted(positions, key=lambda p: p.rank):
-        if p.state == "finished":
+        if p.state in ("finished", "elsewhere"):
             continue
         if p.waiting_in is not None:
             waiting.setdefault(p.waiting_in.rsplit(".", 1)[-1], []).append(p.rank)
+        elif p.where is not None and p.rank == DRIVER_RANK and stage in GENERATION_STAGES:
+            suspects.append((p.rank, "waiting for the rollout's generation (verl's agent loop workers)"))
         elif p.where is not None:
             away = "" if p.state == "inside" else f", never began {stage}"
             suspects.append((p.rank, f"not in a collective{away}"))
@@ -74,11 +80,11 @@ def suspect(positions: Sequence[Position], stage: str) -> Suspect:
             suspects.append((p.rank, f"never began {stage}, no frame recorded"))
         else:
             unknown.append(p.rank)
-    waits = [f"{_ranks(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {call}" for call, ranks in waiting.items()]
+    waits = [f"{rank_list(ranks)} {_verb(ranks)} in {call}" for call, ranks in waiting.items()]
     if unknown:
-        waits.append(f"{_ranks(unknown)}: no frame recorded yet (no deadline passed there)")
+        waits.append(f"{rank_list(unknown)}: no frame recorded yet (no deadline passed there)")
     if suspects:
-        named = "; ".join(f"rank {rank}, {why}" for rank, why in suspects)
+        named = "; ".join(f"{rank_name(rank)}, {why}" for rank, why in suspects)
         return Suspect([rank for rank, _ in suspects], f"suspect: {'; '.join([named, *waits])}")
     if waiting and not unknown:
         return Suspect(
@@ -91,5 +97,5 @@ def suspect(positions: Sequence[Position], stage: str) -> Suspect:
     return Suspect([], f"suspect: none: every rank finished {stage}, late")
 
 
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+def _verb(ranks: list[int]) -> str:
+    return "waits" if len(ranks) == 1 else "wait"

@@ -15,7 +15,11 @@ heartbeat is then
   from its own record of that stage when its deadline passed there too);
 * **finished** it: its heartbeat has that stage ended at that step or later;
 * **never began** it: neither; with its last stage (the innermost open one,
-  else the last ended) and, when that stage passed its deadline, its frame.
+  else the last ended) and, when that stage passed its deadline, its frame;
+* **elsewhere**: the stage is another kind of process's, so it waits outside it:
+  the trainer ranks while verl's driver is stuck in its own stage (the wait for
+  generation, ``rollout_generate``), and the driver while the ranks are stuck in
+  theirs (:mod:`.ranks`).  These are never suspects.
 
 A heartbeat beats at least every ``liveness_s`` while its process lives
 (rewritten, or its mtime set when nothing changed): a rank whose heartbeat
@@ -43,13 +47,14 @@ from .formats import hang_record
 from .hang_suspect import suspect
 from .jsonl import read_log
 from .liveness import Liveness, liveness, newest
+from .ranks import DRIVER_RANK, count_processes, rank_name, ranks_phrase
 
 HangRecord = hang_record.HangRecord
 Heartbeat = hang_record.Heartbeat
 
 __all__ = ["Hangs", "HangsInputError", "RankPosition", "find_hangs", "render"]
 
-STATES = ("inside", "never_began", "finished")
+STATES = ("inside", "never_began", "finished", "elsewhere")
 
 
 class HangsInputError(ValueError):
@@ -74,6 +79,7 @@ class RankPosition:
     def as_json(self, now: float) -> dict[str, Any]:
         return {
             "rank": self.rank,
+            "name": rank_name(self.rank),
             "state": self.state,
             "stage": self.stage,
             "step": self.step,
@@ -182,6 +188,7 @@ def _read_records(path: Path, warnings: list[str]) -> list[HangRecord]:
 
 def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> RankPosition:
     mine = [r for r in records if r.rank == beat.rank]
+    elsewhere = (beat.rank == DRIVER_RANK) != (stuck.rank == DRIVER_RANK)
 
     def record_of(stage: str, step: int | None, kind: str = "hang") -> HangRecord | None:
         return next((r for r in reversed(mine) if (r.kind, r.stage, r.step) == (kind, stage, step)), None)
@@ -224,7 +231,7 @@ def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> 
     own = record_of(stage, step) if beat.open and isinstance(stage, str) else None
     return RankPosition(
         beat.rank,
-        "never_began",
+        "elsewhere" if elsewhere else "never_began",
         stage,
         step,
         since,
@@ -269,27 +276,34 @@ def _where(position: RankPosition) -> str:
 def render(result: Hangs) -> str:
     """The result as text, for a terminal."""
     runs = sorted({b.run for b in result.heartbeats if b.run})
-    lines = [
-        f"run: {result.run} ({len(result.heartbeats)} rank heartbeat(s){', run ' + ', '.join(runs) if runs else ''})"
-    ]
+    beating = count_processes((b.rank for b in result.heartbeats), "rank heartbeat")
+    lines = [f"run: {result.run} ({beating}{', run ' + ', '.join(runs) if runs else ''})"]
     stuck = result.stuck
     if stuck is None:
         lines.append("no deadline passed")
         last = newest(result.heartbeats)
         for beat in result.heartbeats:
-            lines.append(f"  rank {beat.rank}: {_rank_state(beat, result.now, last)}")
+            lines.append(f"  {rank_name(beat.rank)}: {_rank_state(beat, result.now, last)}")
         if any(liveness(beat, result.now, last).stopped for beat in result.heartbeats):
             lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
         return "\n".join(lines)
-    on = sorted({r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)})
+    on = {r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)}
     lines.append(
         f"HANG: step {stuck.step}, {stuck.stage} passed its deadline ({stuck.deadline_s:g} s, {stuck.deadline}) "
-        f"on rank(s) {', '.join(map(str, on))}"
+        f"on {ranks_phrase(on)}"
     )
     lines.append(suspect(result.ranks, stuck.stage).line)
-    titles = {"inside": f"inside {stuck.stage}", "never_began": "never began it", "finished": "finished it"}
+    owner = "the driver's" if stuck.rank == DRIVER_RANK else "the ranks'"
+    titles = {
+        "inside": f"inside {stuck.stage}",
+        "never_began": "never began it",
+        "finished": "finished it",
+        "elsewhere": f"waiting outside it (it is {owner})",
+    }
     for state in STATES:
         group = [p for p in result.ranks if p.state == state]
+        if state == "elsewhere" and not group:
+            continue
         lines.append(f"{titles[state]}: {len(group)}")
         for p in group:
             age = f"heartbeat {result.now - p.heartbeat.time:.0f} s old{', closed' if p.heartbeat.closed else ''}"
@@ -297,22 +311,26 @@ def render(result: Hangs) -> str:
                 age = f"STOPPED: {p.alive.reason}"
             if state == "inside":
                 ran = f", {p.heartbeat.time - p.since:.1f} s by its heartbeat" if p.since is not None else ""
-                lines.append(f"  rank {p.rank}: since {_clock(p.since)}{ran}, {_where(p)} ({age})")
+                lines.append(f"  {rank_name(p.rank)}: since {_clock(p.since)}{ran}, {_where(p)} ({age})")
             elif state == "finished":
                 late = f", late: {p.late_s:.1f} s" if p.late_s is not None else ""
                 then = f"; at its deadline: {_where(p)}" if p.where is not None else ""
-                lines.append(f"  rank {p.rank}: ended step {p.step} at {_clock(p.since)}{late}{then} ({age})")
+                lines.append(f"  {rank_name(p.rank)}: ended step {p.step} at {_clock(p.since)}{late}{then} ({age})")
+            elif state == "elsewhere":
+                doing = f"inside {p.stage}" if p.heartbeat.open else f"between stages, last ended {p.stage}"
+                lines.append(f"  {rank_name(p.rank)}: {doing} (step {p.step}) since {_clock(p.since)} ({age})")
             else:
                 inside = "inside" if p.where is not None or p.heartbeat.open else "last ended"
                 lines.append(
-                    f"  rank {p.rank}: {inside} {p.stage} (step {p.step}) since {_clock(p.since)}, {_where(p)} ({age})"
+                    f"  {rank_name(p.rank)}: {inside} {p.stage} (step {p.step}) since {_clock(p.since)}, "
+                    f"{_where(p)} ({age})"
                 )
     others = [r for r in result.hangs if (r.stage, r.step) != (stuck.stage, stuck.step)]
     for r in others:
-        lines.append(f"also past its deadline: rank {r.rank}, step {r.step} {r.stage} ({r.elapsed_s:.1f} s)")
+        lines.append(f"also past its deadline: {rank_name(r.rank)}, step {r.step} {r.stage} ({r.elapsed_s:.1f} s)")
     for r in result.late:
         lines.append(
-            f"ended late after all: rank {r.rank}, step {r.step} {r.stage}, after {r.elapsed_s:.1f} s "
+            f"ended late after all: {rank_name(r.rank)}, step {r.step} {r.stage}, after {r.elapsed_s:.1f} s "
             f"(deadline {r.deadline_s:g} s)"
         )
     reports = [r.report for r in result.hangs if r.report]

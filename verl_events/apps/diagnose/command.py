@@ -40,6 +40,7 @@ from typing import Any
 from ..formats import mismatch_record, msprobe_layout
 from ..jsonl import numbered_lines
 from ..liveness import liveness, newest
+from ..ranks import DRIVER_RANK, GENERATION_STAGES, count_processes, ranks_phrase
 from ..report.stragglers import stragglers
 from ..tools import Holding, run_holds
 from .evidence import Evidence, Failure, gather
@@ -124,15 +125,17 @@ def _watchdog(evidence: Evidence, _: Holding) -> str:
     counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
     hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
     late = f", {evidence.late_records} ended late" if evidence.late_records else ""
-    return f"{len(states)} rank heartbeat(s): {counts}{hangs}{late}"
+    beating = count_processes((beat.rank for beat in evidence.heartbeats), "rank heartbeat")
+    return f"{beating}: {counts}{hangs}{late}"
 
 
 def _timing(evidence: Evidence, _: Holding) -> str:
     raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
+    driver = " and the driver's" if evidence.timing_driver else ""
     if evidence.timing_tails_of:
         size = f"{evidence.timing_tails_of / 2**30:.2f} GiB"
         return (
-            f"{evidence.timing_ranks} rank(s)' timing logs, {size}: their ends read for the stages that raised"
+            f"{evidence.timing_ranks} rank(s)'{driver} timing logs, {size}: their ends read for the stages that raised"
             f"{raised} (stage times and stragglers: report; every line: diagnose --read-all)"
         )
     slow = [
@@ -141,7 +144,10 @@ def _timing(evidence: Evidence, _: Holding) -> str:
         if row.straggler_ranks
     ]
     lagging = f"; stragglers: {'; '.join(slow)}" if slow else ""
-    return f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s){raised}{lagging}"
+    return (
+        f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s)"
+        f"{' and the driver' if evidence.timing_driver else ''}{raised}{lagging}"
+    )
 
 
 def _sentinel(evidence: Evidence, holding: Holding) -> str:
@@ -181,7 +187,7 @@ def _unseen(evidence: Evidence) -> list[str]:
             "no watchdog: a rank killed without warning (SIGKILL, the OOM killer), a segfault's stacks, a "
             "stage's line and a hang cannot be seen; add '- name: watchdog' to the observers"
         )
-    if not evidence.timing_ranks:
+    if not evidence.timing_ranks and not evidence.timing_driver:
         unseen.append("no timing logs: stage times and errors of ranks without the watchdog; add '- name: timing'")
     return unseen
 
@@ -194,6 +200,22 @@ def _clock(unix: float) -> str:
 
 
 _SHOWN = 200  # characters of a failure's detail shown in text
+#: What to read when the driver's wait for generation fails: verl logs each prompt that
+#: failed in generation, and goes on.
+GENERATION_NOTE = (
+    "the rollout: verl's agent loop workers generate in their own processes and log each prompt "
+    "that failed there (an agent loop that raised, a rollout server that died) as "
+    "'Error in _run_prompt', which Ray prints in the driver's output"
+)
+
+
+def _who(rank: int) -> str:
+    """A failure's process: a trainer rank, verl's driver, or a process without a rank."""
+    if rank >= 0:
+        return f"rank {rank}"
+    if rank == DRIVER_RANK:
+        return "the driver (where verl's trainer loop runs)"
+    return "a process without a rank (main_ppo, a launcher)"
 
 
 def _failure_lines(failure: Failure, indent: str) -> list[str]:
@@ -207,7 +229,7 @@ def _failure_lines(failure: Failure, indent: str) -> list[str]:
         at = f"between stages, after step {failure.step}'s {failure.stage}"
     host = f" on {failure.host}" if failure.host else ""
     pid = f", pid {failure.pid}" if failure.pid else ""
-    rank = f"rank {failure.rank}" if failure.rank >= 0 else "a process without a rank (verl's driver, a launcher)"
+    rank = _who(failure.rank)
     detail = failure.detail.strip().split("\n")[0]  # --json keeps it whole
     if len(detail) > _SHOWN or detail != failure.detail.strip():
         detail = detail[: _SHOWN - 1] + "…"
@@ -227,6 +249,8 @@ def render(diagnosis: Diagnosis) -> str:
     if verdict.first is not None:
         lines.append("first failure:" if verdict.verdict != "anomalous" else "first anomaly:")
         lines += _failure_lines(verdict.first, "  ")
+        if verdict.first.rank == DRIVER_RANK and verdict.first.stage in GENERATION_STAGES:
+            lines.append(f"  the driver waits there for {GENERATION_NOTE}")
     if verdict.cascade:
         lines.append(f"then ({len(verdict.cascade)}):")
         for failure, why in verdict.cascade:
@@ -238,9 +262,9 @@ def render(diagnosis: Diagnosis) -> str:
         lines += [f"  {t['tool']:<{width}}  {t['summary']}: {t['command']}" for t in diagnosis.tools]
     teardown = diagnosis.evidence.teardown
     if teardown:
-        ranks = ", ".join(str(f.rank) for f in sorted(teardown, key=lambda f: f.rank))
         lines.append(
-            f"after the run ended normally, the launcher stopped rank(s) {ranks} between stages (not a failure)"
+            f"after the run ended normally, the launcher stopped {ranks_phrase(f.rank for f in teardown)} "
+            "between stages (not a failure)"
         )
     lines += [f"not seen: {line}" for line in diagnosis.unseen]
     lines += [f"read in part: {part} (every line: --read-all)" for part in diagnosis.evidence.read_in_part]

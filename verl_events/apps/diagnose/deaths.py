@@ -12,7 +12,8 @@ from verl_events.frames import is_library_file
 
 from ..formats import hang_record
 from ..liveness import liveness, newest
-from .record import LAUNCHER_SIGNALS, Evidence, Failure, of_this_run, records_of, relative
+from ..ranks import DRIVER_RANK, trainer_ranks
+from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, of_this_run, records_of, relative
 
 if TYPE_CHECKING:
     from observers.watchdog import crash
@@ -111,7 +112,7 @@ def fatal_dumps(evidence: Evidence) -> None:
         evidence.failures.append(
             Failure(
                 "signal",
-                beat.rank if beat is not None else (-1 if dump.rank is None else dump.rank),
+                beat.rank if beat is not None else (NO_RANK if dump.rank is None else dump.rank),
                 _dump_time(dump.time, beat),
                 f"{dump.signal} ({dump.error})" if named else (dump.signal or dump.error),
                 step,
@@ -127,17 +128,18 @@ def fatal_dumps(evidence: Evidence) -> None:
 
 def process_ends(evidence: Evidence) -> None:
     """How each process ended (its last line: a process that lived through a signal says so
-    again at its real end); a process without ranks (verl's driver) that raised is a failure too."""
+    again at its real end); a process without trainer ranks (``main_ppo``, verl's driver) that
+    raised is a failure too: the driver's error outside its stages is known only from here."""
     path = crash.ends_log_path(evidence.run)
     for _, end in records_of(evidence, path, crash.ProcessEnd.from_json):
         evidence.ends.append(end)
     last = {end.pid: end for end in sorted(evidence.ends, key=lambda end: end.time)}
     for end in last.values():
-        if not end.ranks and end.how == "exception":
+        if not trainer_ranks(end.ranks) and end.how == "exception":
             evidence.failures.append(
                 Failure(
                     "exception",
-                    -1,
+                    DRIVER_RANK if DRIVER_RANK in end.ranks else NO_RANK,
                     end.time,
                     str(end.detail),
                     host=end.host,
@@ -150,11 +152,11 @@ def process_ends(evidence: Evidence) -> None:
 
 
 def teardown(evidence: Evidence) -> None:
-    """A process without ranks (verl's driver) that ended normally means the run finished:
+    """A process without trainer ranks (``main_ppo``, verl's driver) that ended normally means the run finished:
     a launcher's signal, or a kill, that then found a rank between stages is the launcher
     ending the job's workers (Ray does so at every shutdown), not a failure.  The normal end
     comes first, within :data:`TEARDOWN_S` (a kill long before it is no shutdown)."""
-    finished = [end.time for end in evidence.ends if not end.ranks and end.how == "normal"]
+    finished = [end.time for end in evidence.ends if not trainer_ranks(end.ranks) and end.how == "normal"]
     if not finished:
         return
     for failure in list(evidence.failures):

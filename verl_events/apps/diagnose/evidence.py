@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from verl_events.layout import owner_of
 
 from ..formats import anomaly_record, hang_record, memory_record, timing_log, weight_sync_record
+from ..ranks import DRIVER_RANK
 from . import large_logs
 from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
 from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
@@ -79,13 +80,35 @@ def gather(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) -> E
 
 
 def _hangs(evidence: Evidence) -> None:
+    """Each stage that passed its deadline: a ``hang``, or, when it ended after all (its
+    ``late`` line), ``slow``: a finding, like an anomaly, and no failure."""
     path = hang_record.hangs_log_path(evidence.run)
-    for _, record in records_of(evidence, path, hang_record.HangRecord.from_json):
+    records = [record for _, record in records_of(evidence, path, hang_record.HangRecord.from_json)]
+    ended = {(r.rank, r.pid, r.step, r.stage): r for r in records if r.kind == "late"}
+    for record in records:
         if record.kind == "late":
             evidence.late_records += 1
             continue
         evidence.hang_records += 1
         waiting = f", waiting in {record.waiting_in}" if record.waiting_in else ""
+        late = ended.get((record.rank, record.pid, record.step, record.stage))
+        if late is not None:
+            evidence.failures.append(
+                Failure(
+                    "slow",
+                    record.rank,
+                    record.time,
+                    f"passed its deadline of {record.deadline_s:g} s ({record.deadline}), then ended after "
+                    f"{late.elapsed_s:.1f} s",
+                    record.step,
+                    record.stage,
+                    record.host,
+                    record.pid,
+                    record.where,
+                    relative(evidence, path),
+                )
+            )
+            continue
         evidence.failures.append(
             Failure(
                 "hang",
@@ -108,7 +131,9 @@ def _timing(evidence: Evidence) -> None:
     recorded = {(f.rank, f.step, f.stage) for f in evidence.failures if f.kind == "exception"}
     found: dict[tuple[int, int | None, str | None, str | None], Any] = {}
     files = timing_log.timing_log_files(evidence.run)
-    evidence.timing_ranks = len(files)
+    driver = timing_log.timing_log_path(evidence.run, DRIVER_RANK)
+    evidence.timing_driver = driver in files
+    evidence.timing_ranks = len(files) - evidence.timing_driver
     size = total_bytes(files)
     if not evidence.read_all and size > large_logs.FULL_READ_BYTES:
         evidence.timing_tails_of = size

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..formats import memory_record
-from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
+from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
 
 if TYPE_CHECKING:
     from observers.memory.oom import RAY_REPORT_WORDS, RayKilledWorker, RayMemoryKill, ray_memory_kills
@@ -219,7 +219,7 @@ def _unknown_pid(evidence: Evidence, worker: RayKilledWorker, sighting: _Seen) -
     evidence.failures.append(
         Failure(
             "oom",
-            -1,
+            NO_RANK,
             sighting.time,
             f"Ray's memory monitor killed pid {worker.pid}{task}, which no rank of this run's records had: "
             f"{_node(sighting.report)}, that process at {_gib(worker.used_bytes)} by Ray's count",

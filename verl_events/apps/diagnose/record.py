@@ -11,12 +11,16 @@ from typing import Any, TypeVar
 from ..formats import hang_record
 from ..jsonl import read_log
 
-__all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "records_of", "of_this_run", "relative"]
+__all__ = ["LAUNCHER_SIGNALS", "NO_RANK", "Evidence", "Failure", "records_of", "of_this_run", "relative"]
 
 R = TypeVar("R")
 
 #: Signals a launcher sends to end a job's processes.
 LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+#: The rank of a failure of a process that holds none: verl's ``main_ppo`` (Ray's driver
+#: process), a launcher, a pid no record names.  verl's driver, where the trainer's loop runs,
+#: has a rank of its own (:data:`verl_events.DRIVER_RANK`, -1); both are below every trainer rank.
+NO_RANK = -2
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +29,7 @@ class Failure:
     ``killed``, the last heartbeat (it died within one liveness beat after)."""
 
     kind: str  # exception, oom, signal, killed, hang, anomaly
-    rank: int
+    rank: int  # a trainer rank, DRIVER_RANK, or NO_RANK
     time: float
     detail: str
     step: int | None = None
@@ -59,7 +63,8 @@ class Evidence:
     teardown: list[Failure] = field(default_factory=list)  # launcher signals after the driver ended normally
     timing_records: int = 0
     timing: list[Any] = field(default_factory=list)  # the timing logs' records, for the stragglers
-    timing_ranks: int = 0
+    timing_ranks: int = 0  # the trainer ranks with a timing log
+    timing_driver: bool = False  # whether verl's driver has one
     timing_errors: int = 0
     timing_tails_of: int = 0  # the timing logs' bytes, when only their ends were read (a large run)
     read_all: bool = False  # read every line of a large run's logs (diagnose --read-all)

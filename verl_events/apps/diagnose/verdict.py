@@ -18,8 +18,11 @@ So:
 * **the cascade** is every other failure of the run, each with why.
 
 Anomalies are findings, not deaths: the first of them is "first" only in a
-run where nothing failed.  Verdicts: ``failed`` (an exception, a signal, a
-rank killed), ``hung`` (a deadline passed, nothing died), ``anomalous``,
+run where nothing failed.  So is a stage that passed its deadline and then
+ended after all (``slow``): the watchdog was right to report it, but it held
+nothing up for good.  Verdicts: ``failed`` (an exception, a signal, a
+rank killed), ``hung`` (a deadline passed and the stage never ended, nothing
+died), ``anomalous`` (anomalies or slow stages only),
 ``running`` (nothing went wrong yet, and a rank still beats), ``healthy``.
 """
 
@@ -28,7 +31,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..ranks import DRIVER_RANK
 from .evidence import LAUNCHER_SIGNALS, Failure
+from .record import NO_RANK
 
 __all__ = ["PEER_WORDS", "Verdict", "judge"]
 
@@ -44,6 +49,9 @@ PEER_WORDS = (
     (re.compile(r"ActorDiedError|RayActorError|WorkerCrashedError|actor died", re.I), "a dead Ray actor"),
 )
 _DEATHS = ("exception", "oom", "signal", "killed")
+#: Failures that are findings: they never make a run failed or hung (see the module docstring).
+FINDINGS = ("anomaly", "slow")
+_FINDING = {"anomaly": "anomaly", "slow": "slow stage"}
 
 
 @dataclass(slots=True)
@@ -78,12 +86,12 @@ def _follows(failure: Failure, fatal: list[Failure]) -> bool:
 def judge(failures: list[Failure], running: bool = False) -> Verdict:
     """The verdict over ``failures`` (see the module docstring); ``running``: some rank's
     heartbeat is alive and not closed, so a run with no failure yet is ``running``."""
-    fatal = sorted((f for f in failures if f.kind != "anomaly"), key=lambda f: (f.time, f.rank))
-    anomalies = sorted((f for f in failures if f.kind == "anomaly"), key=lambda f: (f.time, f.rank))
+    fatal = sorted((f for f in failures if f.kind not in FINDINGS), key=lambda f: (f.time, f.rank))
+    anomalies = sorted((f for f in failures if f.kind in FINDINGS), key=lambda f: (f.time, f.rank))
     if not fatal:
         if not anomalies:
             return Verdict("running" if running else "healthy", None)
-        return Verdict("anomalous", anomalies[0], [(a, "a later anomaly") for a in anomalies[1:]])
+        return Verdict("anomalous", anomalies[0], [(a, f"a later {_FINDING[a.kind]}") for a in anomalies[1:]])
     causes = [f for f in fatal if not _follows(f, fatal)]
     first = causes[0] if causes else fatal[0]
     if first.kind == "killed" and first.window:
@@ -99,21 +107,28 @@ def judge(failures: list[Failure], running: bool = False) -> Verdict:
 _NOUNS = {"exception": "exception", "oom": "out-of-memory error", "signal": "signal", "killed": "death", "hang": "hang"}
 
 
+def _owner(rank: int) -> str:
+    if rank >= 0:
+        return f"rank {rank}'s"
+    return "the driver's" if rank == DRIVER_RANK else "main_ppo's"
+
+
 def _why(failure: Failure, first: Failure) -> str:
-    who = f"rank {first.rank}'s" if first.rank >= 0 else "the driver's"
+    who = _owner(first.rank)
     after = f"{who} {_NOUNS.get(first.kind, first.kind)}"
     later = failure.time >= first.time
     if failure.kind == "killed" and failure.window and failure.time <= first.time <= failure.time + failure.window:
         return f"killed within {failure.window:g} s of {after}: which came first cannot be told"
-    if failure.rank == first.rank and failure.rank >= 0:
-        return f"the same rank, {'after' if later else 'before'} its {first.kind}"
+    if failure.rank == first.rank and failure.rank != NO_RANK:
+        same = "the same rank" if failure.rank >= 0 else "the same process"
+        return f"{same}, {'after' if later else 'before'} its {first.kind}"
     words = _peer_words(failure)
     if words:
         return f"{words}, {'after' if later else 'around'} {after}"
     if failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS:
         return f"a launcher stopping the survivors ({failure.detail}) after {after}"
     if failure.rank < 0:
-        return f"the driver's error, after {after}: what the ranks' records explain"
+        return f"{_owner(failure.rank)} error, after {after}: what the ranks' records explain"
     if failure.kind == "killed":
         return f"killed after {after}: a launcher ending the job, or the same cause"
     return f"later than {after}" if later else f"about when {after} happened"

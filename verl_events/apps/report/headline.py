@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ranks import DRIVER_RANK, trainer_ranks
 from .overhead import TimingRecord, runs_in
 
 __all__ = ["Headline", "headline", "headline_text"]
@@ -21,7 +22,9 @@ __all__ = ["Headline", "headline", "headline_text"]
 class Headline:
     """``stage_s``: the stage time, summed over ranks; ``slowest_stage`` and its
     ``slowest_share`` of it; ``hooks_share``: every observer's hooks over it;
-    ``run_share``: stage time over run time (None without the wall clock)."""
+    ``run_share``: stage time over run time (None without the wall clock); ``ranks``:
+    the trainer ranks, and ``driver`` whether verl's driver has records too (its wait for
+    generation: :mod:`verl_events.apps.ranks`)."""
 
     run: str | None
     ranks: int
@@ -31,6 +34,7 @@ class Headline:
     slowest_share: float
     hooks_share: float
     run_share: float | None
+    driver: bool = False
 
 
 def headline(records: list[TimingRecord], figures: list[TimingRecord]) -> Headline:
@@ -50,7 +54,8 @@ def headline(records: list[TimingRecord], figures: list[TimingRecord]) -> Headli
     runs = runs_in(records)
     return Headline(
         run=runs[0] if len(runs) == 1 else None,
-        ranks=len(ranks),
+        ranks=len(trainer_ranks(ranks)),
+        driver=DRIVER_RANK in ranks,
         steps=len({r.step for r in records if r.step is not None}),
         stage_s=total,
         slowest_stage=slowest,
@@ -60,12 +65,12 @@ def headline(records: list[TimingRecord], figures: list[TimingRecord]) -> Headli
     )
 
 
-def _run_share(figures: list[TimingRecord], total: float, ranks: int) -> float | None:
+def _run_share(figures: list[TimingRecord], total: float, processes: int) -> float | None:
     ends = [r.end_unix for r in figures if r.end_unix is not None and not r.depth]
     if not ends or len(ends) < len([r for r in figures if not r.depth]):
         return None
     first = min(float(r.end_unix or 0.0) - r.elapsed_s - sum(r.hook_s.values()) for r in figures if not r.depth)
-    span = (max(ends) - first) * ranks
+    span = (max(ends) - first) * processes
     return total / span if span > 0 else None
 
 
@@ -75,7 +80,8 @@ def headline_text(line: Headline) -> str:
     run = f"run {line.run}" if line.run else "run"
     covered = "" if line.run_share is None else f" ({line.run_share:.0%} of the run)"
     slowest = f", the slowest stage {line.slowest_stage} {line.slowest_share:.0%} of it" if line.slowest_stage else ""
+    ranks = f"{line.ranks} rank{'s' if line.ranks != 1 else ''}" + (" and the driver" if line.driver else "")
     return (
-        f"{run}: {line.ranks} rank{'s' if line.ranks != 1 else ''}, {line.steps} step{'s' if line.steps != 1 else ''}; "
+        f"{run}: {ranks}, {line.steps} step{'s' if line.steps != 1 else ''}; "
         f"stage time {line.stage_s:.2f} s{covered}{slowest}; observers' hooks {line.hooks_share:.1%}"
     )

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..ranks import DRIVER_RANK
 from ..tables import print_table
 from .overhead import TimingRecord
 
@@ -74,6 +75,6 @@ def render_raised(rows: list[RaisedStage], console: Any) -> None:
             str(row.n),
             ", ".join(f"{name} x{count}" for name, count in row.errors.items()),
             ", ".join(str(step) for step in row.steps),
-            ", ".join(str(rank) for rank in row.ranks),
+            ", ".join("driver" if rank == DRIVER_RANK else str(rank) for rank in row.ranks),
         )
     print_table(table, console)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..ranks import rank_name
 from ..tables import print_table
 from .overhead import IQR_MIN_N, TRUSTED_MIN_N, ObserverHooks, StageOverhead
 from .raised import RaisedStage, render_raised
@@ -46,7 +47,7 @@ def render(
             f"{row.dump_bytes / 1e6:.3f}" if row.dump_bytes else "-",
         ]
         if multi_rank:
-            cells += [str(row.ranks), f"rank{row.slowest_rank}", f"{row.spread:.2f}x"]
+            cells += [str(row.ranks), rank_name(row.slowest_rank, compact=True), f"{row.spread:.2f}x"]
         table.add_row(*cells)
     print_table(table, console)
     if any(row.ratio is not None and row.baseline_n < TRUSTED_MIN_N for row in rows):

@@ -100,7 +100,7 @@ def columnar_parts(
                 ).fetchall()
             ]
             if not records:
-                return ReportParts(0, [], runs, headline(con, 0, runs), [], [], [], [], [], [])
+                return ReportParts(0, [], runs, headline(con, [], runs), [], [], [], [], [], [])
             try:
                 if memory_problem is not None:
                     raise memory_problem
@@ -115,7 +115,7 @@ def columnar_parts(
                 records=records,
                 ranks=ranks,
                 runs=runs,
-                headline=headline(con, len(ranks), runs),
+                headline=headline(con, ranks, runs),
                 stage_steps=stage_steps(con),
                 overhead=overhead_table(con),
                 observer_hooks=observer_hooks(con, size_bytes(memory_limit)),

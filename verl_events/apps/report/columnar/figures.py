@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...ranks import DRIVER_RANK, trainer_ranks
 from ..headline import Headline
 from ..overhead import ObserverHooks, StageOverhead, overhead_row, summary
 from ..raised import RaisedStage
@@ -28,8 +29,8 @@ def stage_order(stages: set[str]) -> list[str]:
     return [s for s in STAGE_ORDER if s in stages] + sorted(stages - set(STAGE_ORDER))
 
 
-def headline(con: Any, ranks: int, runs: list[str]) -> Headline:
-    """The report's first line (see :mod:`..headline`)."""
+def headline(con: Any, ranks: list[int], runs: list[str]) -> Headline:
+    """The report's first line (see :mod:`..headline`), for the processes ``ranks``."""
     rows = con.execute(
         f"""
         SELECT stage, sum(elapsed + hook_total), sum(hook_total), min(end_unix - elapsed - hook_total),
@@ -44,11 +45,12 @@ def headline(con: Any, ranks: int, runs: list[str]) -> Headline:
     slowest = max(per_stage, key=lambda stage: per_stage[stage], default=None)
     run_share = None
     if rows:
-        span = (max(row[4] for row in rows) - min(row[3] for row in rows)) * ranks
+        span = (max(row[4] for row in rows) - min(row[3] for row in rows)) * len(ranks)
         run_share = total / span if span > 0 else None
     return Headline(
         run=runs[0] if len(runs) == 1 else None,
-        ranks=ranks,
+        ranks=len(trainer_ranks(ranks)),
+        driver=DRIVER_RANK in ranks,
         steps=steps,
         stage_s=total,
         slowest_stage=slowest,
