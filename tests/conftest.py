@@ -92,12 +92,15 @@ ONE_CLUSTER_AT_A_TIME = frozenset(
 )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that reads demo runs waits for several demo processes: it is slow.
 
     With pytest-xdist (scripts/test.sh runs two workers, ``--dist loadgroup``), the Ray tests
     share one worker, and so do the tests of the session's demo runs, which each worker would
-    otherwise make again; every other test goes to whichever worker is free."""
+    otherwise make again; every other test goes to whichever worker is free.  First among the
+    hooks: xdist's own reads the groups into the test ids in this hook, so they must be marked
+    before it runs (with pytest 9.2 it cannot: pyproject.toml keeps pytest below 9)."""
     grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         demo = bool(DEMO_FIXTURES & set(getattr(item, "fixturenames", ())))

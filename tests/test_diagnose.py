@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -81,15 +82,46 @@ def test_an_anomaly_makes_the_run_anomalous_and_points_at_triage(
     assert any(t["tool"] == "sentinel" and t["command"].startswith("verl-events triage") for t in result["tools"])
 
 
-def test_a_stage_past_its_deadline_makes_the_run_hung(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_stage_past_its_deadline_that_has_not_ended_makes_the_run_hung(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = {"save_path": str(tmp_path), "observers": [{"name": "watchdog", "timeout_s": 0.2, "heartbeat_s": 0.05}]}
+    release = threading.Event()
+
+    def stuck() -> None:
+        with verl_events.stage("actor_update", step=4):
+            release.wait(30)
+
+    with verl_events.install(config):
+        worker = threading.Thread(target=stuck)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not (tmp_path / "hangs.jsonl").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            code, result, _ = as_json(capsys, tmp_path)  # while it is stuck
+        finally:
+            release.set()
+            worker.join()
+    assert code == 1 and result["verdict"] == "hung"
+    first = result["first"]
+    assert (first["kind"], first["step"], first["stage"]) == ("hang", 4, "actor_update")
+
+
+def test_a_stage_that_ended_after_its_deadline_is_a_slow_stage_not_a_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The watchdog reports it when the deadline passes and adds a ``late`` line when it ends:
+    it held nothing up for good, so the run is anomalous, not hung."""
     config = {"save_path": str(tmp_path), "observers": [{"name": "watchdog", "timeout_s": 0.2, "heartbeat_s": 0.05}]}
     with verl_events.install(config):
         with verl_events.stage("actor_update", step=4):
             time.sleep(0.8)
     code, result, _ = as_json(capsys, tmp_path)
-    assert code == 1 and result["verdict"] == "hung"
+    assert code == 1 and result["verdict"] == "anomalous" and result["cascade"] == []
     first = result["first"]
-    assert (first["kind"], first["step"], first["stage"]) == ("hang", 4, "actor_update")
+    assert (first["kind"], first["step"], first["stage"]) == ("slow", 4, "actor_update")
+    assert first["detail"].startswith("passed its deadline of 0.2 s (fixed), then ended after 0.")
     assert first["where"]["code"] == "time.sleep(0.8)"
 
 

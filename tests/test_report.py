@@ -431,3 +431,26 @@ def test_the_report_opens_with_a_headline_of_the_run(tmp_path: Path, capsys: pyt
     share = f"{head['slowest_share']:.0%}"
     assert first.startswith(f"run {lines[0]['run']}: 1 rank, 3 steps; stage time {head['stage_s']:.2f} s (")
     assert f"the slowest stage {slowest} {share} of it; observers' hooks {head['hooks_share']:.1%}" in first
+
+
+@pytest.mark.parametrize("engine", ["records", "duckdb"])
+def test_the_headline_counts_training_steps_and_the_driver_apart_from_the_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str
+) -> None:
+    """verl syncs the starting weights as step 0 and its driver waits for generation on a rank of
+    its own: a 2-step run of one rank says "1 rank and the driver, 2 steps"."""
+    if engine == "duckdb":
+        pytest.importorskip("duckdb")
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}):
+        with verl_events.stage("update_weights", step=0):
+            pass
+        for step in (1, 2):
+            with verl_events.stage("rollout_generate", step=step, rank=verl_events.DRIVER_RANK):
+                pass
+            for name in ("actor_update", "update_weights"):
+                with verl_events.stage(name, step=step):
+                    pass
+    head = report_json(capsys, tmp_path, "--engine", engine)["headline"]
+    assert (head["ranks"], head["driver"], head["steps"]) == (1, True, 2)
+    assert main(["report", str(tmp_path), "--engine", engine]) == 0
+    assert ": 1 rank and the driver, 2 steps;" in capsys.readouterr().out.splitlines()[0]

@@ -270,7 +270,8 @@ def test_each_node_keeps_its_own_ranks_files_in_its_own_folder(run: Run) -> None
     folders = node_folders(run)
     assert len(folders) == 2, sorted(p.name for p in run.nodes.iterdir())
     ranks = sorted([path.stem for path in timing_log_files(folder)] for folder in folders.values())
-    assert ranks == [["rank0"], ["rank1"]]
+    # verl's driver (rank -1, its wait for generation) runs on the head node, beside rank 0.
+    assert ranks == [["rank-1", "rank0"], ["rank1"]]
     assert len({folder.name for folder in folders.values()}) == 1  # one run id on both nodes
 
 
@@ -283,7 +284,7 @@ def test_the_docs_gather_brings_both_ranks_small_files_twice_in_a_row_and_leaves
         assert node["state"] == "gathered" and node["folder"] == str(folders[node["node"]]), node
         assert node["skipped"]["the step tree (msprobe dumps, profiler traces)"]["files"] > 0, node
     out = run.save_path.with_name("gathered")
-    assert [path.stem for path in timing_log_files(out)] == ["rank0", "rank1"]
+    assert [path.stem for path in timing_log_files(out)] == ["rank-1", "rank0", "rank1"]
     assert not list(out.glob("step_*")) and not list(out.rglob("dump.json"))
     # Both ranks append to these: merged, every line kept.
     assert {"replays.jsonl", "mismatch.jsonl"} <= set(manifest["merged"]), manifest["merged"]
@@ -296,7 +297,10 @@ def test_report_and_diagnose_read_the_gathered_folder(run: Run, capsys: pytest.C
     out = run.save_path.with_name("gathered")
     assert verl_events_main(["report", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["ranks"] == [0, 1] and report["headline"]["steps"] == 4, report["headline"]
+    # The driver's records are there too (-1); the headline counts the two ranks and the 3
+    # training steps (step 0 is the starting sync).
+    headline = report["headline"]
+    assert report["ranks"] == [-1, 0, 1] and (headline["ranks"], headline["driver"], headline["steps"]) == (2, True, 3)
     assert verl_events_main(["diagnose", str(out), "--json"]) == 1
     diagnosis = json.loads(capsys.readouterr().out)
     first = diagnosis["first"]

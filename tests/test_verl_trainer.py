@@ -25,6 +25,7 @@ import yaml
 pytest.importorskip("torch")  # verl's real trainer
 pytest.importorskip("verl")
 
+from verl_events import DRIVER_RANK
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
 from verl_events.observers.memory.record import MemoryRecord, memory_log_path
@@ -152,6 +153,11 @@ def test_every_transition_stage_is_timed_every_step_with_its_step(runs: Runs) ->
     }
     wake_ups = [r for r in records if r["stage"] == "rollout_wake_up"]
     assert all(r["role"] == "rollout" and r["rank"] == 0 for r in wake_ups), wake_ups
+    # The driver's wait for each step's generation, on its own rank; its memory too.
+    generation = [(r["step"], r["rank"]) for r in records if r["stage"] == "rollout_generate"]
+    assert generation == [(1, DRIVER_RANK), (2, DRIVER_RANK), (3, DRIVER_RANK)], generation
+    memory = [MemoryRecord.from_json(line) for line in memory_log_path(save_path, DRIVER_RANK).read_text().splitlines()]
+    assert [(m.stage, m.step) for m in memory] == [("rollout_generate", step) for step in (1, 2, 3)]
     # verl saved what the stages say it saved.
     assert sorted(p.name for p in (runs.plugin / "checkpoints").glob("global_step_*")) == [
         f"global_step_{step}" for step in steps["save_checkpoint"]
@@ -358,7 +364,9 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     assert result["found"] and result["op"]["parameter"] == "model.layers.0.self_attn.q_proj.weight", result
     assert "/step_3/" in result["dump"]
 
-    # The actor worker (rank 0) sent each step's stage times and the anomalies to TensorBoard.
+    # The actor worker (rank 0) sent each step's stage times and the anomalies to TensorBoard; the
+    # driver, whose wait for generation the tracker does not see, opened no run of its own.
+    assert sorted(p.name for p in (save_path / "tensorboard").iterdir()) == ["rank0"]
     sent = tensorboard_scalars(save_path / "tensorboard/rank0")
     assert {step for step in sent["stage_s/actor_update"]} == {1, 2, 3}
     assert {"stage_s/actor_compute_log_prob", "stage_s/ref_compute_log_prob", "stage_s/train_batch"} <= set(sent)

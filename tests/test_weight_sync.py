@@ -46,6 +46,16 @@ def failing_receipt(rank: int) -> dict[str, tuple[str, str]]:
     raise ConnectionError("the engine is gone")
 
 
+def torch_spelled_receipt(rank: int) -> dict[str, tuple[Any, str]]:
+    """As an engine may answer: ``str(t.dtype)`` (``torch.float32``), or the dtype itself."""
+    held = ENGINES[rank].state_dict().items()
+    return {name: (str(t.dtype) if "layers" in name else t.dtype, fingerprint(t)) for name, t in held}
+
+
+def unknown_spelled_receipt(rank: int) -> dict[str, tuple[str, str]]:
+    return {name: ("fp32", fingerprint(t)) for name, t in ENGINES[rank].state_dict().items()}
+
+
 class Decoder(torch.nn.Module):
     """Three layers named as in a HF decoder (``model.layers.N...``)."""
 
@@ -318,6 +328,39 @@ def test_an_engine_that_gives_no_receipt_is_a_warning_and_the_syncs_go_on(
     assert [(r.step, r.receipt, r.alarms) for r in ledger(tmp_path)] == [(0, None, []), (1, None, [])]
     warned = [r.getMessage() for r in caplog.records if "no receipt" in r.getMessage()]
     assert len(warned) == 1 and "ConnectionError: the engine is gone" in warned[0]
+
+
+def test_dtypes_are_compared_by_meaning_and_a_receipt_in_an_unknown_spelling_is_refused_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An engine that spells float32 ``torch.float32`` holds the dtype that was sent: its bytes
+    are compared, and a layer it altered is an alarm.  A spelling that names no dtype would make
+    every tensor "another dtype", whose bytes are never compared: that receipt is refused."""
+    torch.manual_seed(0)
+    trainer = Decoder()
+    for engine, save_path in (
+        ("torch_spelled_receipt", tmp_path / "torch"),
+        ("unknown_spelled_receipt", tmp_path / "x"),
+    ):
+        ENGINES[0] = Decoder()
+        options = {"name": "weight_sync", "receipt_engine": f"{__name__}:{engine}"}
+        installed = verl_events.install({"save_path": str(save_path), "observers": [options]})
+        try:
+            with caplog.at_level(logging.WARNING, "verl_events.weight_sync"):
+                sync(trainer, 0)
+                _alter_layer(trainer, 1)
+        finally:
+            installed.close()
+            ENGINES.clear()
+        records = ledger(save_path)
+        if engine == "torch_spelled_receipt":
+            assert [r.receipt["compared"] if r.receipt else None for r in records] == [14, 14]
+            assert [[a.kind for a in r.alarms] for r in records] == [[], ["differs"]]
+            assert records[1].alarms[0].layer == "layer 2"
+        else:
+            assert [(r.receipt, r.alarms) for r in records] == [(None, []), (None, [])]
+            refused = [r.getMessage() for r in caplog.records if "names no torch dtype" in r.getMessage()]
+            assert len(refused) == 2 and "'fp32'" in refused[0], refused
 
 
 def test_the_tap_hands_every_pair_on_unchanged_and_a_failing_watcher_never_stops_the_sync() -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["fingerprint", "nonfinite_count"]
+__all__ = ["dtype_name", "fingerprint", "nonfinite_count"]
 
 _CHUNK = 1 << 20  # words per pass: the position keys of one chunk stay cached per device
 _POSITION = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
@@ -98,3 +98,16 @@ def nonfinite_count(tensor: Any) -> int:
     if bool(torch.isfinite(data.sum()).all()):
         return 0
     return int(data.numel() - torch.isfinite(data).sum())
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """A dtype by meaning: ``float32`` for ``torch.float32``, ``"torch.float32"``, ``"float32"``
+    and ``"float"`` alike (``bfloat16``, ``float16`` for ``"half"``, ...); None for anything that
+    names no torch dtype.  A manifest and a receipt compare dtypes in this spelling, so bytes are
+    compared whenever both sides hold the same dtype, however the engine spells it."""
+    if not isinstance(dtype, torch.dtype):
+        name = str(dtype).strip().removeprefix("torch.")
+        dtype = getattr(torch, name, None) if name.isidentifier() else None
+        if not isinstance(dtype, torch.dtype):
+            return None
+    return str(dtype).removeprefix("torch.")

@@ -128,6 +128,7 @@ class WeightSyncObserver(Observer):
         self._run: str | None = None
         self._fingerprint: Any = None
         self._nonfinite: Any = None
+        self._dtype_name: Any = None
         # The sync being sent, the last one sent, and this rank's previous sync.
         self._sending: _Sending | None = None
         self._sent: _Sending | None = None
@@ -141,9 +142,9 @@ class WeightSyncObserver(Observer):
         return weight_sync_files(save_path)
 
     def setup(self, context: InstallContext) -> None:
-        from .fingerprint import fingerprint, nonfinite_count  # torch: only where the observer runs
+        from .fingerprint import dtype_name, fingerprint, nonfinite_count  # torch: only where the observer runs
 
-        self._fingerprint, self._nonfinite = fingerprint, nonfinite_count
+        self._fingerprint, self._nonfinite, self._dtype_name = fingerprint, nonfinite_count, dtype_name
         if self.canary and self.selection.ranks is not None:
             raise ConfigError(
                 f"option canary: the canary runs the trainer's forward on every rank at once (under FSDP each "
@@ -173,7 +174,7 @@ class WeightSyncObserver(Observer):
         started = time.perf_counter()
         entry = Entry(
             shape=tuple(tensor.shape),
-            dtype=str(tensor.dtype).removeprefix("torch."),
+            dtype=self._dtype_name(tensor.dtype) or str(tensor.dtype),
             nbytes=tensor.numel() * tensor.element_size(),
             fingerprint=self._fingerprint(tensor),
             nonfinite=self._nonfinite(tensor),
@@ -303,7 +304,18 @@ class WeightSyncObserver(Observer):
             )
             self.receipt_engine = None
             return None
-        return {str(name): (str(dtype), str(fingerprint)) for name, (dtype, fingerprint) in held.items()}
+        receipt = {str(name): (self._dtype_name(dtype), str(print_)) for name, (dtype, print_) in held.items()}
+        unknown = next((name for name, (dtype, _) in receipt.items() if dtype is None), None)
+        if unknown is not None:
+            # Taken as "another dtype", its bytes would never be compared and a change passed.
+            logger.warning(
+                "weight_sync: the engine's receipt gives %s the dtype %r, which names no torch dtype; this "
+                "sync's receipt is not used (spell dtypes as torch does: 'float32' or 'torch.float32')",
+                unknown,
+                held[unknown][0],
+            )
+            return None
+        return {name: (str(dtype), fingerprint) for name, (dtype, fingerprint) in receipt.items()}
 
     def _run_canary(self, event: StageEnd) -> CanaryCheck | None:
         """The canary of this sync (None when it cannot run: said once).

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from ..ranks import DRIVER_RANK, trainer_ranks
 from .overhead import TimingRecord, runs_in
 
-__all__ = ["Headline", "headline", "headline_text"]
+__all__ = ["OUTSIDE_TRAINING", "Headline", "headline", "headline_text"]
+
+#: Stages that run outside a training step too: verl syncs the starting weights (and validates,
+#: with ``val_before_train``) as "step 0", or as the step a run resumes from.  The headline
+#: counts a step only when some other stage ran in it, so a 3-step run says 3 steps.
+OUTSIDE_TRAINING = ("load_checkpoint", "update_weights", "rollout_wake_up", "rollout_validate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +61,7 @@ def headline(records: list[TimingRecord], figures: list[TimingRecord]) -> Headli
         run=runs[0] if len(runs) == 1 else None,
         ranks=len(trainer_ranks(ranks)),
         driver=DRIVER_RANK in ranks,
-        steps=len({r.step for r in records if r.step is not None}),
+        steps=len({r.step for r in records if r.step is not None and r.stage not in OUTSIDE_TRAINING}),
         stage_s=total,
         slowest_stage=slowest,
         slowest_share=per_stage[slowest] / total if slowest is not None and total > 0 else 0.0,

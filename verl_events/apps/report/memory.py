@@ -25,6 +25,7 @@ from typing import Any
 
 from ..formats import memory_record
 from ..jsonl import read_log
+from ..ranks import rank_name
 from ..tables import print_table
 
 __all__ = [
@@ -151,7 +152,7 @@ def render_memory(rows: list[StageMemory], console: Any) -> None:
             str(row.steps),
             f"{row.host_peak_median_mb:.0f}",
             f"{row.host_peak_max_mb:.0f}",
-            f"step {row.host_peak_max_step}, rank {row.host_peak_max_rank}",
+            f"step {row.host_peak_max_step}, {rank_name(row.host_peak_max_rank)}",
             f"{row.kept_median_mb:+.1f}" + (" leak" if row.leak else ""),
         ]
         if device:

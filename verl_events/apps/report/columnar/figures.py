@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...ranks import DRIVER_RANK, trainer_ranks
-from ..headline import Headline
+from ..headline import OUTSIDE_TRAINING, Headline
 from ..overhead import ObserverHooks, StageOverhead, overhead_row, summary
 from ..raised import RaisedStage
 from ..steps import STAGE_ORDER, StageStep
@@ -38,7 +38,9 @@ def headline(con: Any, ranks: list[int], runs: list[str]) -> Headline:
         FROM stage WHERE error IS NULL AND depth = 0 GROUP BY stage ORDER BY seen
         """
     ).fetchall()
-    (steps,) = con.execute("SELECT count(DISTINCT step) FROM stage").fetchone()
+    (steps,) = con.execute(
+        "SELECT count(DISTINCT step) FROM stage WHERE NOT list_contains(?, stage)", [list(OUTSIDE_TRAINING)]
+    ).fetchone()
     per_stage = {stage: seconds for stage, seconds, *_ in rows}
     total = sum(per_stage.values())
     hooks = sum(row[2] for row in rows)
