@@ -269,9 +269,11 @@ def test_each_node_keeps_its_own_ranks_files_in_its_own_folder(run: Run) -> None
     assert run.code == 0, run.log[-6000:]
     folders = node_folders(run)
     assert len(folders) == 2, sorted(p.name for p in run.nodes.iterdir())
-    ranks = sorted([path.stem for path in timing_log_files(folder)] for folder in folders.values())
-    # verl's driver (rank -1, its wait for generation) runs on the head node, beside rank 0.
-    assert ranks == [["rank-1", "rank0"], ["rank1"]]
+    stems = [[path.stem for path in timing_log_files(folder)] for folder in folders.values()]
+    # Each node keeps one trainer rank's log; verl's driver (rank -1, its wait for generation)
+    # keeps its own on whichever node Ray placed it.
+    assert sorted([stem for stem in node if stem != "rank-1"] for node in stems) == [["rank0"], ["rank1"]], stems
+    assert sum(node.count("rank-1") for node in stems) == 1, stems
     assert len({folder.name for folder in folders.values()}) == 1  # one run id on both nodes
 
 
