@@ -13,6 +13,7 @@ import pytest
 
 import verl_events
 from verl_events.observers.watchdog import ABORT_EXIT_CODE, HangRecord
+from verl_events.observers.watchdog.crash import ProcessEnd, ends_log_path
 from verl_events.observers.watchdog.record import heartbeat_path
 
 from .support import end_processes, start_rank_pair, verl_events_exe
@@ -180,7 +181,9 @@ def test_a_rank_stuck_in_the_stage_before_never_began_it_and_says_where_it_is(
 
 
 @pytest.mark.slow
-def test_action_abort_ends_both_ranks_with_the_documented_code(tmp_path: Path, gloo_ranks: object) -> None:
+def test_action_abort_ends_both_ranks_with_the_documented_code_and_the_run_is_hung(
+    tmp_path: Path, gloo_ranks: object, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Rank 1 begins actor_update a second after rank 0, so rank 0's deadline passes first:
     had rank 1 ended first, rank 0's all-reduce would fail at once (gloo: the peer closed the
     connection) and its stage end with that error before its own deadline."""
@@ -209,9 +212,19 @@ def test_action_abort_ends_both_ranks_with_the_documented_code(tmp_path: Path, g
     assert all(ended[rank] - began[rank] <= DEADLINE + 5 for rank in (0, 1))
     assert all(r.action == "abort" and r.kind == "hang" for r in records(run))
     data, by_rank = positions(run)  # the heartbeats stay where the ranks were
-    assert [by_rank[r]["state"] for r in (0, 1)] == ["inside", "inside"] and not by_rank[0]["closed"]
-    # Both processes are gone (aborted), and each is judged by where it was at its deadline.
-    assert [by_rank[r]["liveness"] for r in (0, 1)] == ["gone", "gone"]
+    assert [by_rank[r]["state"] for r in (0, 1)] == ["inside", "inside"]
+    # Both processes closed their heartbeats as the watchdog ended them, so no reader takes them
+    # for killed; each is judged by where it was at its deadline.
+    assert [(by_rank[r]["closed"], by_rank[r]["liveness"]) for r in (0, 1)] == [(True, "closed")] * 2
+    ends = [ProcessEnd.from_json(line) for line in ends_log_path(run).read_text().splitlines()]
+    assert sorted((end.ranks, end.how) for end in ends) == [([0], "abort"), ([1], "abort")]
+    from verl_events.apps.cli import main
+
+    assert main(["diagnose", str(run), "--json"]) == 1
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["verdict"] == "hung", verdict
+    assert (verdict["first"]["rank"], verdict["first"]["kind"]) == (1, "hang")
+    assert [(f["rank"], f["kind"]) for f in verdict["cascade"]] == [(0, "hang")]  # waiting in all_reduce
     headline = "suspect: rank 1, not in a collective; rank 0 waits in all_reduce"
     assert data["suspect"] == {"ranks": [1], "line": headline}
     # examples/hang.py is this run with its own deadline: docs/hangs.md shows the same headline.

@@ -1,10 +1,11 @@
 """The watchdog in verl 0.9.1's real trainer (``main_ppo`` under Ray, on CPU), switched on with
 ``VERL_EVENTS_CONFIG`` as docs/verl.md says: a worker stuck in step 2's ``actor_update`` is
-reported with its line, and ``action: abort`` ends the job.  This run is verl's default trainer
-in its ``colocate_async`` mode (the trainer tests' one run of it: rollouts of the next step are
-generated while this one trains), so the mismatch observer watching it says each step's
-rollout was sampled with older weights than the trainer's.  That healthy steps pass no deadline is shown on
-tests/test_verl_trainer.py's 12 healthy steps, which the watchdog watches too."""
+reported with its line, and ``action: abort`` ends the job, which ``diagnose`` calls hung.
+This run is verl's default trainer in its ``colocate_async`` mode (the trainer tests' one run
+of it: rollouts of the next step are generated while this one trains), so the mismatch observer
+watching it says each step's rollout was sampled with older weights than the trainer's.  That
+healthy steps pass no deadline is shown on tests/test_verl_trainer.py's 12 healthy steps, which
+the watchdog watches too."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ def test_a_worker_stuck_in_step_2s_update_is_reported_with_its_line_and_abort_en
     assert verl_events_main(["hangs", str(tmp_path / "profile"), "--json"]) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["stuck"] == {"step": 2, "stage": "actor_update"}
+    # The watchdog ended the rank and said so: the run hung, whatever died after.
+    assert verl_events_main(["diagnose", str(tmp_path / "profile"), "--json"]) == 1
+    verdict = json.loads(capsys.readouterr().out)
+    first = verdict["first"]
+    assert verdict["verdict"] == "hung" and (first["rank"], first["kind"], first["step"]) == (0, "hang", 2), verdict
+    assert all(f["kind"] != "killed" for f in verdict["cascade"]), verdict["cascade"]
     print(f"main_ppo exited {code} after {took:.0f} s; its log's last lines:\n{log[-2500:]}")
     assert str(ABORT_EXIT_CODE) in log or "died" in log.lower()
     # Step 2's responses were sampled while step 1 trained, with the weights of sync 0; the

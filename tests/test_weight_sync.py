@@ -306,6 +306,58 @@ def test_a_lora_sync_without_adapter_tensors_is_named_and_with_them_is_not(tmp_p
     assert (second.adapter_tensors, [a.kind for a in second.alarms]) == (0, ["no_adapter"])
 
 
+def test_a_tensor_left_out_of_a_sync_is_missing_and_a_healthy_sync_after_it_is_quiet(
+    run: tuple[Path, RecordingObserver, Decoder, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engine loads what it gets and keeps its old value of a tensor the sync left out:
+    every tensor it got matches, so only the previous sync's names can tell."""
+    save_path, listener, trainer, optimizer = run
+    left = "model.layers.1.up_proj.weight"
+    sync(trainer, 0)
+    train_step(trainer, optimizer, 1)
+    pairs = [(n, t.detach().clone()) for n, t in trainer.state_dict().items() if n != left]
+    with stage("update_weights", role="actor", step=1):
+        ENGINES[0].load_state_dict(dict(passing(iter(pairs), Payload(step=1, adapter=False))), strict=False)
+    train_step(trainer, optimizer, 2)
+    sync(trainer, 2)
+    records = ledger(save_path)
+    assert [[a.kind for a in r.alarms] for r in records] == [[], ["missing"], []]
+    missing = records[1].alarms[0]
+    assert (missing.tensors, missing.layer, records[1].tensors) == ([left], "layer 1", 13)
+    assert records[1].receipt is not None and records[1].receipt["differs"] == []  # what it got matches
+    code, out, _ = weights_command(save_path, capsys)
+    assert code == 1 and "step 1, rank 0: missing (layer 1):" in out and left in out
+
+
+def test_verls_first_lora_sync_sends_the_base_then_the_adapter_and_both_are_judged(tmp_path: Path) -> None:
+    """verl 0.9.1's first LoRA sync (``base_sync_done=False``) sends the base weights, then the
+    adapter, in one ``update_weights``; the later ones the adapter alone.  A NaN in the base
+    weights is an alarm, and the later syncs, without the frozen base, are not ``missing`` it."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model = peft.get_peft_model(Decoder(), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    base = {n: t.detach().clone() for n, t in model.state_dict().items() if "lora_" not in n}
+    poisoned = next(n for n in base if n.endswith("up_proj.weight"))
+    base[poisoned][0, 0] = float("nan")
+    adapter = peft.get_peft_model_state_dict(model)
+    installed = verl_events.install(
+        {"save_path": str(tmp_path), "observers": [{"name": "weight_sync", "receipt_engine": None}]}
+    )
+    try:
+        with stage("update_weights", role="actor", step=0):
+            list(passing(iter(base.items()), Payload(step=0, adapter=False)))
+            list(passing(iter(adapter.items()), Payload(step=0, adapter=True)))
+        for step in (1, 2):
+            with stage("update_weights", role="actor", step=step):
+                list(passing(iter(adapter.items()), Payload(step=step, adapter=True)))
+    finally:
+        installed.close()
+    first, *later = ledger(tmp_path)
+    assert (first.payloads, first.tensors, first.adapter_tensors) == (2, len(base) + len(adapter), len(adapter))
+    assert [(a.kind, a.tensors) for a in first.alarms] == [("nonfinite", [poisoned])]
+    assert [(r.payloads, r.tensors, r.alarms) for r in later] == [(1, len(adapter), [])] * 2
+
+
 def test_an_engine_that_gives_no_receipt_is_a_warning_and_the_syncs_go_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -214,8 +214,8 @@ class ProcessEnd:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
-#: How a process ended, in ``ends.jsonl``.
-ENDINGS = ("normal", "exception", "signal")
+#: How a process ended, in ``ends.jsonl``; ``abort``: the watchdog ended it (``action: abort``).
+ENDINGS = ("normal", "exception", "signal", "abort")
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,6 +218,10 @@ class Endings:
         except OSError as exc:
             logger.error("the watchdog cannot append to %s: %s", ends_log_path(self.save_path), exc)
 
+    def aborted(self, exit: dict[str, Any]) -> None:
+        """The monitor ends the process (``action: abort``): its line in ``ends.jsonl`` says so."""
+        self._end(exit)
+
     def exit_how(self) -> dict[str, Any]:
         """How the process is ending, for its last heartbeat: a recorded signal, the exception
         being handled or left uncaught, else a normal exit."""

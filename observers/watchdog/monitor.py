@@ -116,6 +116,7 @@ class Monitor:
         self.pid = os.getpid()
         self.started = process_start_time(self.pid)
         self.on_first_rank: Callable[[int], None] | None = None  # told the first rank the process runs
+        self.on_abort: Callable[[dict[str, Any]], None] | None = None  # told how it ends, before os._exit
         self._first_rank_told = False
         self._stop = threading.Event()
         self._fire_lock = threading.Lock()  # a stage's late line waits for its hang line
@@ -324,6 +325,18 @@ class Monitor:
             logger.warning(
                 "rank %s: action abort: ending process %s with exit code %s", event.rank, self.pid, ABORT_EXIT_CODE
             )
+            # Said before the exit, so that readers tell this end from a kill: the heartbeats
+            # closed with how it ended, and the process's line in ends.jsonl.
+            ending = {
+                "how": "abort",
+                "detail": f"exit code {ABORT_EXIT_CODE}: step {event.step}'s {event.stage} passed its deadline",
+            }
+            self._beat(closed=True, exit=ending, lock_wait_s=0.5)
+            if self.on_abort is not None:
+                try:
+                    self.on_abort(ending)
+                except Exception:
+                    logger.exception("the watchdog could not record how it ends this process")
             for handler in logging.getLogger().handlers + logger.handlers:
                 handler.flush()
             os._exit(ABORT_EXIT_CODE)

@@ -134,6 +134,7 @@ class WatchdogObserver(Observer):
         monitor = self._monitor = Monitor(self._table, settings, context.save_path, host)
         endings = self._endings = Endings(self._table, context.save_path, host, monitor.run, monitor.final_beat)
         monitor.on_first_rank = endings.arm
+        monitor.on_abort = endings.aborted
         endings.start()
         monitor.start()
 

@@ -9,12 +9,13 @@ Standard library only.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .record import ALARM_KINDS, NAMES_KEPT, Alarm
 
-__all__ = ["Entry", "Judgement", "Receipt", "canary_alarm", "judge", "layer_of"]
+__all__ = ["Entry", "Judgement", "Receipt", "canary_alarm", "judge", "layer_of", "left_out", "payload_kind"]
 
 #: Adapter tensors, as peft names them (``...q_proj.lora_A.weight``).
 _ADAPTER = "lora_"
@@ -46,6 +47,19 @@ class Judgement:
     alarms: list[Alarm]
 
 
+def payload_kind(names: Iterable[str]) -> str:
+    """``adapter`` for a payload of LoRA adapter tensors, else ``weights``.  verl's first LoRA
+    sync sends the base weights, then the adapter; later ones the adapter alone (the base is
+    frozen): a sync's payloads are compared with the previous sync's of the same kind."""
+    return "adapter" if any(_ADAPTER in name for name in names) else "weights"
+
+
+def left_out(previous: dict[str, frozenset[str]], sent: dict[str, frozenset[str]]) -> list[str]:
+    """The tensors of the previous sync's payloads (by :func:`payload_kind`) that this sync's
+    payloads of the same kind lack; a kind this sync did not send is not judged."""
+    return sorted(name for kind, names in sent.items() for name in previous.get(kind, frozenset()) - names)
+
+
 def layer_of(name: str) -> str:
     """``layer 3`` for ``model.layers.3.mlp.up_proj.weight``; else the tensor's module."""
     found = _LAYER.search(name)
@@ -62,9 +76,21 @@ def judge(
     *,
     optimizer_stepped: bool | None,
     adapter: bool,
+    missing: list[str] | None = None,
 ) -> Judgement:
-    """Compare a sync with the previous one and with the engine's receipt (see :data:`.record.ALARM_KINDS`)."""
+    """Compare a sync with the previous one and with the engine's receipt (see :data:`.record.ALARM_KINDS`).
+
+    ``missing``: the tensors the previous sync sent in a payload of a kind this one sent too,
+    but this one left out (:func:`left_out`)."""
     alarms: list[Alarm] = []
+    if missing:
+        alarms.append(
+            _alarm(
+                "missing",
+                missing,
+                f"{missing[0]} was sent at the previous sync and not at this one: the engine keeps its old value",
+            )
+        )
     nonfinite = [name for name, entry in manifest.items() if entry.nonfinite]
     if nonfinite:
         first = nonfinite[0]

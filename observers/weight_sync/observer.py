@@ -68,8 +68,9 @@ from verl_events.config import import_target, is_import_path
 from verl_events.layout import run_id
 
 from .._lines import append_line
-from .judge import Entry, Receipt, canary_alarm, judge
+from .judge import Entry, Receipt, canary_alarm, judge, left_out
 from .record import STAGE, SyncRecord, weight_sync_files, weight_sync_log_path
+from .sending import Sending, Sent
 
 if TYPE_CHECKING:
     from .canary import CanaryCheck
@@ -130,8 +131,9 @@ class WeightSyncObserver(Observer):
         self._nonfinite: Any = None
         self._dtype_name: Any = None
         # The sync being sent, the last one sent, and this rank's previous sync.
-        self._sending: _Sending | None = None
-        self._sent: _Sending | None = None
+        self._sending: Sending | None = None
+        self._sent: list[Sending] = []  # the payloads of the sync under way
+        self._previous_kinds: dict[str, frozenset[str]] = {}  # what the previous sync sent, by kind
         self._previous: dict[str, Entry] | None = None
         self._previous_receipt: Receipt | None = None
         self._stepped = False
@@ -168,7 +170,7 @@ class WeightSyncObserver(Observer):
 
     def began(self, payload: Payload) -> None:
         with self._lock:
-            self._sending = _Sending(payload)
+            self._sending = Sending(payload)
 
     def tensor(self, name: str, tensor: Any) -> None:
         started = time.perf_counter()
@@ -193,7 +195,7 @@ class WeightSyncObserver(Observer):
             sending, self._sending = self._sending, None
             if sending is not None:
                 sending.complete = complete
-                self._sent = sending
+                self._sent.append(sending)
 
     # Stages.
 
@@ -205,19 +207,19 @@ class WeightSyncObserver(Observer):
         if event.stage != STAGE:
             return
         with self._lock:
-            sent, self._sent = self._sent, None
+            sent, self._sent = self._sent, []
             unseen, self._unseen = self._unseen, None
         if event.error is not None:
             return  # the sync raised: the timing log and the watchdog say so
-        if sent is None:
+        if not sent:
             self._unchecked(event, unseen)
             return
-        self._judge(event, sent)
+        self._judge(event, Sent.of(sent))
 
-    def _judge(self, event: StageEnd, sent: _Sending) -> None:
+    def _judge(self, event: StageEnd, sent: Sent) -> None:
         # An engine's receiver loads in its own process, maybe after this rank's send returned:
         # asked now, the engine would answer with the weights it had before (a false alarm).
-        engine_loaded = sent.payload.loaded_on_return
+        engine_loaded = sent.last.loaded_on_return
         started = time.perf_counter()
         receipt = self._ask_receipt(event.rank) if engine_loaded else None
         receipt_s = time.perf_counter() - started
@@ -232,20 +234,22 @@ class WeightSyncObserver(Observer):
                 receipt,
                 self._previous_receipt,
                 optimizer_stepped=stepped,
-                adapter=sent.payload.adapter,
+                adapter=sent.adapter,
+                missing=left_out(self._previous_kinds, sent.kinds),
             )
             self._previous, self._previous_receipt, self._stepped = sent.manifest, receipt, False
+            self._previous_kinds = self._previous_kinds | sent.kinds
         if self._run is None:
             self._run = run_id()
         record = SyncRecord(
             run=self._run,
-            step=event.step if event.step is not None else sent.payload.step,
+            step=event.step if event.step is not None else sent.last.step,
             rank=event.rank,
             time=time.time(),
             complete=sent.complete,
             tensors=len(sent.manifest),
             bytes=sum(entry.nbytes for entry in sent.manifest.values()),
-            adapter=sent.payload.adapter,
+            adapter=sent.adapter,
             adapter_tensors=verdict.adapter_tensors,
             changed=verdict.changed,
             unchanged=verdict.unchanged,
@@ -259,7 +263,8 @@ class WeightSyncObserver(Observer):
                 "receipt": round(receipt_s, 6),
                 **({"canary": round(canary_s, 6)} if canary is not None else {}),
             },
-            seen_at=sent.payload.seen_at,
+            seen_at=sent.last.seen_at,
+            payloads=sent.payloads,
         )
         append_line(weight_sync_log_path(self._root), record.to_json())
         for alarm in record.alarms:
@@ -384,13 +389,3 @@ class WeightSyncObserver(Observer):
         if not self._warned_no_payload:
             self._warned_no_payload = True
             logger.warning("weight_sync: rank %d: %s at step %s is unchecked: %s", event.rank, STAGE, event.step, why)
-
-
-class _Sending:
-    """One sync's manifest as the tensors pass."""
-
-    def __init__(self, payload: Payload) -> None:
-        self.payload = payload
-        self.manifest: dict[str, Entry] = {}
-        self.seconds = 0.0
-        self.complete = False

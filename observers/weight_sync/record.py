@@ -12,7 +12,7 @@ through the names here.  A line is a :class:`SyncRecord`::
      "canary": {"max": 3.1e-07, "mean": 4.2e-08, "layers": [1.1e-07, 2.3e-07], "tolerance": 0.001,
                 "first_layer": null},
      "alarms": [], "seconds": {"manifest": 0.41, "receipt": 0.52, "canary": 0.08},
-     "seen_at": "the rollout adapter's update_weights", "unchecked": null}
+     "seen_at": "the rollout adapter's update_weights", "unchecked": null, "payloads": 1}
 
 ``changed`` is how many tensors differ from the previous sync this rank
 sent (null at the first one); ``unchanged`` names the others (at most
@@ -21,7 +21,9 @@ sent (null at the first one); ``unchanged`` names the others (at most
 its ``tolerance`` is null at the rank's first check, the baseline: see
 :mod:`.canary`); each alarm is an :class:`Alarm`.  ``seen_at`` names the
 call the tensors were seen passing (the rollout adapter's
-``update_weights``, or a checkpoint engine's ``send_weights``).  A sync
+``update_weights``, or a checkpoint engine's ``send_weights``); ``payloads`` how many
+payloads the sync sent through it (verl's first LoRA sync sends the base weights, then
+the adapter: 2), all of them in the line's counts and judged.  A sync
 whose tensors passed nowhere this rank watches still has its line:
 ``unchecked`` says why, with no tensor counted and nothing judged.  Lines are appended
 with one ``write`` on an ``O_APPEND`` descriptor, so the ranks' lines never
@@ -63,6 +65,7 @@ ALARM_KINDS = {
     "not_updated": "the engine's tensor did not change although the sync changed it",
     "no_adapter": "LoRA is on but no adapter tensor was sent",
     "nonfinite": "the payload holds NaN or infinite values",
+    "missing": "sent at the previous sync, left out of this one: the engine keeps its old value",
     "canary": "the engine's log-probs of the canary sequences are past the tolerance from the trainer's",
 }
 
@@ -117,6 +120,7 @@ class SyncRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     seen_at: str | None = None
     unchecked: str | None = None
+    payloads: int = 1
 
     @classmethod
     def not_seen(cls, *, run: str, step: int | None, rank: int, time: float, why: str) -> SyncRecord:
@@ -137,6 +141,7 @@ class SyncRecord:
             nonfinite=[],
             receipt=None,
             unchecked=why,
+            payloads=0,
         )
 
     def to_json(self) -> str:
@@ -151,6 +156,9 @@ class SyncRecord:
         for name in ("seen_at", "unchecked"):
             if not isinstance(data.get(name), str | None):
                 raise NotASyncRecord(f"its {name} is neither text nor null")
+        payloads = data.get("payloads", 1)
+        if isinstance(payloads, bool) or not isinstance(payloads, int) or payloads < 0:
+            raise NotASyncRecord(f"its payloads is {payloads!r}, not a count")
         try:
             alarms = [Alarm(**alarm) for alarm in data.get("alarms") or []]
             known = {name: data[name] for name in _FIELDS if name in data and name != "alarms"}
@@ -160,5 +168,5 @@ class SyncRecord:
 
 
 _FIELDS = tuple(f.name for f in fields(SyncRecord))
-_OPTIONAL = ("canary", "alarms", "seconds", "seen_at", "unchecked")
+_OPTIONAL = ("canary", "alarms", "seconds", "seen_at", "unchecked", "payloads")
 _REQUIRED = tuple(f.name for f in fields(SyncRecord) if f.name not in _OPTIONAL)

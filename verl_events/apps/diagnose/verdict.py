@@ -20,9 +20,11 @@ So:
 Anomalies are findings, not deaths: the first of them is "first" only in a
 run where nothing failed.  So is a stage that passed its deadline and then
 ended after all (``slow``): the watchdog was right to report it, but it held
-nothing up for good.  Verdicts: ``failed`` (an exception, a signal, a
-rank killed), ``hung`` (a deadline passed and the stage never ended, nothing
-died), ``anomalous`` (anomalies or slow stages only),
+nothing up for good.  The verdict is the causes': ``failed`` (one of them an
+exception, a signal, a rank killed), ``hung`` (a deadline passed and the
+stage never ended; what died after it follows from it: the rank the watchdog
+ended with ``action: abort``, whose heartbeat says so, and those a launcher
+then stopped), ``anomalous`` (anomalies or slow stages only),
 ``running`` (nothing went wrong yet, and a rank still beats), ``healthy``.
 """
 
@@ -99,7 +101,9 @@ def judge(failures: list[Failure], running: bool = False) -> Verdict:
         # that window may have come first, and it says more than a silent death.
         rival = next((f for f in causes if f.kind != "killed" and f.time <= first.time + first.window), None)
         first = rival or first
-    verdict = "failed" if any(f.kind in _DEATHS for f in fatal) else "hung"
+    # What the causes were, not what followed: a rank the watchdog ended after its hang
+    # (``action: abort``), and the launcher's signals to the others, make a hung run.
+    verdict = "failed" if any(f.kind in _DEATHS for f in causes or [first]) else "hung"
     cascade = [(f, _why(f, first)) for f in fatal if f is not first]
     return Verdict(verdict, first, cascade)
 
