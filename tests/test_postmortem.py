@@ -248,3 +248,47 @@ def test_the_launchers_sigterm_after_the_driver_ended_normally_is_teardown_not_a
         assert code == 0 and result["verdict"] == "healthy" and result["cascade"] == []
         assert [(t["rank"], t["detail"]) for t in result["teardown"]] == [(0, "SIGTERM")]
         assert "the launcher stopped rank(s) 0 between stages (not a failure)" in text
+
+
+KILLED_AS_IT_BEGINS = """\
+import sys, time
+sys.path.insert(0, {repo!r})
+import verl_events
+
+config = {{"save_path": {save_path!r}, "observers": [
+    {{"name": "watchdog", "timeout_s": 30, "heartbeat_s": 3.0, "liveness_s": 2.0}}, {{"name": "timing"}},
+    {{"_target_": "tests.support:Killer", "step": 2, "rank": 0, "seconds": 0, "stages": ["actor_update"]}}]}}
+with verl_events.install(config):
+    for step in (1, 2):
+        if step == 2:
+            time.sleep(3.5)  # the heartbeat is written now; the next write is 3 s away
+        for stage in ("ref_compute_log_prob", "actor_update"):
+            with verl_events.stage(stage, step=step):
+                pass
+"""
+
+
+def test_a_rank_killed_as_a_stage_begins_is_placed_in_that_stage_by_its_boundary_record(tmp_path: Path) -> None:
+    """SIGKILL in ``on_stage_begin`` of step 2's ``actor_update``, two boundaries after the last
+    heartbeat was written: the heartbeat alone says the rank was between step 1's
+    ``actor_update`` and the next stage; the boundary record, stored at each boundary, says where."""
+    pytest.importorskip("torch")
+    from verl_events.observers.watchdog.record import Heartbeat, heartbeat_path
+
+    script = tmp_path / "killed.py"
+    repo = Path(__file__).resolve().parents[1]
+    script.write_text(KILLED_AS_IT_BEGINS.format(repo=str(repo), save_path=str(tmp_path / "run")))
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert process.returncode == -signal.SIGKILL, process.stderr
+    written = Heartbeat.from_json(heartbeat_path(tmp_path / "run", 0).read_bytes())
+    assert written.open == [] and written.last_ended is not None and written.last_ended["step"] == 1  # behind
+    code, result, text = diagnose(tmp_path / "run")
+    first = result["first"]
+    assert code == 1 and (first["rank"], first["kind"], first["step"], first["stage"]) == (
+        0,
+        "killed",
+        2,
+        "actor_update",
+    )
+    assert "stage-boundary record, newer than its last heartbeat" in first["detail"], first

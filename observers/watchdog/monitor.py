@@ -79,6 +79,7 @@ class RankState:
     changed: bool = True
     written: float = -math.inf  # monotonic: when its heartbeat was last written or touched
     on_disk: bool = False  # its file holds what it says now, not closed: a liveness beat only touches it
+    boundary: Any = None  # its BoundaryWriter (.boundary): every boundary, stored as the hooks cross it
 
 
 @dataclass(slots=True)

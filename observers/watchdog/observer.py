@@ -39,6 +39,7 @@ still counts as unprofiled.
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import threading
@@ -48,12 +49,15 @@ from typing import Literal
 
 from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
 
+from .boundary import BEGAN, ENDED, BoundaryWriter, boundary_path
 from .crash import crash_dir
 from .endings import Endings
 from .monitor import ABORT_EXIT_CODE, Monitor, MonitorSettings, OpenStage, RankState, WatchTable
-from .record import heartbeat_dir, report_dir, watchdog_files
+from .record import heartbeat_dir, heartbeat_path, report_dir, watchdog_files
 
 __all__ = ["ABORT_EXIT_CODE", "WatchdogObserver"]
+
+logger = logging.getLogger("verl_events.watchdog")
 
 _monotonic = time.monotonic
 _time = time.time
@@ -108,6 +112,7 @@ class WatchdogObserver(Observer):
         self._ranks: dict[int, RankState] = self._table.ranks
         self._monitor: Monitor | None = None
         self._endings: Endings | None = None
+        self._save_path: Path | None = None
 
     def outputs(self, save_path: Path) -> list[Path]:
         """The heartbeats, the reports, hangs.jsonl and the crash records under ``save_path``."""
@@ -131,6 +136,7 @@ class WatchdogObserver(Observer):
             heartbeat_s=self.heartbeat_s, liveness_s=self.liveness_s, action=self.action, multiple=self.multiple
         )
         host = socket.gethostname()
+        self._save_path = context.save_path
         monitor = self._monitor = Monitor(self._table, settings, context.save_path, host)
         endings = self._endings = Endings(self._table, context.save_path, host, monitor.run, monitor.final_beat)
         monitor.on_first_rank = endings.arm
@@ -147,12 +153,15 @@ class WatchdogObserver(Observer):
         with self._lock:
             state = self._ranks.get(event.rank)
             if state is None:
-                state = self._ranks[event.rank] = RankState(event.rank)
+                state = self._ranks[event.rank] = RankState(event.rank, boundary=self._boundary_of(event.rank))
             state.begun += 1
             entry.begun = state.begun
             state.last_begun = entry
             state.changed = True
             self._open[event.seq] = entry
+            boundary = state.boundary
+            if boundary is not None:
+                boundary.store(BEGAN, event.stage, event.step, event.depth, state.begun, entry.since, entry.thread)
 
     def on_stage_end(self, event: StageEnd) -> None:
         ended = _time()
@@ -163,6 +172,8 @@ class WatchdogObserver(Observer):
                 state.ended[event.stage] = (event.step, ended)
                 state.last_ended = (event.stage, event.step, ended)
                 state.changed = True
+                if state.boundary is not None:
+                    state.boundary.store(ENDED, event.stage, event.step, event.depth, state.begun, ended, entry.thread)
         if event.error is not None and self._endings is not None:
             self._endings.exception(event)  # after the table: were this to fail, no stage is left open
         if entry is None:
@@ -174,6 +185,16 @@ class WatchdogObserver(Observer):
             self._longest[event.stage] = event.elapsed_s
             self._deadlines[event.stage] = (max(self.floor_s, self.multiple * event.elapsed_s), "adaptive")
 
+    def _boundary_of(self, rank: int) -> BoundaryWriter | None:
+        """The rank's boundary record (:mod:`.boundary`), or None where it cannot be made:
+        then the heartbeat alone says where the rank is."""
+        assert self._save_path is not None
+        try:
+            return BoundaryWriter(boundary_path(heartbeat_path(self._save_path, rank)))
+        except (OSError, ValueError) as exc:
+            logger.warning("the watchdog keeps no boundary record of rank %s: %s", rank, exc)
+            return None
+
     def close(self) -> None:
         exit = self._endings.exit_how() if self._endings is not None else None
         if self._monitor is not None:
@@ -182,3 +203,8 @@ class WatchdogObserver(Observer):
         if self._endings is not None and exit is not None:
             self._endings.stop(exit)
             self._endings = None
+        with self._lock:
+            for state in self._ranks.values():
+                if state.boundary is not None:
+                    state.boundary.close()
+                    state.boundary = None

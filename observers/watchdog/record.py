@@ -6,6 +6,7 @@ This module owns the three formats; the watchdog writes them and
     {save_path}/hangs.jsonl                          one HangRecord per line, every rank
     {save_path}/hangs/step_3_actor_update_rank1.txt  one report per stage that passed its deadline
     {save_path}/heartbeats/rank1.json                one Heartbeat per rank, kept current
+    {save_path}/heartbeats/rank1.boundary            the last stage boundary it crossed (.boundary)
 
 A line of ``hangs.jsonl`` (``kind`` is ``"hang"`` when the deadline passed,
 ``"late"`` when that stage ended after all, with its final time)::
@@ -60,6 +61,7 @@ from typing import Any
 
 from verl_events.layout import step_dir_name
 
+from .boundary import BEGAN, BOUNDARY_SUFFIX, Boundary, boundary_path, read_boundary
 from .crash import crash_log_files, ends_log_path, fatal_files
 
 __all__ = [
@@ -134,6 +136,7 @@ def watchdog_files(save_path: Path) -> list[Path]:
     ``hangs.jsonl``, and how processes ended (crash records, the fatal dumps written
     to, ``ends.jsonl``; :mod:`.crash`).  An empty dump is a live process's: not listed."""
     found = [*heartbeat_files(save_path), *report_files(save_path)]
+    found += sorted(heartbeat_dir(save_path).glob(f"rank*{BOUNDARY_SUFFIX}"))
     found += [path for path in (hangs_log_path(save_path), ends_log_path(save_path)) if path.exists()]
     return found + [path for _, path in crash_log_files(save_path)] + fatal_files(save_path, written=True)
 
@@ -253,6 +256,7 @@ class Heartbeat:
     started: float | None = None
     exit: dict[str, Any] | None = None
     mtime_beats: bool = False
+    from_boundary: bool = False  # set by the reader: the position is the boundary record's (newer)
 
     def to_json(self) -> str:
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
@@ -290,14 +294,49 @@ def touch_heartbeat(save_path: Path, rank: int, when: float) -> None:
 def read_heartbeat(path: Path) -> Heartbeat:
     """A heartbeat file, read; NotAHeartbeat when it is cut short or not one, OSError when unreadable.
     Its ``time`` is when the rank last beat: the file's mtime when that is later and the
-    heartbeat says its liveness beat sets the mtime (``mtime_beats``, not ``closed``)."""
+    heartbeat says its liveness beat sets the mtime (``mtime_beats``, not ``closed``).  Where the
+    rank's boundary record (:mod:`.boundary`) is newer than the heartbeat, its position is the
+    record's, and ``from_boundary`` says so."""
     with open(path, "rb") as file:
         # Of the file read, whatever replaces it meanwhile; and fresh on NFS, which revalidates at open.
         touched = os.fstat(file.fileno()).st_mtime
         beat = Heartbeat.from_json(file.read())
     if beat.mtime_beats and not beat.closed and touched > beat.time:
-        return replace(beat, time=touched)
-    return beat
+        beat = replace(beat, time=touched)
+    return with_boundary(beat, read_boundary(boundary_path(path)))
+
+
+def with_boundary(beat: Heartbeat, boundary: Boundary | None) -> Heartbeat:
+    """``beat`` with the position of ``boundary`` when that is the later one: the same process
+    (pid), and a boundary the heartbeat has not seen (more stages begun, or the same count and a
+    later time than the heartbeat's last begin and end).  The stages open on the boundary's
+    thread are those below its depth, then the stage it began; other threads' are kept."""
+    if boundary is None or boundary.pid != beat.pid:
+        return beat
+    seen = max((item.get("time") or 0.0) for item in (beat.last_begun or {}, beat.last_ended or {}))
+    if boundary.begun < beat.begun or (boundary.begun == beat.begun and boundary.time <= seen):
+        return beat
+    mine = [item for item in beat.open if item.get("thread_id") == boundary.thread]
+    others = [item for item in beat.open if item.get("thread_id") != boundary.thread]
+    opened = mine[: boundary.depth]
+    position = {"stage": boundary.stage, "step": boundary.step, "time": boundary.time}
+    # The store is a sign of life too: the rank lived at least until then.
+    changes: dict[str, Any] = {"from_boundary": True, "begun": boundary.begun, "time": max(beat.time, boundary.time)}
+    if boundary.kind == BEGAN:
+        opened.append(
+            {
+                "stage": boundary.stage,
+                "step": boundary.step,
+                "since": boundary.time,
+                "begun": boundary.begun,
+                "thread_id": boundary.thread,
+            }
+        )
+        changes["last_begun"] = position
+    else:
+        changes["last_ended"] = position
+        changes["ended"] = {**beat.ended, boundary.stage: {"step": boundary.step, "time": boundary.time}}
+    return replace(beat, open=others + opened, **changes)
 
 
 def process_start_time(pid: int) -> float | None:

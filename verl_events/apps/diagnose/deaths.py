@@ -191,6 +191,9 @@ def stopped_ranks(evidence: Evidence) -> None:
         exit = beat.exit or {}
         if state.stopped:
             detail = f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}"
+            if beat.from_boundary:
+                # Which evidence placed it: a boundary crossed after its last heartbeat was written.
+                detail += "; where: its stage-boundary record, newer than its last heartbeat"
             window = beat.liveness_s or 0.0
             evidence.failures.append(
                 _of_heartbeat(beat, "killed", detail, source, in_stage=bool(beat.open), window=window)
