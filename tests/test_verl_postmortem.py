@@ -5,7 +5,7 @@ set switched on through ``VERL_EVENTS_CONFIG`` (docs/postmortem.md).
 Two trainer runs of two steps each (step 1 healthy, the failure in step 2), about a minute or
 two each on 2 cores:
 
-- **killed**: rank 1's process SIGKILLs itself 2 s into step 2's ``actor_update``
+- **killed**: rank 1's process SIGKILLs itself as step 2's ``actor_update`` begins
   (tests.support:Killer); the driver fails with Ray's ``ActorDiedError``, which names no rank.
   Diagnose must name rank 1, step 2, the stage and ``killed``, and the other rank as cascade.
 - **raised**: a forward hook on rank 0's actor model raises inside step 2's update
@@ -71,7 +71,9 @@ def run_with(root: Path, fault: dict[str, Any]) -> Run:
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    fault = {"_target_": "tests.support:Killer", "step": 2, "rank": 1, "stages": ["actor_update"]}
+    # Killed as the stage begins (where OOM kills land: the stage reloads offloaded state first),
+    # within the heartbeat's interval of the boundary: the stage-boundary record places it.
+    fault = {"_target_": "tests.support:Killer", "step": 2, "rank": 1, "seconds": 0, "stages": ["actor_update"]}
     return run_with(tmp_path_factory.mktemp("killed"), fault)
 
 
