@@ -42,6 +42,7 @@ BEGAN, ENDED = 1, 2
 _VERSION = 1
 _SEQUENCE = struct.Struct("<Q")
 _BODY = struct.Struct("<IIBBHIqQdQ")
+_RECORD = struct.Struct("<QIIBBHIqQdQ")  # the sequence, then the body
 _NAME_AT = _SEQUENCE.size + _BODY.size
 _NAME_MAX = 200
 _SIZE = 4096  # one page
@@ -75,14 +76,18 @@ class BoundaryWriter:
             os.close(fd)  # the mapping keeps the file
         self._sequence = 0
         self._pid = os.getpid()
+        self._names: dict[str, bytes] = {}  # each stage's name, encoded once
 
     def store(self, kind: int, stage: str, step: int | None, depth: int, begun: int, at: float, thread: int) -> None:
-        name = stage.encode()[:_NAME_MAX]
+        name = self._names.get(stage)
+        if name is None:
+            name = self._names[stage] = stage.encode()[:_NAME_MAX]
         sequence = self._sequence + 1
-        _SEQUENCE.pack_into(self._map, 0, sequence)  # odd: under way
-        _BODY.pack_into(
+        # The odd sequence goes in with the fields (one store), the even one after the name.
+        _RECORD.pack_into(
             self._map,
-            _SEQUENCE.size,
+            0,
+            sequence,
             _VERSION,
             self._pid,
             kind,
