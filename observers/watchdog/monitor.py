@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,8 @@ from .record import (
     touch_heartbeat,
     write_heartbeat,
 )
-from .stacks import ThreadStack, collective_info, describe_where, thread_stacks
+from .report import report_text
+from .stacks import collective_info, describe_where, thread_stacks
 
 __all__ = ["ABORT_EXIT_CODE", "Monitor", "MonitorSettings", "OpenStage", "RankState", "WatchTable"]
 
@@ -100,10 +100,6 @@ class MonitorSettings:
     liveness_s: float
     action: str  # "report" or "abort"
     multiple: float  # the adaptive deadline's, for the report's wording
-
-
-def _iso(unix: float) -> str:
-    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Monitor:
@@ -290,7 +286,8 @@ class Monitor:
             report=report.relative_to(self.save_path).as_posix(),
         )
         try:
-            report.write_text(self._report_text(record, stacks, entry), encoding="utf-8")
+            text = report_text(record, stacks, entry, self.settings.multiple, ABORT_EXIT_CODE)
+            report.write_text(text, encoding="utf-8")
         except OSError as exc:
             logger.error("the watchdog cannot write its report %s: %s", report, exc)
             report = None
@@ -385,30 +382,3 @@ class Monitor:
             append_line(hangs_log_path(self.save_path), record.to_json())
         except OSError as exc:
             logger.error("the watchdog cannot append to %s: %s", hangs_log_path(self.save_path), exc)
-
-    def _report_text(self, record: HangRecord, stacks: list[ThreadStack], entry: OpenStage) -> str:
-        how = {
-            "fixed": "timeout_s",
-            "first": "first_s: the stage's first time in this process",
-            "adaptive": f"{self.settings.multiple:g} x its longest so far, at least floor_s",
-        }[entry.how]
-        shown = describe_where(record.where)
-        lines = [
-            "verl-events watchdog: a stage passed its deadline",
-            f"run: {record.run}",
-            f"step {record.step}, stage {record.stage} (role {record.role}), rank {record.rank} "
-            f"of {entry.event.world_size}, pid {record.pid} on {record.host}, thread {record.thread}",
-            f"began {_iso(record.began)}; had run {record.elapsed_s:.1f} s at {_iso(record.time)}; "
-            f"deadline {record.deadline_s:g} s ({how})",
-            f"user code: {shown or 'none in the stage thread (every frame is a library)'}",
-            f"waiting in: {record.waiting_in or 'no torch.distributed call'}",
-            f"pending collective: {record.collective}",
-            f"action: {record.action}"
-            + (f" (this process ends with exit code {ABORT_EXIT_CODE})" if record.action == "abort" else ""),
-            "",
-            "Stacks, outermost frame first; '>>' marks each thread's innermost frame of user code.",
-        ]
-        for stack in stacks:
-            mark = " (the stage's thread)" if stack.ident == entry.thread else ""
-            lines += ["", f"Thread {stack.name}{mark}:", *stack.render()]
-        return "\n".join(lines) + "\n"
