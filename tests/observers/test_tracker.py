@@ -12,6 +12,7 @@ import shlex
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,14 @@ def test_wandb_offline_gets_one_run_per_rank_grouped_by_the_run(tmp_path: Path) 
     pytest.importorskip("wandb")
     train(tmp_path, {"backends": ["wandb"], "wandb": {"mode": "offline"}})
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    # W&B's own service process writes the run file; on a busy machine ``finish()`` returns
+    # before its last records are there (read at once, a CI run found no ``run`` record in it).
+    # The file is whole once it holds the ``exit`` record, which finishing the run writes.
+    give_up = time.monotonic() + 60
     records = wandb_records(run_file)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records) and time.monotonic() < give_up:
+        time.sleep(0.2)
+        records = wandb_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.display_name, run.run_group, run.project) == (f"{run_id()}-rank0", run_id(), "verl_events")
     values: dict[str, dict[int, float]] = {}
