@@ -47,7 +47,7 @@ from .formats import hang_record
 from .hang_suspect import suspect
 from .jsonl import read_log
 from .liveness import Liveness, liveness, newest
-from .ranks import DRIVER_RANK, count_processes, rank_name, ranks_phrase
+from .ranks import DRIVER_RANK, count_heartbeats, rank_name, ranks_phrase
 
 HangRecord = hang_record.HangRecord
 Heartbeat = hang_record.Heartbeat
@@ -276,7 +276,7 @@ def _where(position: RankPosition) -> str:
 def render(result: Hangs) -> str:
     """The result as text, for a terminal."""
     runs = sorted({b.run for b in result.heartbeats if b.run})
-    beating = count_processes((b.rank for b in result.heartbeats), "rank heartbeat")
+    beating = count_heartbeats(b.rank for b in result.heartbeats)
     lines = [f"run: {result.run} ({beating}{', run ' + ', '.join(runs) if runs else ''})"]
     stuck = result.stuck
     if stuck is None:

@@ -15,7 +15,7 @@ from verl_events import DRIVER_RANK, rank_name
 __all__ = [
     "DRIVER_RANK",
     "GENERATION_STAGES",
-    "count_processes",
+    "count_heartbeats",
     "rank_list",
     "rank_name",
     "ranks_phrase",
@@ -52,11 +52,9 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
     return f"the driver and {listed}" if listed else "the driver"
 
 
-def count_processes(ranks: Iterable[int], noun: str = "rank") -> str:
-    """How many ranks, and the driver when it is there: ``2 rank(s)``, ``1 rank heartbeat(s) and
-    the driver's`` (``noun``: what is counted; a noun other than ``rank`` is the ranks' own)."""
+def count_heartbeats(ranks: Iterable[int]) -> str:
+    """How many ranks have a heartbeat, and the driver when it has one: ``2 rank heartbeat(s)``,
+    ``1 rank heartbeat(s) and the driver's``."""
     ranks = set(ranks)
-    text = f"{len(trainer_ranks(ranks))} {noun}(s)"
-    if DRIVER_RANK not in ranks:
-        return text
-    return f"{text} and the driver" + ("" if noun == "rank" else "'s")
+    text = f"{len(trainer_ranks(ranks))} rank heartbeat(s)"
+    return f"{text} and the driver's" if DRIVER_RANK in ranks else text

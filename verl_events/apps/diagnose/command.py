@@ -40,7 +40,7 @@ from typing import Any
 from ..formats import mismatch_record, msprobe_layout
 from ..jsonl import numbered_lines
 from ..liveness import liveness, newest
-from ..ranks import DRIVER_RANK, GENERATION_STAGES, count_processes, ranks_phrase
+from ..ranks import DRIVER_RANK, GENERATION_STAGES, count_heartbeats, ranks_phrase
 from ..report.stragglers import stragglers
 from ..tools import Holding, run_holds
 from .evidence import Evidence, Failure, gather
@@ -125,7 +125,7 @@ def _watchdog(evidence: Evidence, _: Holding) -> str:
     counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
     hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
     late = f", {evidence.late_records} ended late" if evidence.late_records else ""
-    beating = count_processes((beat.rank for beat in evidence.heartbeats), "rank heartbeat")
+    beating = count_heartbeats(beat.rank for beat in evidence.heartbeats)
     return f"{beating}: {counts}{hangs}{late}"
 
 

@@ -90,38 +90,26 @@ def _hangs(evidence: Evidence) -> None:
             evidence.late_records += 1
             continue
         evidence.hang_records += 1
-        waiting = f", waiting in {record.waiting_in}" if record.waiting_in else ""
+        deadline = f"passed its deadline of {record.deadline_s:g} s ({record.deadline})"
         late = ended.get((record.rank, record.pid, record.step, record.stage))
         if late is not None:
-            evidence.failures.append(
-                Failure(
-                    "slow",
-                    record.rank,
-                    record.time,
-                    f"passed its deadline of {record.deadline_s:g} s ({record.deadline}), then ended after "
-                    f"{late.elapsed_s:.1f} s",
-                    record.step,
-                    record.stage,
-                    record.host,
-                    record.pid,
-                    record.where,
-                    relative(evidence, path),
-                )
-            )
-            continue
+            kind, detail, waiting_in = "slow", f"{deadline}, then ended after {late.elapsed_s:.1f} s", None
+        else:
+            waiting = f", waiting in {record.waiting_in}" if record.waiting_in else ""
+            kind, detail, waiting_in = "hang", deadline + waiting, record.waiting_in
         evidence.failures.append(
             Failure(
-                "hang",
+                kind,
                 record.rank,
                 record.time,
-                f"passed its deadline of {record.deadline_s:g} s ({record.deadline}){waiting}",
+                detail,
                 record.step,
                 record.stage,
                 record.host,
                 record.pid,
                 record.where,
                 relative(evidence, path),
-                waiting_in=record.waiting_in,
+                waiting_in=waiting_in,
             )
         )
 
