@@ -311,7 +311,7 @@ def with_boundary(beat: Heartbeat, boundary: Boundary | None) -> Heartbeat:
     (pid), and a boundary the heartbeat has not seen (more stages begun, or the same count and a
     later time than the heartbeat's last begin and end).  The stages open on the boundary's
     thread are those below its depth, then the stage it began; other threads' are kept."""
-    if boundary is None or boundary.pid != beat.pid:
+    if boundary is None or boundary.pid != beat.pid or not _as_written(beat):
         return beat
     seen = max((item.get("time") or 0.0) for item in (beat.last_begun or {}, beat.last_ended or {}))
     if boundary.begun < beat.begun or (boundary.begun == beat.begun and boundary.time <= seen):
@@ -337,6 +337,24 @@ def with_boundary(beat: Heartbeat, boundary: Boundary | None) -> Heartbeat:
         changes["last_ended"] = position
         changes["ended"] = {**beat.ended, boundary.stage: {"step": boundary.step, "time": boundary.time}}
     return replace(beat, open=others + opened, **changes)
+
+
+def _as_written(beat: Heartbeat) -> bool:
+    """Whether the parts of ``beat`` that :func:`with_boundary` reads have the watchdog's shapes;
+    a heartbeat someone else wrote is read as it is, without the boundary record."""
+
+    def point(item: Any) -> bool:
+        when = item.get("time", 0.0) if isinstance(item, dict) else None
+        return item is None or (isinstance(when, (int, float)) and not isinstance(when, bool))
+
+    return (
+        _is_int(beat.begun)
+        and isinstance(beat.open, list)
+        and all(isinstance(item, dict) for item in beat.open)
+        and isinstance(beat.ended, dict)
+        and point(beat.last_begun)
+        and point(beat.last_ended)
+    )
 
 
 def process_start_time(pid: int) -> float | None:

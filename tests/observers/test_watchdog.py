@@ -214,3 +214,24 @@ def test_action_abort_ends_the_process_with_the_documented_code(tmp_path: Path) 
     (hung,) = records(tmp_path / "run")
     assert hung.action == "abort" and (tmp_path / "run" / hung.report).is_file()  # type: ignore[operator]
     assert f"exit code {ABORT_EXIT_CODE}" in result.stderr
+
+
+def test_a_boundary_record_moves_a_heartbeat_only_where_both_are_the_watchdogs(tmp_path: Path) -> None:
+    """The boundary record of the heartbeat's own process is newer: its position wins.  A
+    heartbeat whose fields are not as the watchdog writes them (another writer, a damaged copy)
+    is read as it is: the record is left aside, never a traceback."""
+    from verl_events.observers.watchdog.boundary import BEGAN, BoundaryWriter, boundary_path
+
+    path = heartbeat_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    writer = BoundaryWriter(boundary_path(path))
+    writer.store(BEGAN, "actor_update", 2, 0, 5, time.time(), threading.get_ident())
+    writer.close()
+    beat = {"run": "r", "rank": 0, "pid": os.getpid(), "time": time.time() - 1.0, "begun": 4, "open": []}
+    path.write_text(json.dumps(beat))
+    read = read_heartbeat(path)
+    assert read.from_boundary and [(o["stage"], o["step"]) for o in read.open] == [("actor_update", 2)]
+    for damaged in ({"last_begun": {"stage": "x", "time": "yesterday"}}, {"open": ["x"]}, {"begun": "4"}):
+        path.write_text(json.dumps(beat | damaged))
+        read = read_heartbeat(path)
+        assert not read.from_boundary, damaged
