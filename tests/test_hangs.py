@@ -48,7 +48,7 @@ rank = int(sys.argv[1])
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
 dist.init_process_group("gloo", rank=rank, world_size=2)
 config = {{"save_path": {save_path!r}, "observers": [
-    {{"name": "watchdog", "timeout_s": {deadline}, "heartbeat_s": 0.2, "action": {action!r}}}]}}
+    {{"name": "watchdog", "timeout_s": {deadline}, "heartbeat_s": 0.2, "action": {action!r}{options}}}]}}
 with verl_events.install(config):
 {body}
 dist.destroy_process_group()
@@ -57,13 +57,14 @@ dist.destroy_process_group()
 
 @pytest.fixture
 def gloo_ranks(tmp_path: Path) -> Iterator[object]:
-    """Starts two processes as ranks 0 and 1 of a gloo group (``start(body, action)``; ``body``
-    runs inside ``verl_events.install`` of a watchdog with ``timeout_s`` DEADLINE, with
+    """Starts two processes as ranks 0 and 1 of a gloo group (``start(body, action, **options)``;
+    ``body`` runs inside ``verl_events.install`` of a watchdog with ``timeout_s`` DEADLINE and
+    ``options``, with
     ``rank``, ``time``, ``torch``, ``dist`` and ``verl_events`` at hand).  Each rank is a direct
     child, so each exit code is seen and anything left at the end is killed by its PID."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(body: str, action: str = "report") -> list[subprocess.Popen[str]]:
+    def start(body: str, action: str = "report", **options: object) -> list[subprocess.Popen[str]]:
         script = tmp_path / "two_ranks.py"
         script.write_text(
             RANK_SCRIPT.format(
@@ -71,6 +72,7 @@ def gloo_ranks(tmp_path: Path) -> Iterator[object]:
                 save_path=str(tmp_path / "run"),
                 deadline=DEADLINE,
                 action=action,
+                options="".join(f", {key!r}: {value!r}" for key, value in options.items()),
                 body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "),
             )
         )

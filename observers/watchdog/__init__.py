@@ -2,6 +2,9 @@
 
 * :mod:`.observer`: :class:`WatchdogObserver`, its options and its hooks;
 * :mod:`.monitor`: the one monitor thread: deadlines, reports, heartbeats, abort;
+* :mod:`.table`: what the hooks and that thread share, under one lock;
+* :mod:`.stall`: the deadline on a process's time with no stage open;
+  :mod:`.stall_record` its file, ``stalls.jsonl``;
 * :mod:`.stacks`: every thread's stack, the user's frame, the pending collective;
 * :mod:`.record`: the files it writes (``hangs.jsonl``, the reports, the
   heartbeats), for ``verl-events hangs`` (standard library only).

@@ -63,7 +63,7 @@ from verl_events.layout import owner_of
 
 from .._lines import append_line
 from .crash import FATAL, CrashRecord, ProcessEnd, crash_log_path, ends_log_path, fatal_path
-from .monitor import WatchTable
+from .table import WatchTable
 
 __all__ = ["TERMINATING_SIGNALS", "Endings"]
 

@@ -10,21 +10,22 @@ fires every stage whose deadline has passed: the report, the record, the log
 line, the ``hang`` signal and, with ``action: abort``, :func:`os._exit` with
 :data:`ABORT_EXIT_CODE`.  A new stage with a deadline earlier than the one the
 thread sleeps on is seen at its next wake-up, at most ``heartbeat_s`` late.
+With no stage open, it watches the process's idle time instead
+(:mod:`.stall`): its report and its ``stall`` line when that deadline passes.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import HangEvent, StageEvent, hang
+from verl_events import HangEvent, hang
 from verl_events.layout import run_id
 
 from .._lines import append_line
@@ -39,57 +40,15 @@ from .record import (
 )
 from .report import report_text
 from .stacks import collective_info, describe_where, thread_stacks
+from .stall import Idle, report_resumed, report_stall, run_progress
+from .table import OpenStage, RankState, WatchTable
 
-__all__ = ["ABORT_EXIT_CODE", "Monitor", "MonitorSettings", "OpenStage", "RankState", "WatchTable"]
+__all__ = ["ABORT_EXIT_CODE", "Monitor", "MonitorSettings"]
 
 #: The exit code of a process the watchdog ends (``action: abort``), as GNU timeout's.
 ABORT_EXIT_CODE = 124
 
 logger = logging.getLogger("verl_events.watchdog")
-
-
-class OpenStage:
-    """A stage the watchdog is watching: its event, thread and deadline."""
-
-    __slots__ = ("begun", "deadline", "event", "fired", "how", "seconds", "since", "started", "thread")
-
-    def __init__(
-        self, event: StageEvent, thread: int, started: float, since: float, deadline: float, seconds: float, how: str
-    ) -> None:
-        self.event = event
-        self.thread = thread
-        self.started = started  # monotonic
-        self.since = since  # wall clock
-        self.deadline = deadline  # monotonic
-        self.seconds = seconds
-        self.how = how
-        self.begun = 0
-        self.fired = False
-
-
-@dataclass(slots=True)
-class RankState:
-    """What a rank's heartbeat says, as the hooks leave it."""
-
-    rank: int
-    begun: int = 0
-    last_begun: OpenStage | None = None
-    last_ended: tuple[str, int | None, float] | None = None
-    ended: dict[str, tuple[int | None, float]] = field(default_factory=dict)
-    changed: bool = True
-    written: float = -math.inf  # monotonic: when its heartbeat was last written or touched
-    on_disk: bool = False  # its file holds what it says now, not closed: a liveness beat only touches it
-    boundary: Any = None  # its BoundaryWriter (.boundary): every boundary, stored as the hooks cross it
-
-
-@dataclass(slots=True)
-class WatchTable:
-    """What the hooks and the monitor share: the open stages (by the stage's ``seq``) and
-    each rank's state, both under ``lock``."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    open: dict[int, OpenStage] = field(default_factory=dict)
-    ranks: dict[int, RankState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +88,15 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
+        idle = self.table.idle
+        if idle is not None and idle.fired is not None and idle.since is not None:
+            self.resumed(idle.fired, None, (exit or {}).get("how", "unknown"))
         self._beat(closed=True, exit=exit)
+
+    def resumed(self, idle: Idle, next: dict[str, Any] | None, how: str | None = None) -> None:
+        """The idle time of a reported stall ended: its ``resumed`` line, after its ``stall`` line."""
+        with self._fire_lock:
+            report_resumed(self, idle, sorted(self.table.ranks), next, how)
 
     # -- the loop --------------------------------------------------------------
 
@@ -147,8 +114,11 @@ class Monitor:
         table = self.table
         now = time.monotonic()
         earliest = now + interval
+        self._stall(now)
         due = []
         with table.lock:
+            if table.idle is not None:
+                earliest = min(earliest, table.idle.deadline())
             for entry in table.open.values():
                 if entry.fired:
                     continue
@@ -167,6 +137,28 @@ class Monitor:
                 self._fire_lock.release()
         self._beat()
         return max(0.01, earliest - time.monotonic())
+
+    def _stall(self, now: float) -> None:
+        """Report the process's idle time when its deadline passed and the run shows no
+        progress (:func:`~.stall.run_progress`, read outside the lock: it reads the heartbeats)."""
+        idle = self.table.idle
+        if idle is None:
+            return
+        with self.table.lock:
+            candidate = None if self.table.open else idle.due(now)
+        if candidate is None:
+            return
+        progress = run_progress(self.save_path, candidate.seconds, self.host)
+        with self.table.lock:
+            stalled = idle.settle(candidate, progress, time.monotonic())
+            ranks = sorted(self.table.ranks)
+            if stalled is not None:  # taken before the table is let go: its resumed line waits for it
+                self._fire_lock.acquire()
+        if stalled is not None:
+            try:
+                report_stall(self, stalled, ranks)
+            finally:
+                self._fire_lock.release()
 
     def final_beat(self, exit: dict[str, Any]) -> None:
         """Every rank's heartbeat, closed, from a signal handler: the main thread it runs

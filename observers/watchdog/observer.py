@@ -7,6 +7,9 @@ Config::
       multiple: 5.0            # adaptive: 5 x the longest time this stage took so far in this process,
       floor_s: 120.0           #   never less than 120 s,
       first_s: 480.0           #   and 480 s the first time (compiling, warming up)
+      stall_s: null            # no stage open for this long, and no rank progressing: a stall
+                               #   (null: adaptive, as above; false: off)
+      start_s: 1800.0          # adaptive: the deadline before a process's first stage
       heartbeat_s: 0.5         # how often, at most, each rank's heartbeat is rewritten when it changes
       liveness_s: 2.0          # and how often, at least, it beats (its mtime set) while the process lives
       action: report           # or abort: end the process with ABORT_EXIT_CODE after the report
@@ -18,6 +21,13 @@ in that table and take it out: a few attribute reads and one lock, measured
 by ``benchmarks/watchdog.py``.  A stage that ended after its deadline passed
 does not teach the adaptive deadline: it is the kind of time the deadline is
 there to catch.
+
+A process with no stage open has a deadline too (:mod:`.stall`): from the
+installation to its first stage, and between stages.  When it passes and no
+rank sharing the save_path is making progress (a stage open, a boundary
+crossed lately), a report with every thread's stack and a ``stall`` line in
+``stalls.jsonl``; a ``resumed`` line when a stage begins again.  It is
+reported, never aborted.
 
 When a deadline passes, on that rank: one WARNING on ``verl_events.watchdog``,
 a report (:func:`~.record.new_report_path`) with every thread's stack, one
@@ -52,8 +62,10 @@ from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEv
 from .boundary import BEGAN, ENDED, BoundaryWriter, boundary_path
 from .crash import crash_dir
 from .endings import Endings
-from .monitor import ABORT_EXIT_CODE, Monitor, MonitorSettings, OpenStage, RankState, WatchTable
+from .monitor import ABORT_EXIT_CODE, Monitor, MonitorSettings
 from .record import heartbeat_dir, heartbeat_path, report_dir, watchdog_files
+from .stall import IdleWatch
+from .table import OpenStage, RankState, WatchTable
 
 __all__ = ["ABORT_EXIT_CODE", "WatchdogObserver"]
 
@@ -88,6 +100,8 @@ class WatchdogObserver(Observer):
         heartbeat_s: float = 0.5,
         liveness_s: float = 2.0,
         action: Literal["report", "abort"] = "report",
+        stall_s: float | bool | None = None,
+        start_s: float = 1800.0,
     ) -> None:
         seconds = "a number of seconds > 0"
         self.timeout_s = None if timeout_s is None else _seconds(timeout_s, "timeout_s", f"{seconds}, or null")
@@ -101,6 +115,10 @@ class WatchdogObserver(Observer):
         if action not in ("report", "abort"):
             raise ConfigError(f"option action: {action!r} is not allowed; use 'report' or 'abort'")
         self.action = action
+        if stall_s is not False and stall_s is not None:
+            stall_s = _seconds(stall_s, "stall_s", f"{seconds}, null (adaptive) or false (no stall deadline)")
+        self.stall_s = stall_s
+        self.start_s = _seconds(start_s, "start_s", seconds)
         first = (self.timeout_s, "fixed") if self.timeout_s is not None else (self.first_s, "first")
         self._first = first
         self._deadlines: dict[str, tuple[float, str]] = {}  # stage -> (seconds, how it was set)
@@ -113,10 +131,12 @@ class WatchdogObserver(Observer):
         self._monitor: Monitor | None = None
         self._endings: Endings | None = None
         self._save_path: Path | None = None
+        self._idle: IdleWatch | None = None
 
     def outputs(self, save_path: Path) -> list[Path]:
-        """The heartbeats, the reports, hangs.jsonl and the crash records under ``save_path``."""
-        return watchdog_files(save_path)
+        """The heartbeats, the hang reports, hangs.jsonl and the crash records under ``save_path``;
+        not the stalls' files, which a process may write before its first stage (and its claim)."""
+        return watchdog_files(save_path, stalls=False)
 
     def describe(self) -> str:
         if self.timeout_s is not None:
@@ -127,7 +147,11 @@ class WatchdogObserver(Observer):
                 f"({self.first_s:g} s the first time)"
             )
         then = f"report, then exit {ABORT_EXIT_CODE}" if self.action == "abort" else "report"
-        return f"{deadline}; on a hang: {then}"
+        if self.stall_s is None or self.stall_s is False:
+            stall = "no stall deadline" if self.stall_s is False else "stall deadline adaptive, as a stage's"
+        else:
+            stall = f"stall deadline {self.stall_s:g} s"
+        return f"{deadline}; {stall}; on a hang: {then}"
 
     def setup(self, context: InstallContext) -> None:
         for folder in (heartbeat_dir(context.save_path), report_dir(context.save_path), crash_dir(context.save_path)):
@@ -137,6 +161,10 @@ class WatchdogObserver(Observer):
         )
         host = socket.gethostname()
         self._save_path = context.save_path
+        fixed = None if self.stall_s is None or self.stall_s is False else float(self.stall_s)
+        self._idle = self._table.idle = IdleWatch(
+            fixed, self.start_s, self.first_s, self.floor_s, self.multiple, on=self.stall_s is not False
+        )
         monitor = self._monitor = Monitor(self._table, settings, context.save_path, host)
         endings = self._endings = Endings(self._table, context.save_path, host, monitor.run, monitor.final_beat)
         monitor.on_first_rank = endings.arm
@@ -150,7 +178,10 @@ class WatchdogObserver(Observer):
         seconds, how = self._deadlines.get(event.stage, self._first)
         now = _monotonic()
         entry = OpenStage(event, _get_ident(), now, _time(), now + seconds, seconds, how)
+        resumed = None
         with self._lock:
+            if not self._open and self._idle is not None:
+                resumed = self._idle.busy(now)
             state = self._ranks.get(event.rank)
             if state is None:
                 state = self._ranks[event.rank] = RankState(event.rank, boundary=self._boundary_of(event.rank))
@@ -162,6 +193,8 @@ class WatchdogObserver(Observer):
             boundary = state.boundary
             if boundary is not None:
                 boundary.store(BEGAN, event.stage, event.step, event.depth, state.begun, entry.since, entry.thread)
+        if resumed is not None and self._monitor is not None:  # the stall it ends was reported
+            self._monitor.resumed(resumed, {"stage": event.stage, "step": event.step, "rank": event.rank})
 
     def on_stage_end(self, event: StageEnd) -> None:
         ended = _time()
@@ -174,6 +207,8 @@ class WatchdogObserver(Observer):
                 state.changed = True
                 if state.boundary is not None:
                     state.boundary.store(ENDED, event.stage, event.step, event.depth, state.begun, ended, entry.thread)
+                if not self._open and self._idle is not None:
+                    self._idle.idle(_monotonic(), ended, event.stage, event.step, event.rank, entry.thread)
         if event.error is not None and self._endings is not None:
             self._endings.exception(event)  # after the table: were this to fail, no stage is left open
         if entry is None:

@@ -63,6 +63,7 @@ from verl_events.layout import step_dir_name
 
 from .boundary import BEGAN, BOUNDARY_SUFFIX, Boundary, boundary_path, read_boundary
 from .crash import crash_log_files, ends_log_path, fatal_files
+from .stall_record import STALL_REPORT_PREFIX, stalls_log_path
 
 __all__ = [
     "HANGS_LOG",
@@ -131,13 +132,17 @@ def report_files(save_path: Path) -> list[Path]:
     return sorted(report_dir(save_path).glob("*.txt"))
 
 
-def watchdog_files(save_path: Path) -> list[Path]:
-    """Every file the watchdog wrote under ``save_path``: heartbeats, hang reports,
-    ``hangs.jsonl``, and how processes ended (crash records, the fatal dumps written
-    to, ``ends.jsonl``; :mod:`.crash`).  An empty dump is a live process's: not listed."""
-    found = [*heartbeat_files(save_path), *report_files(save_path)]
+def watchdog_files(save_path: Path, *, stalls: bool = True) -> list[Path]:
+    """Every file the watchdog wrote under ``save_path``: heartbeats, hang and stall reports,
+    ``hangs.jsonl``, ``stalls.jsonl``, and how processes ended (crash records, the fatal dumps written
+    to, ``ends.jsonl``; :mod:`.crash`).  An empty dump is a live process's: not listed.
+    ``stalls=False`` leaves out the stalls' files: a process writes them before its first
+    stage too, before its installation claims the save_path (each line names its run)."""
+    found = [*heartbeat_files(save_path)]
+    found += [path for path in report_files(save_path) if stalls or not path.name.startswith(STALL_REPORT_PREFIX)]
     found += sorted(heartbeat_dir(save_path).glob(f"rank*{BOUNDARY_SUFFIX}"))
-    found += [path for path in (hangs_log_path(save_path), ends_log_path(save_path)) if path.exists()]
+    logs = (hangs_log_path(save_path), *[stalls_log_path(save_path)] * stalls, ends_log_path(save_path))
+    found += [path for path in logs if path.exists()]
     return found + [path for _, path in crash_log_files(save_path)] + fatal_files(save_path, written=True)
 
 

@@ -176,7 +176,10 @@ def test_records_and_heartbeats_read_back_what_was_written() -> None:
 def test_a_heartbeat_that_beats_by_mtime_is_alive_while_its_mtime_moves_and_silent_once_it_stops(
     tmp_path: Path,
 ) -> None:
-    from verl_events.apps.liveness import liveness
+    from verl_events.apps.liveness import Newest, liveness
+
+    def peers_on_its_host(at: float) -> Newest:
+        return Newest(at, {"another-node": at})
 
     path = heartbeat_path(tmp_path, 1)
     path.parent.mkdir()
@@ -184,13 +187,14 @@ def test_a_heartbeat_that_beats_by_mtime_is_alive_while_its_mtime_moves_and_sile
     write_heartbeat(tmp_path, beat)
     os.utime(path, (1030.0, 1030.0))  # its liveness beats, the content unchanged since 1000
     assert read_heartbeat(path).time == 1030.0
-    assert liveness(read_heartbeat(path), now=1031.0, newest=1031.0).state == "alive"
-    assert liveness(read_heartbeat(path), now=1040.0, newest=1040.0).state == "silent"  # the others beat on
+    assert liveness(read_heartbeat(path), now=1031.0, newest=peers_on_its_host(1031.0)).state == "alive"
+    # the others on its host beat on
+    assert liveness(read_heartbeat(path), now=1040.0, newest=peers_on_its_host(1040.0)).state == "silent"
     # a heartbeat that does not beat by mtime (an earlier writer; a file written by hand) is read at its time
     write_heartbeat(tmp_path, replace(beat, mtime_beats=False))
     os.utime(path, (1030.0, 1030.0))
     assert read_heartbeat(path).time == 1000.0
-    assert liveness(read_heartbeat(path), now=1031.0, newest=1031.0).state == "silent"
+    assert liveness(read_heartbeat(path), now=1031.0, newest=peers_on_its_host(1031.0)).state == "silent"
     # and a closed one is read at its last word
     write_heartbeat(tmp_path, replace(beat, closed=True))
     os.utime(path, (1030.0, 1030.0))

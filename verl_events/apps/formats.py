@@ -5,6 +5,8 @@
 * :data:`anomaly_record`: the sentinel's record (:mod:`verl_events.observers.sentinel.record`);
 * :data:`hang_record`: the watchdog's hang records, reports and heartbeats
   (:mod:`verl_events.observers.watchdog.record`);
+* :data:`stall_record`: the watchdog's records of a process with no stage open
+  past its deadline (:mod:`verl_events.observers.watchdog.stall_record`);
 * :data:`crash_record`: the watchdog's records of how a process ended badly
   (:mod:`verl_events.observers.watchdog.crash`);
 * :data:`mismatch_record`: the mismatch observer's log
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from observers.sentinel import record as anomaly_record
     from observers.watchdog import crash as crash_record
     from observers.watchdog import record as hang_record
+    from observers.watchdog import stall_record
     from observers.weight_sync import record as weight_sync_record
 else:
     from verl_events.observers import timing as timing_log
@@ -41,6 +44,7 @@ else:
     from verl_events.observers.sentinel import record as anomaly_record
     from verl_events.observers.watchdog import crash as crash_record
     from verl_events.observers.watchdog import record as hang_record
+    from verl_events.observers.watchdog import stall_record
     from verl_events.observers.weight_sync import record as weight_sync_record
 
 __all__ = [
@@ -50,6 +54,7 @@ __all__ = [
     "memory_record",
     "mismatch_record",
     "msprobe_layout",
+    "stall_record",
     "timing_log",
     "weight_sync_record",
 ]

@@ -31,23 +31,31 @@ the stuck stage late still shows where it was when its deadline passed.
 The headline under ``HANG`` names the rank to look at first: one not in a
 collective while the others wait in one (:mod:`.hang_suspect`).
 
+**Stalls**: a process with no stage open past its deadline (the watchdog's
+``stalls.jsonl``), each read against the other ranks' stages (:mod:`.stalls`):
+``STALL`` when nothing else was in progress and it never resumed, then those
+that resumed, then those that waited on another rank's stage.
+
 Exit codes: 0 no deadline passed, 1 one did (also when the stage ended late
-after all), 2 bad input (no heartbeats, RUN not a directory).
+after all, and a stall), 2 bad input (no heartbeats nor stalls, RUN not a
+directory).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .formats import hang_record
+from .formats import hang_record, stall_record, timing_log
 from .hang_suspect import suspect
 from .jsonl import read_log
-from .liveness import Liveness, liveness, newest
+from .liveness import Liveness, Newest, liveness, newest
 from .ranks import DRIVER_RANK, count_heartbeats, rank_name, ranks_phrase
+from .stalls import Stall, read_against, stall_json, stall_lines
 
 HangRecord = hang_record.HangRecord
 Heartbeat = hang_record.Heartbeat
@@ -55,6 +63,7 @@ Heartbeat = hang_record.Heartbeat
 __all__ = ["Hangs", "HangsInputError", "RankPosition", "find_hangs", "render"]
 
 STATES = ("inside", "never_began", "finished", "elsewhere")
+R = TypeVar("R")
 
 
 class HangsInputError(ValueError):
@@ -105,6 +114,7 @@ class Hangs:
     records: list[HangRecord] = field(default_factory=list)
     stuck: HangRecord | None = None
     ranks: list[RankPosition] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     now: float = field(default_factory=time.time)
 
@@ -126,6 +136,7 @@ class Hangs:
             "ranks": [position.as_json(self.now) for position in self.ranks],
             "hangs": [_record(r) for r in self.hangs],
             "late": [_record(r) for r in self.late],
+            "stalls": [stall_json(stall) for stall in self.stalls],
             "warnings": self.warnings,
         }
 
@@ -143,23 +154,27 @@ def find_hangs(run: Path) -> Hangs:
             f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
         )
     files = hang_record.heartbeat_files(run)
-    if not files:
-        raise HangsInputError(
-            f"{run} has no heartbeats ({hang_record.heartbeat_dir(run)}/rank*.json): the watchdog observer did "
-            "not run there; add '- name: watchdog' to the run's observers"
-        )
     warnings: list[str] = []
+    stalls = _read_records(stall_record.stalls_log_path(run), stall_record.StallRecord.from_json, warnings)
+    if not files and not stalls:
+        raise HangsInputError(
+            f"{run} has no heartbeats ({hang_record.heartbeat_dir(run)}/rank*.json) and no stalls: the watchdog "
+            "observer did not run there; add '- name: watchdog' to the run's observers"
+        )
     heartbeats = []
     for path in files:
         try:
             heartbeats.append(hang_record.read_heartbeat(path))
         except (hang_record.NotAHeartbeat, OSError) as exc:
             warnings.append(f"{path} was skipped: {exc}")
-    if not heartbeats:
+    if files and not heartbeats and not stalls:
         raise HangsInputError(
             f"none of the {len(files)} heartbeat(s) under {hang_record.heartbeat_dir(run)} can be read"
         )
-    result = Hangs(run, heartbeats, _read_records(hang_record.hangs_log_path(run), warnings), warnings=warnings)
+    records = _read_records(hang_record.hangs_log_path(run), HangRecord.from_json, warnings)
+    result = Hangs(run, heartbeats, records, warnings=warnings)
+    if stalls:
+        result.stalls = read_against(stalls, _timing_records(run, warnings), heartbeats, records)
     hung = result.hangs
     if hung:
         result.stuck = max(hung, key=lambda r: (-1 if r.step is None else r.step, r.begun, r.began))
@@ -174,7 +189,7 @@ def _alive(position: RankPosition, state: Liveness) -> RankPosition:
     return RankPosition(**(fields | {"alive": state}))
 
 
-def _read_records(path: Path, warnings: list[str]) -> list[HangRecord]:
+def _read_records(path: Path, parse: Callable[[str], R], warnings: list[str]) -> list[R]:
     try:
         log = read_log(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -183,7 +198,19 @@ def _read_records(path: Path, warnings: list[str]) -> list[HangRecord]:
     def skipped(number: int, exc: Exception) -> None:
         warnings.append(f"{path}:{number} was skipped: {exc}")
 
-    return [record for _, record in log.records(HangRecord.from_json, skipped)]
+    return [record for _, record in log.records(parse, skipped)]
+
+
+def _timing_records(run: Path, warnings: list[str]) -> list[Any]:
+    """Every rank's timing records (the stages that ended, to read the stalls against), or
+    none with a warning where a log cannot be read."""
+    found: list[Any] = []
+    for path in timing_log.timing_log_files(run):
+        try:
+            found += _read_records(path, timing_log.TimingRecord.from_json, warnings)
+        except HangsInputError as exc:
+            warnings.append(f"{exc}; the stalls are read without it")
+    return found
 
 
 def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> RankPosition:
@@ -244,7 +271,7 @@ def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> 
 # -- text --------------------------------------------------------------------------
 
 
-def _rank_state(beat: Heartbeat, now: float, newest_beat: float | None) -> str:
+def _rank_state(beat: Heartbeat, now: float, newest_beat: Newest) -> str:
     """A rank with no stuck stage: running, closed (and how), or stopped (and where)."""
     state = liveness(beat, now, newest_beat)
     last = beat.last_ended or {}
@@ -280,7 +307,7 @@ def render(result: Hangs) -> str:
     lines = [f"run: {result.run} ({beating}{', run ' + ', '.join(runs) if runs else ''})"]
     stuck = result.stuck
     if stuck is None:
-        lines.append("no deadline passed")
+        lines += stall_lines(result.stalls) or ["no deadline passed"]
         last = newest(result.heartbeats)
         for beat in result.heartbeats:
             lines.append(f"  {rank_name(beat.rank)}: {_rank_state(beat, result.now, last)}")
@@ -336,7 +363,7 @@ def render(result: Hangs) -> str:
     reports = [r.report for r in result.hangs if r.report]
     if reports:
         lines.append(f"reports (under {result.run}): {', '.join(reports)}")
-    return "\n".join(lines)
+    return "\n".join(lines + stall_lines(result.stalls))
 
 
 # -- the command ----------------------------------------------------------------------
@@ -367,4 +394,4 @@ def command(args: Any) -> int:
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(result.as_json(), indent=1) if args.json else render(result))
-    return 1 if result.hangs else 0
+    return 1 if result.hangs or result.stalls else 0

@@ -9,12 +9,19 @@ So a rank whose heartbeat is not ``closed`` is
   (:func:`~verl_events.observers.watchdog.record.process_alive`: no such
   pid, a zombie, or a pid reused by a later process);
 * **silent** when its heartbeat is :data:`SILENT_BEATS` liveness beats older
-  than the run's newest heartbeat (the other ranks' clocks, so the reader's
-  own clock does not matter), or older than that plus :data:`SKEW_S` by the
-  reader's clock (every rank stopped at once: the job is gone): a process
-  killed on another host, or one stuck where its monitor thread cannot run
-  (a C call holding the GIL);
+  than the newest heartbeat written on its own host (one clock: no skew to
+  allow for); or older than that plus :data:`SKEW_S` against the newest
+  heartbeat of any other host, or against the reader's clock (every rank of
+  its host stopped at once: a node gone, or the job): a process killed on
+  another host, or one stuck where its monitor thread cannot run (a C call
+  holding the GIL);
 * **alive** otherwise.
+
+So clocks that disagree by up to :data:`SKEW_S` (between hosts, or between
+a host and the reader) never make a live rank read as stopped; the price is
+that a whole host that stopped reads as silent only :data:`SKEW_S` later.
+A heartbeat is only ever compared with a clock it can be trusted against:
+its own host's, or another's with the skew allowed for.
 
 A heartbeat written before the liveness beat existed (no ``liveness_s``)
 is judged by its pid only, on this host.
@@ -23,17 +30,17 @@ is judged by its pid only, on this host.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .formats import hang_record
 
 Heartbeat = hang_record.Heartbeat
 
-__all__ = ["SILENT_BEATS", "SKEW_S", "Liveness", "liveness", "newest"]
+__all__ = ["SILENT_BEATS", "SKEW_S", "Liveness", "Newest", "liveness", "newest"]
 
 #: A heartbeat older than this many liveness beats (plus a second of slack) has stopped.
 SILENT_BEATS = 3
-#: How far the reader's clock may be from the ranks' before every rank reads as stopped.
+#: How far two hosts' clocks (or a host's and the reader's) may disagree before a live rank reads as stopped.
 SKEW_S = 60.0
 
 
@@ -50,14 +57,27 @@ class Liveness:
         return self.state in ("gone", "silent")
 
 
-def newest(heartbeats: list[Heartbeat]) -> float | None:
-    """The newest heartbeat's time: what the other ranks' clocks said last."""
-    return max((beat.time for beat in heartbeats), default=None)
+@dataclass(frozen=True, slots=True)
+class Newest:
+    """The newest heartbeat of the run (``run``) and of each host (``hosts``): what
+    each host's clock said last.  A heartbeat without a host counts as its own host."""
+
+    run: float | None = None
+    hosts: dict[str | None, float] = field(default_factory=dict)
 
 
-def liveness(beat: Heartbeat, now: float, newest: float | None = None, host: str | None = None) -> Liveness:
+def newest(heartbeats: list[Heartbeat]) -> Newest:
+    """The newest heartbeat's time, of the run and of each host."""
+    hosts: dict[str | None, float] = {}
+    for beat in heartbeats:
+        if beat.host is not None:
+            hosts[beat.host] = max(beat.time, hosts.get(beat.host, beat.time))
+    return Newest(max((beat.time for beat in heartbeats), default=None), hosts)
+
+
+def liveness(beat: Heartbeat, now: float, newest: Newest | None = None, host: str | None = None) -> Liveness:
     """How ``beat``'s rank stands at ``now`` (see the module docstring), ``newest`` being
-    the run's newest heartbeat (:func:`newest`); ``host`` is this machine's name
+    the run's newest heartbeats (:func:`newest`); ``host`` is this machine's name
     (default: :func:`socket.gethostname`)."""
     if beat.closed:
         how = (beat.exit or {}).get("how")
@@ -72,10 +92,8 @@ def liveness(beat: Heartbeat, now: float, newest: float | None = None, host: str
         if alive is False:
             return Liveness("gone", f"its process {beat.pid} on {beat.host} is gone")
     if beat.liveness_s is not None:
-        limit = SILENT_BEATS * beat.liveness_s + 1.0
-        behind = (newest if newest is not None else beat.time) - beat.time
-        if behind > limit or age > limit + SKEW_S:
-            silent = max(behind, age - SKEW_S if age > limit + SKEW_S else 0.0)
+        silent = _silent_for(beat, age, newest or Newest(), SILENT_BEATS * beat.liveness_s + 1.0)
+        if silent is not None:
             return Liveness(
                 "silent",
                 f"no heartbeat for {silent:.0f} s (it beats every {beat.liveness_s:g} s while its process lives)",
@@ -83,3 +101,14 @@ def liveness(beat: Heartbeat, now: float, newest: float | None = None, host: str
     if beat.liveness_s is None and not here:
         return Liveness("unknown", "its heartbeat predates the liveness beat and its host is not this one")
     return Liveness("alive", f"heartbeat {age:.0f} s old")
+
+
+def _silent_for(beat: Heartbeat, age: float, newest: Newest, limit: float) -> float | None:
+    """How long ``beat`` has been silent, judged by clocks it can be trusted against, or
+    None when it may still beat: its own host's newest beat, any later beat of the run
+    and the reader's ``age`` of it, the last two less :data:`SKEW_S`."""
+    behind_host = newest.hosts.get(beat.host, beat.time) - beat.time if beat.host is not None else 0.0
+    behind_run = (newest.run if newest.run is not None else beat.time) - beat.time - SKEW_S
+    by_reader = age - SKEW_S
+    silent = max(behind_host, behind_run, by_reader)
+    return silent if silent > limit else None

@@ -125,8 +125,14 @@ def _watchdog(evidence: Evidence, _: Holding) -> str:
     counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
     hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
     late = f", {evidence.late_records} ended late" if evidence.late_records else ""
+    stalls = ""
+    if evidence.stalls:
+        waiting = sum(stall.state == "waiting" for stall in evidence.stalls)
+        stalls = f"; {len(evidence.stalls)} process stall(s) with no stage open" + (
+            f", {waiting} waiting on another rank's stage" if waiting else ""
+        )
     beating = count_heartbeats(beat.rank for beat in evidence.heartbeats)
-    return f"{beating}: {counts}{hangs}{late}"
+    return f"{beating}: {counts}{hangs}{late}{stalls}"
 
 
 def _timing(evidence: Evidence, _: Holding) -> str:
@@ -182,7 +188,7 @@ _SUMMARIES: dict[str, Callable[[Evidence, Holding], str]] = {
 
 def _unseen(evidence: Evidence) -> list[str]:
     unseen = []
-    if not evidence.heartbeats:
+    if not evidence.heartbeats and not evidence.stalls:
         unseen.append(
             "no watchdog: a rank killed without warning (SIGKILL, the OOM killer), a segfault's stacks, a "
             "stage's line and a hang cannot be seen; add '- name: watchdog' to the observers"

@@ -8,6 +8,10 @@
   record of why (``killed``: SIGKILL leaves nothing else), or that closed
   after an exception outside any stage;
 * ``hangs.jsonl``: a stage past its deadline (``hang``);
+* ``stalls.jsonl``: a process with no stage open past its deadline, read
+  against the other ranks' stages (:mod:`..stalls`): ``stall`` when nothing
+  else was in progress and it never resumed, ``slow`` when it resumed, and
+  nothing when it waited on another rank's stage;
 * the timing logs: a stage that raised on a rank the watchdog did not watch;
 * the sentinel's ``anomalies.jsonl`` (``anomaly``);
 * the weight_sync observer's ledger: each alarm of a sync (``anomaly``, at
@@ -39,13 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 from verl_events.layout import owner_of
 
-from ..formats import anomaly_record, hang_record, memory_record, timing_log, weight_sync_record
+from ..formats import anomaly_record, hang_record, memory_record, stall_record, timing_log, weight_sync_record
 from ..ranks import DRIVER_RANK
+from ..stalls import read_against
 from . import large_logs
 from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
 from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
 from .ray_kills import ray_kills
-from .record import LAUNCHER_SIGNALS, Evidence, Failure, records_of, relative
+from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
 
 if TYPE_CHECKING:
     from observers.memory.cgroup import read_cgroup
@@ -71,6 +76,7 @@ def gather(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) -> E
     teardown(evidence)
     _hangs(evidence)
     _timing(evidence)
+    _stalls(evidence)
     _anomalies(evidence)
     _weight_alarms(evidence)
     _out_of_memory(evidence)
@@ -84,6 +90,7 @@ def _hangs(evidence: Evidence) -> None:
     ``late`` line), ``slow``: a finding, like an anomaly, and no failure."""
     path = hang_record.hangs_log_path(evidence.run)
     records = [record for _, record in records_of(evidence, path, hang_record.HangRecord.from_json)]
+    evidence.hangs = records
     ended = {(r.rank, r.pid, r.step, r.stage): r for r in records if r.kind == "late"}
     for record in records:
         if record.kind == "late":
@@ -110,6 +117,33 @@ def _hangs(evidence: Evidence) -> None:
                 record.where,
                 relative(evidence, path),
                 waiting_in=waiting_in,
+            )
+        )
+
+
+def _stalls(evidence: Evidence) -> None:
+    """Each process with no stage open past its deadline (see the module docstring)."""
+    path = stall_record.stalls_log_path(evidence.run)
+    records = [record for _, record in records_of(evidence, path, stall_record.StallRecord.from_json)]
+    evidence.stalls = read_against(records, evidence.timing, evidence.heartbeats, evidence.hangs)
+    for stall in evidence.stalls:
+        if stall.state == "waiting":
+            continue
+        record, after = stall.record, stall.record.after or {}
+        evidence.failures.append(
+            Failure(
+                "slow" if stall.state == "resumed" else "stall",
+                NO_RANK if stall.rank is None else stall.rank,
+                record.time,
+                stall.describe() + (f"; stacks: {record.report}" if record.report else ""),
+                after.get("step"),
+                after.get("stage"),
+                record.host,
+                record.pid,
+                record.where,
+                relative(evidence, path),
+                waiting_in=record.waiting_in,
+                in_stage=False,
             )
         )
 

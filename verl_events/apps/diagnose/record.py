@@ -28,7 +28,7 @@ class Failure:
     """One rank's failure.  ``time`` is when it happened (Unix seconds); for
     ``killed``, the last heartbeat (it died within one liveness beat after)."""
 
-    kind: str  # exception, oom, signal, killed, hang, anomaly
+    kind: str  # exception, oom, signal, killed, hang, stall, anomaly, slow
     rank: int  # a trainer rank, DRIVER_RANK, or NO_RANK
     time: float
     detail: str
@@ -59,6 +59,8 @@ class Evidence:
     heartbeats: list[hang_record.Heartbeat] = field(default_factory=list)
     hang_records: int = 0
     late_records: int = 0
+    hangs: list[Any] = field(default_factory=list)  # hangs.jsonl's records
+    stalls: list[Any] = field(default_factory=list)  # stalls.Stall, each stall line read against the others
     ends: list[Any] = field(default_factory=list)  # crash.ProcessEnd, one per process that said how it ended
     teardown: list[Failure] = field(default_factory=list)  # launcher signals after the driver ended normally
     timing_records: int = 0

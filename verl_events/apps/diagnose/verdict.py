@@ -9,7 +9,9 @@ So:
 * **consequences** by their kind: an exception whose type or message has one
   of :data:`PEER_WORDS`, a hang waiting in a ``torch.distributed`` call;
 * **consequences** by their order too: a launcher's SIGTERM (SIGINT,
-  SIGHUP), or the driver's error, after another failure;
+  SIGHUP), or the driver's error, after another failure; a process with no
+  stage open past its deadline (``stall``) after another failure: it waited
+  for work the failure stopped;
 * **the first failure** is the earliest one that is not a consequence (a
   rank SIGKILLed first counts from its last heartbeat, which is before its
   death and so before anything its death caused; but a failure of another
@@ -24,7 +26,8 @@ nothing up for good.  The verdict is the causes': ``failed`` (one of them an
 exception, a signal, a rank killed), ``hung`` (a deadline passed and the
 stage never ended; what died after it follows from it: the rank the watchdog
 ended with ``action: abort``, whose heartbeat says so, and those a launcher
-then stopped), ``anomalous`` (anomalies or slow stages only),
+then stopped; or no process had a stage open past its deadline and none
+began one again: a ``stall``), ``anomalous`` (anomalies or slow stages only),
 ``running`` (nothing went wrong yet, and a rank still beats), ``healthy``.
 """
 
@@ -81,6 +84,8 @@ def _follows(failure: Failure, fatal: list[Failure]) -> bool:
     error that came after another failure (a launcher stops the survivors; the driver reports)."""
     if _peer_words(failure) is not None:
         return True
+    if failure.kind == "stall" and any(other.time < failure.time for other in fatal if other.kind != "stall"):
+        return True
     reporter = (failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS) or failure.rank < 0
     return reporter and any(other.time < failure.time for other in fatal if other is not failure)
 
@@ -108,7 +113,14 @@ def judge(failures: list[Failure], running: bool = False) -> Verdict:
     return Verdict(verdict, first, cascade)
 
 
-_NOUNS = {"exception": "exception", "oom": "out-of-memory error", "signal": "signal", "killed": "death", "hang": "hang"}
+_NOUNS = {
+    "exception": "exception",
+    "oom": "out-of-memory error",
+    "signal": "signal",
+    "killed": "death",
+    "hang": "hang",
+    "stall": "stall",
+}
 
 
 def _owner(rank: int) -> str:
@@ -129,6 +141,8 @@ def _why(failure: Failure, first: Failure) -> str:
     words = _peer_words(failure)
     if words:
         return f"{words}, {'after' if later else 'around'} {after}"
+    if failure.kind == "stall" and later:
+        return f"no stage open after {after}: waiting for work that never came"
     if failure.kind == "signal" and failure.detail in LAUNCHER_SIGNALS:
         return f"a launcher stopping the survivors ({failure.detail}) after {after}"
     if failure.rank < 0:
