@@ -85,6 +85,7 @@ ONE_CLUSTER_AT_A_TIME = frozenset(
         "test_verl_mismatch.py",
         "test_verl_postmortem.py",
         "test_verl_replay.py",
+        "test_verl_stall.py",
         "test_verl_trainer.py",
         "test_verl_watchdog.py",
         "test_verl_weight_sync.py",

@@ -123,7 +123,7 @@ def test_a_process_stuck_before_any_stage_and_then_killed_is_a_hung_run_with_the
     assert (first["kind"], first["pid"], first["stage"]) == ("stall", process.pid, None)  # type: ignore[index]
     assert first["where"]["function"] == "wait_for_storage_units"  # type: ignore[index]
     text = subprocess.run([verl_events_exe(), "hangs", str(run)], capture_output=True, text=True, timeout=60)
-    assert text.returncode == 1 and f"STALL: process {process.pid} (no rank known)" in text.stdout
+    assert text.returncode == 1 and f"STALL: process {process.pid} (no rank: {sys.executable} {script})" in text.stdout
     assert f"{script}:{line_of(script, 'threading.Event().wait()')} in wait_for_storage_units" in text.stdout
 
 
@@ -190,4 +190,3 @@ def test_stall_options_are_checked_with_a_sentence_naming_the_key() -> None:
         WatchdogObserver(start_s=0)
     assert "no stall deadline" in WatchdogObserver(stall_s=False).describe()
     assert "stall deadline 30 s" in WatchdogObserver(stall_s=30).describe()
-

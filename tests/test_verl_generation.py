@@ -10,7 +10,10 @@ step 3 every prompt's tool call raises, and verl's replay buffer raises in the d
 - ``hangs`` names the driver in step 2's ``rollout_generate`` (its deadline passed, then it ended
   late), at verl's line, with the ranks waiting outside it and no rank a suspect;
 - ``diagnose`` names the driver's exception in step 3's ``rollout_generate`` and says where the
-  rollout's own error is; step 2's stage, which ended after its deadline, is no failure.
+  rollout's own error is; step 2's stage, which ended after its deadline, is no failure;
+- the trainer ranks, idle while the driver is stuck in step 2's generation, pass their stall
+  deadline (adaptive here: 30 s the first time after a stage, then 2 x the longest, at least
+  5 s): each reports it, and both readers say they waited on the driver, which is no failure.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from verl_events.apps.verl_cpu import job
 from verl_events.observers.timing import TimingRecord, timing_log_path
 from verl_events.observers.watchdog import HangRecord
 from verl_events.observers.watchdog.record import heartbeat_path, read_heartbeat
+from verl_events.observers.watchdog.stall_record import StallRecord, stalls_log_path
 
 from . import support
 from .verl_agents import RAISING_STEP, STALL_S, STALLING_STEP, agent_loop_overrides
@@ -46,7 +50,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.m
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("generation")
     files = job.prepare(root / "job")
-    observers = [{"name": "watchdog", "timeout_s": DEADLINE_S}]
+    stall = {"first_s": 30.0, "multiple": 2.0, "floor_s": 5.0}  # first_s, multiple: of the stalls only here
+    observers = [{"name": "watchdog", "timeout_s": DEADLINE_S, **stall}]
     config = {"preset": "always_on", "save_path": str(root / "profile"), "observers": observers}
     (root / "observers.yaml").write_text(json.dumps(config))  # JSON is YAML
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
@@ -122,3 +127,28 @@ def test_diagnose_names_the_drivers_exception_in_step_3s_generation_and_where_th
     assert stopped.keys() <= {DRIVER_RANK, 0, 1} and all("launcher" in stopped[rank] for rank in stopped.keys() - {-1})
     code, text = verl_events_cli("diagnose", str(run))
     assert "the driver (where verl's trainer loop runs)" in text and "'Error in _run_prompt'" in text, text
+
+
+def test_the_ranks_idle_while_the_driver_is_stuck_in_generation_waited_on_it_and_nothing_else_stalled(
+    run: Path,
+) -> None:
+    lines = [StallRecord.from_json(line) for line in stalls_log_path(run).read_text().splitlines()]
+    stalls = [r for r in lines if r.kind == "stall"]
+    assert sorted(r.ranks[0] for r in stalls if r.ranks) == [0, 1], stalls  # each trainer rank, once
+    generation = next(
+        TimingRecord.from_json(line)
+        for line in timing_log_path(run, DRIVER_RANK).read_text().splitlines()
+        if f'"step": {STALLING_STEP}' in line
+    )
+    for record in stalls:  # while the driver was inside step 2's generation
+        assert generation.end_unix - generation.elapsed_s < record.time < generation.end_unix, record
+        assert record.after is not None and record.report is not None
+    assert sorted(r.ranks[0] for r in lines if r.kind == "resumed") == [0, 1]  # step 2's training began
+    code, text = verl_events_cli("hangs", str(run), "--json")
+    result: dict[str, Any] = json.loads(text)
+    assert [(s["state"], s["waiting_on"]) for s in result["stalls"]] == [
+        ("waiting", f"driver was inside rollout_generate (step {STALLING_STEP})")
+    ] * 2
+    code, text = verl_events_cli("diagnose", str(run), "--json")
+    failures = [json.loads(text)["first"], *json.loads(text)["cascade"]]
+    assert not [f for f in failures if f["source"] == "stalls.jsonl"]  # waiting is no failure

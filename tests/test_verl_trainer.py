@@ -304,6 +304,7 @@ def test_verls_trainer_runs_healthy_steps_without_an_anomaly_or_a_passed_deadlin
     # Judged from step 5 to 12: once a step at the update, at each of its two mini-batches.
     assert [(m.stage, m.judged) for m in found] == [("actor_update", 8), ("train_batch", 16)]
     assert not (save_path / "hangs.jsonl").exists()
+    assert not (save_path / "stalls.jsonl").exists()  # 12 healthy steps: no stall, first step included
     assert verl_events_main(["hangs", str(save_path)]) == 0
     assert "no deadline passed" in capsys.readouterr().out
     # The mismatch observer watched too: verl 0.9.1 keeps the rollout's log-probs by default

@@ -492,7 +492,7 @@ def test_weights_says_what_is_wrong_with_its_input(
     empty = tmp_path_factory.mktemp("empty")
     code, _, err = weights_command(empty, capsys)
     assert code == 2
-    assert "has no weight_sync.jsonl: no weight_sync observer watched this run; add '- name: weight_sync'" in err
+    assert "has no weight_sync.jsonl and no timing log says which observers were on: no weight_sync observer" in err
     code, _, err = weights_command(empty / "nowhere", capsys)
     assert (code, "is not a directory" in err) == (2, True)
 
@@ -634,3 +634,55 @@ def test_after_the_engine_side_fails_the_trainers_forward_still_runs_at_every_sy
     assert [(r.canary, r.alarms) for r in ledger(tmp_path)] == [(None, [])] * 3
     warned = [r.getMessage() for r in caplog.records if "engine side failed" in r.getMessage()]
     assert len(warned) == 1 and "ConnectionError: the engine is gone" in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("observers", "code", "says"),
+    [
+        (
+            [{"name": "timing"}, {"name": "weight_sync"}],
+            0,
+            "the weight_sync observer was on (it received 4 stage(s), by the timing logs) and no update_weights "
+            "stage reached it: no weight sync ran where it watched",
+        ),
+        (
+            [{"name": "timing"}, {"name": "weight_sync", "stages": ["actor_update"]}],
+            1,
+            "but 1 update_weights stage(s) ran where it did not watch (rank 0 step 3): nothing of those syncs was "
+            "checked; widen its selection",
+        ),
+        ([{"name": "timing"}], 2, "no stage of its 1 timing log(s) reached a weight_sync observer"),
+    ],
+    ids=["on-no-sync", "syncs-unwatched", "not-on"],
+)
+def test_weights_tells_an_observer_that_saw_no_sync_from_one_that_was_not_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], observers: list[dict[str, Any]], code: int, says: str
+) -> None:
+    torch.manual_seed(0)
+    trainer, ENGINES[0] = Decoder(), Decoder()
+    optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
+    try:
+        with verl_events.install({"save_path": str(tmp_path), "observers": observers}):
+            for step in (1, 2, 3):
+                train_step(trainer, optimizer, step)
+            if code == 1:  # a real sync, on a stage the observer's selection leaves out
+                sync(trainer, 3)
+            else:
+                train_step(trainer, optimizer, 4)
+    finally:
+        ENGINES.clear()
+    assert not weight_sync_log_path(tmp_path).exists()
+    found, out, err = weights_command(tmp_path, capsys)
+    assert found == code and says in (err if code == 2 else out), (out, err)
+
+
+def test_diagnose_of_a_run_whose_only_observer_saw_no_sync_says_it_ran_and_wrote_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = Decoder()
+    with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "weight_sync"}]}):
+        train_step(trainer, torch.optim.SGD(trainer.parameters(), lr=0.1), 1)
+    assert verl_events_main(["diagnose", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "run.json and nothing else: its observers received stages here and wrote nothing" in err, err
+    assert "a weight_sync observer that saw no sync" in err

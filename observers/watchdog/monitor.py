@@ -148,9 +148,10 @@ class Monitor:
             candidate = None if self.table.open else idle.due(now)
         if candidate is None:
             return
-        progress = run_progress(self.save_path, candidate.seconds, self.host)
+        progress = run_progress(self.save_path, candidate.seconds, self.host, self.pid)
+        progress_for = None if progress is None else max(0.0, progress[1] - time.time())
         with self.table.lock:
-            stalled = idle.settle(candidate, progress, time.monotonic())
+            stalled = idle.settle(candidate, progress_for, time.monotonic())
             ranks = sorted(self.table.ranks)
             if stalled is not None:  # taken before the table is let go: its resumed line waits for it
                 self._fire_lock.acquire()

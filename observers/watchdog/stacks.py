@@ -65,6 +65,15 @@ class ThreadStack:
         module, function = named[0]
         return f"{_DISTRIBUTED}.{function}" if module.endswith("distributed_c10d") else f"{module}.{function}"
 
+    def waiting_on_ray(self) -> str | None:
+        """``ray.get`` or ``ray.wait`` when the thread waits in one below its user frame (for
+        another process's task: verl's driver for its workers, ``main_ppo`` for the driver), or None."""
+        start = (self.user_index or -1) + 1
+        for module, _, _, function, _ in self.frames[start:]:
+            if (module == "ray" or module.startswith("ray.")) and function in ("get", "wait"):
+                return f"ray.{function}"
+        return None
+
     def render(self) -> list[str]:
         """The stack as lines, innermost last, the user frame marked ``>>``."""
         user = self.user_index

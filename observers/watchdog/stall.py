@@ -147,40 +147,57 @@ class IdleWatch:
         after = None if self.stage is None else {"stage": self.stage, "step": self.step, "rank": self.rank}
         return Idle(self.since, self.wall, after, None if self.stage is None else self.thread, seconds, how)
 
-    def settle(self, idle: Idle, progress: str | None, now: float) -> Idle | None:
-        """After :meth:`due` and a look at the run (``progress``: what another rank is doing,
-        or None): ``idle`` marked reported and returned, or, while the run progresses, its
-        deadline set again from ``now``; None too when a stage began meanwhile."""
+    def settle(self, idle: Idle, progress_for: float | None, now: float) -> Idle | None:
+        """After :meth:`due` and a look at the run (``progress_for``: how many seconds more
+        it shows progress, or None): ``idle`` marked reported and returned, or, while the run
+        progresses, its deadline set to when that ends; None too when a stage began meanwhile."""
         if self.since != idle.since or self.fired is not None:
             return None
-        if progress is not None:
-            self.postponed = now + idle.seconds
+        if progress_for is not None:
+            self.postponed = now + progress_for
             return None
         self.fired = idle
         return idle
 
 
-def run_progress(save_path: Path, window: float, host: str) -> str | None:
-    """What shows that the run makes progress (in words), or None: a rank of any process
-    writing heartbeats under ``save_path`` with a stage open that has not passed its
-    deadline, or that crossed a stage boundary within the last ``window`` seconds.  A
-    heartbeat of another host may be behind or ahead by its clock: it is allowed
-    :data:`CLOCK_SKEW_S`, and one that stopped beating shows no progress."""
+def run_progress(save_path: Path, window: float, host: str, pid: int) -> tuple[str, float] | None:
+    """What shows that the run makes progress, in words, and until when (Unix seconds) it
+    shows it; None when nothing does.  Progress is a rank of another process writing
+    heartbeats under ``save_path`` with a stage open that has not passed its deadline (until
+    it would), or that crossed a stage boundary within the last ``window`` seconds (until
+    ``window`` after).  A heartbeat of another host may be behind or ahead by its clock: it
+    is allowed :data:`CLOCK_SKEW_S`; one that stopped beating shows no open stage."""
     now = time.time()
+    found: tuple[str, float] | None = None
     for path in heartbeat_files(save_path):
         try:
             beat = read_heartbeat(path)
         except (NotAHeartbeat, OSError, ValueError, TypeError):
             continue
+        if beat.pid == pid and beat.host == host:
+            continue  # this process's own ranks: its idle time is what is judged
         skew = 0.0 if beat.host == host else CLOCK_SKEW_S
         alive = not beat.closed and now - beat.time <= 3 * (beat.liveness_s or 2.0) + 1.0 + skew
-        open_now = [item for item in beat.open if isinstance(item, dict) and not item.get("passed")]
-        if alive and open_now:
-            return f"{rank_name(beat.rank)} is inside {open_now[-1].get('stage')} (step {open_now[-1].get('step')})"
+        evidence = []
+        for item in beat.open if alive else ():
+            if isinstance(item, dict) and not item.get("passed"):
+                since, deadline = _number(item.get("since")), _number(item.get("deadline_s"))
+                ends = since + deadline if since is not None and deadline is not None else now + window
+                evidence.append((f"is inside {item.get('stage')} (step {item.get('step')})", ends + skew))
         for point in (beat.last_begun, beat.last_ended):
-            when = point.get("time") if isinstance(point, dict) else None
-            if isinstance(when, (int, float)) and now - when < window + skew:
-                return f"{rank_name(beat.rank)} crossed a stage boundary {max(0.0, now - when):.0f} s ago"
+            when = _number(point.get("time")) if isinstance(point, dict) else None
+            if when is not None and now - when < window + skew:
+                evidence.append((f"crossed a stage boundary {max(0.0, now - when):.0f} s ago", when + window + skew))
+        for what, until in evidence:
+            if until > now and (found is None or until > found[1]):
+                found = (f"{rank_name(beat.rank)} {what}", until)
+    return found
+
+
+def _number(value: object) -> float | None:
+    """``value`` when it is a finite number (a heartbeat is read as untrusted input), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
     return None
 
 
@@ -191,7 +208,7 @@ def report_stall(monitor: Any, idle: Idle, ranks: list[int]) -> None:
     wanted = idle.thread if idle.thread is not None else threading.main_thread().ident
     mine = next((s for s in stacks if s.ident == wanted), None)
     where = None if mine is None else mine.user_frame()
-    waiting_in = None if mine is None else mine.waiting_in()
+    waiting_in = None if mine is None else mine.waiting_in() or mine.waiting_on_ray()
     folder = report_dir(monitor.save_path)
     report = new_stall_report_path(folder, monitor.pid)
     now = time.time()
@@ -201,6 +218,7 @@ def report_stall(monitor: Any, idle: Idle, ranks: list[int]) -> None:
         time=now,
         pid=monitor.pid,
         host=monitor.host,
+        process=_command_line(),
         ranks=ranks or _environment_rank(),
         after=idle.after,
         began=idle.began,
@@ -262,6 +280,18 @@ def _append(save_path: Path, record: StallRecord) -> None:
         logger.error("the watchdog cannot append to %s: %s", stalls_log_path(save_path), exc)
 
 
+def _command_line() -> str | None:
+    """This process's command line as ``ps`` shows it (Ray retitles an actor's process by
+    the task it runs), at most 200 characters; None where ``/proc`` has none."""
+    try:
+        with open("/proc/self/cmdline", "rb") as file:
+            words = file.read(4096).split(b"\0")
+    except OSError:
+        return None
+    text = " ".join(word.decode(errors="replace") for word in words if word).strip()
+    return text[:200] or None
+
+
 def _environment_rank() -> list[int]:
     """The rank a launcher gave the process (``RANK``), before it ran any stage."""
     value = os.environ.get("RANK", "")
@@ -269,8 +299,8 @@ def _environment_rank() -> list[int]:
 
 
 def _process(record: StallRecord) -> str:
-    ranks = ", ".join(rank_name(rank) for rank in record.ranks)
-    return f"process {record.pid}" + (f" ({ranks})" if ranks else "")
+    named = [rank_name(rank) for rank in record.ranks] or ([record.process] if record.process else [])
+    return f"process {record.pid}" + (f" ({', '.join(named)})" if named else "")
 
 
 def _since(after: dict[str, Any] | None) -> str:

@@ -16,16 +16,20 @@ when that idle time ended: ``next`` is the stage that began, or None when the
 process ended, ``how`` saying how)::
 
     {"kind": "stall", "run": "…", "time": 1796025967.1, "pid": 4242, "host": "node7",
-     "ranks": [1], "after": {"stage": "update_weights", "step": 4, "rank": 1},
+     "process": "ray::WorkerDict.actor_rollout_compute_log_prob", "ranks": [1],
+     "after": {"stage": "update_weights", "step": 4, "rank": 1},
      "began": 1796025667.1, "elapsed_s": 300.0, "deadline_s": 300.0, "deadline": "adaptive",
      "thread": "MainThread", "where": {"file": "…", "line": 88, "function": "fit", "code": "…"},
      "waiting_in": null, "report": "hangs/stall_pid4242_1.txt", "next": null, "how": null}
 
-``after`` is the last stage that ended in the process (None: it had begun
+``process`` is the process's command line as ``ps`` shows it (Ray names an
+actor's process by its task: ``ray::TaskRunnerV1.run`` is verl's driver),
+at most 200 characters; ``after`` is the last stage that ended in the process (None: it had begun
 none since the watchdog was installed); ``ranks`` the ranks the process had
 run stages for (before its first stage, the ``RANK`` of its environment, if
 any); ``began`` when the idle time began (the installation, or ``after``'s
-end); ``elapsed_s`` the idle time when the deadline was seen to pass
+end); ``waiting_in`` the ``torch.distributed`` call, or ``ray.get`` /
+``ray.wait``, its thread waits in below its user frame; ``elapsed_s`` the idle time when the deadline was seen to pass
 (``stall``) or in all (``resumed``).  Standard library only.
 """
 
@@ -84,6 +88,7 @@ class StallRecord:
     time: float
     pid: int
     host: str | None = None
+    process: str | None = None
     ranks: list[int]
     after: dict[str, Any] | None = None
     began: float
@@ -123,6 +128,8 @@ class StallRecord:
                 raise NotAStallRecord(f"{name} {value!r} is not a finite number")
         if data["elapsed_s"] < 0 or data["deadline_s"] <= 0:
             raise NotAStallRecord("elapsed_s is >= 0 and deadline_s > 0")
+        if data.get("process") is not None and not isinstance(data["process"], str):
+            raise NotAStallRecord("process is a string or null")
         for name in ("after", "next", "where"):
             if data.get(name) is not None and not isinstance(data[name], dict):
                 raise NotAStallRecord(f"{name} is an object or null")

@@ -160,7 +160,7 @@ def stall_lines(stalls: list[Stall]) -> list[str]:
     lines = []
     for stall in sorted(stalls, key=lambda s: (order[s.state], s.record.time)):
         record = stall.record
-        who = ", ".join(rank_name(rank) for rank in stall.ranks) or "no rank known"
+        who = ", ".join(rank_name(rank) for rank in stall.ranks) or f"no rank: {record.process or 'unnamed'}"
         title = {"stuck": "STALL", "resumed": "stalled, then resumed", "waiting": "idle, waiting"}[stall.state]
         lines.append(f"{title}: process {record.pid} ({who}) on {record.host}: {stall.describe()}")
         if record.where is not None:

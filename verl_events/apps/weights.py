@@ -12,8 +12,15 @@ A line that is not a record (cut short by a process that died while writing
 it) and a record of another run (its ``run`` is not the folder's, from
 ``run.json``) are skipped with a warning.
 
-Exit codes: 0 no alarm, 1 an alarm, 2 bad input (no such folder, no ledger,
-no record of this run in it).
+With no ledger, the timing logs say whether the observer was on: each stage
+record names the observers that received it.  The observer on and no
+``update_weights`` stage ever reaching it is no sync to check (exit 0, said
+so); ``update_weights`` stages that ran on ranks where it was not are syncs
+nobody checked (exit 1); neither seen is bad input.
+
+Exit codes: 0 no alarm, 1 an alarm (or syncs that ran unwatched), 2 bad input
+(no such folder; no ledger and nothing showing the observer on; no record of
+this run in the ledger).
 """
 
 from __future__ import annotations
@@ -26,14 +33,42 @@ from typing import Any
 
 from verl_events.layout import owner_of
 
-from .formats import weight_sync_record
+from .formats import timing_log, weight_sync_record
 from .jsonl import read_log
 
-__all__ = ["WeightsInputError", "add_command", "command", "read_syncs"]
+__all__ = ["NoSyncSeen", "WeightsInputError", "add_command", "command", "read_syncs"]
 
 
 class WeightsInputError(ValueError):
     """The run cannot be read; the message says why and what to do."""
+
+
+#: The observer's name in the timing records' ``observers`` (the registry's name for it).
+OBSERVER = "weight_sync"
+STAGE = "update_weights"
+
+
+class NoSyncSeen(Exception):
+    """No ledger, though the timing logs show the observer on: ``sentence`` says what they
+    show, ``unwatched`` the ``update_weights`` stages that ran where it was not."""
+
+    def __init__(self, run: Path, received: int, unwatched: list[tuple[int, int | None]]) -> None:
+        self.run, self.received, self.unwatched = run, received, unwatched
+        said = f"the {OBSERVER} observer was on (it received {received} stage(s), by the timing logs)"
+        if unwatched:
+            where = ", ".join(f"rank {rank} step {step}" for rank, step in unwatched[:8])
+            more = f" and {len(unwatched) - 8} more" if len(unwatched) > 8 else ""
+            said += (
+                f", but {len(unwatched)} {STAGE} stage(s) ran where it did not watch ({where}{more}): "
+                "nothing of those syncs was checked; widen its selection (stages, ranks, steps)"
+            )
+        else:
+            said += f" and no {STAGE} stage reached it: no weight sync ran where it watched"
+        super().__init__(said)
+
+    def as_json(self) -> dict[str, Any]:
+        unwatched = [{"rank": rank, "step": step} for rank, step in self.unwatched]
+        return {"run": str(self.run), "syncs": [], "received": self.received, "unwatched": unwatched, "warnings": []}
 
 
 @dataclass(slots=True)
@@ -65,10 +100,7 @@ def read_syncs(run: Path) -> Syncs:
     except (OSError, UnicodeDecodeError) as exc:
         raise WeightsInputError(f"{path} cannot be read: {exc}") from None
     if not log.lines:
-        raise WeightsInputError(
-            f"{run} has no {weight_sync_record.WEIGHT_SYNC_LOG}: no weight_sync observer watched this run; "
-            "add '- name: weight_sync' to its observers (docs/weight-sync.md)"
-        )
+        _without_ledger(run)
     syncs = Syncs(run, [])
     this_run = owner_of(run)
     others: set[str] = set()
@@ -89,6 +121,32 @@ def read_syncs(run: Path) -> Syncs:
         raise WeightsInputError(f"{path} holds no sync of run {this_run or run}: {why}")
     syncs.records.sort(key=lambda r: (r.step if r.step is not None else -1, r.rank, r.time))
     return syncs
+
+
+def _without_ledger(run: Path) -> None:
+    """NoSyncSeen when the timing logs show the observer on, else WeightsInputError."""
+    received, unwatched, logs = 0, [], timing_log.timing_log_files(run)
+    for path in logs:
+        try:
+            records = read_log(path).records(timing_log.TimingRecord.from_json, lambda number, exc: None)
+        except (OSError, UnicodeDecodeError):
+            continue
+        for _, record in records:
+            watched = isinstance(record.observers, (list, tuple)) and OBSERVER in record.observers
+            received += watched
+            if record.stage == STAGE and not watched:
+                unwatched.append((record.rank, record.step))
+    if received:
+        raise NoSyncSeen(run, received, unwatched)
+    seen = (
+        f"and no stage of its {len(logs)} timing log(s) reached a {OBSERVER} observer"
+        if logs
+        else "and no timing log says which observers were on"
+    )
+    raise WeightsInputError(
+        f"{run} has no {weight_sync_record.WEIGHT_SYNC_LOG} {seen}: no {OBSERVER} observer watched this run; "
+        f"add '- name: {OBSERVER}' to its observers (docs/weight-sync.md)"
+    )
 
 
 def render(syncs: Syncs) -> str:
@@ -164,6 +222,9 @@ def command(args: Any) -> int:
     except WeightsInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NoSyncSeen as nothing:
+        print(json.dumps(nothing.as_json(), indent=1) if args.json else f"run {nothing.run}: {nothing}")
+        return 1 if nothing.unwatched else 0
     for line in syncs.warnings:
         print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(syncs.as_json(), indent=1, allow_nan=False) if args.json else render(syncs))

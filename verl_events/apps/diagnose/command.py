@@ -94,6 +94,12 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
     evidence = gather(run, logs, read_all=read_all)
     tools, unseen = _tools(evidence), _unseen(evidence)
     if not tools and not evidence.failures:
+        if evidence.run_id is not None:  # claimed: a writing observer received a stage here
+            raise DiagnoseInputError(
+                f"{run} holds run {evidence.run_id!r}'s run.json and nothing else: its observers received stages "
+                "here and wrote nothing (a weight_sync observer that saw no sync, an msprobe whose steps never "
+                "came); add '- name: timing' to record every stage and which observers received it"
+            )
         raise DiagnoseInputError(
             f"{run} holds nothing an observer writes (no heartbeats, timing logs, crash records, hang, "
             "anomaly or mismatch logs, msprobe dumps); pass the save_path of a run"
@@ -132,7 +138,7 @@ def _watchdog(evidence: Evidence, _: Holding) -> str:
             f", {waiting} waiting on another rank's stage" if waiting else ""
         )
     beating = count_heartbeats(beat.rank for beat in evidence.heartbeats)
-    return f"{beating}: {counts}{hangs}{late}{stalls}"
+    return f"{beating}{': ' + counts if counts else ''}{hangs}{late}{stalls}"
 
 
 def _timing(evidence: Evidence, _: Holding) -> str:
@@ -194,7 +200,10 @@ def _unseen(evidence: Evidence) -> list[str]:
             "stage's line and a hang cannot be seen; add '- name: watchdog' to the observers"
         )
     if not evidence.timing_ranks and not evidence.timing_driver:
-        unseen.append("no timing logs: stage times and errors of ranks without the watchdog; add '- name: timing'")
+        unseen.append(
+            "no timing logs (no stage ended, or the timing observer was off): stage times and errors of ranks "
+            "without the watchdog; add '- name: timing' if it was off"
+        )
     return unseen
 
 

@@ -135,7 +135,9 @@ def _stalls(evidence: Evidence) -> None:
                 "slow" if stall.state == "resumed" else "stall",
                 NO_RANK if stall.rank is None else stall.rank,
                 record.time,
-                stall.describe() + (f"; stacks: {record.report}" if record.report else ""),
+                (f"{record.process}: " if stall.rank is None and record.process else "")
+                + stall.describe()
+                + (f"; stacks: {record.report}" if record.report else ""),
                 after.get("step"),
                 after.get("stage"),
                 record.host,
@@ -144,6 +146,7 @@ def _stalls(evidence: Evidence) -> None:
                 relative(evidence, path),
                 waiting_in=record.waiting_in,
                 in_stage=False,
+                since=record.began,
             )
         )
 

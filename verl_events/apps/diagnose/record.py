@@ -43,6 +43,7 @@ class Failure:
     in_stage: bool | None = True  # False: between stages (step and stage: the last that ended); None: unknown
     parent: str | None = None  # the stage enclosing ``stage``
     window: float = 0.0  # killed: it died within this many seconds after ``time``
+    since: float | None = None  # stall: when its idle time began
 
     def as_json(self) -> dict[str, Any]:
         keys = ("rank", "host", "pid", "step", "stage", "parent", "kind", "detail", "where", "time", "source")

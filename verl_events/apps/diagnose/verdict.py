@@ -12,11 +12,16 @@ So:
   SIGHUP), or the driver's error, after another failure; a process with no
   stage open past its deadline (``stall``) after another failure: it waited
   for work the failure stopped;
+* **consequences** by their kind: a process with no stage open waiting in
+  ``ray.get`` or ``ray.wait`` (a stall), for another process's task;
 * **the first failure** is the earliest one that is not a consequence (a
   rank SIGKILLed first counts from its last heartbeat, which is before its
   death and so before anything its death caused; but a failure of another
   kind within one beat after that heartbeat may have come first, and is
-  preferred); when every failure is a consequence, the earliest;
+  preferred); when every failure is a consequence, the earliest; but when
+  every one is a stall waiting on a Ray task, the process that went idle last:
+  ``main_ppo`` waits on the driver, which waits on the tasks it started, so
+  the last to go idle is the deepest in that chain;
 * **the cascade** is every other failure of the run, each with why.
 
 Anomalies are findings, not deaths: the first of them is "first" only in a
@@ -76,6 +81,9 @@ def _peer_words(failure: Failure) -> str | None:
                 return f"{what}, an error that follows a peer's death"
     if failure.kind == "hang" and failure.waiting_in:
         return f"waiting for its peers in {failure.waiting_in}"
+    if failure.kind == "stall" and failure.waiting_in:
+        on = "its peers" if failure.waiting_in.startswith("torch") else "another process's task"
+        return f"waiting for {on} in {failure.waiting_in}"
     return None
 
 
@@ -101,6 +109,8 @@ def judge(failures: list[Failure], running: bool = False) -> Verdict:
         return Verdict("anomalous", anomalies[0], [(a, f"a later {_FINDING[a.kind]}") for a in anomalies[1:]])
     causes = [f for f in fatal if not _follows(f, fatal)]
     first = causes[0] if causes else fatal[0]
+    if not causes and all(f.kind == "stall" and f.since is not None for f in fatal):
+        first = max(fatal, key=lambda f: f.since or 0.0)  # the deepest in a chain of Ray calls
     if first.kind == "killed" and first.window:
         # A killed rank died within ``window`` after its last beat: a failure of another kind in
         # that window may have come first, and it says more than a silent death.
@@ -123,14 +133,16 @@ _NOUNS = {
 }
 
 
-def _owner(rank: int) -> str:
+def _owner(rank: int, pid: int | None = None) -> str:
     if rank >= 0:
         return f"rank {rank}'s"
-    return "the driver's" if rank == DRIVER_RANK else "main_ppo's"
+    if rank == DRIVER_RANK:
+        return "the driver's"
+    return f"process {pid}'s" if pid is not None else "main_ppo's"
 
 
 def _why(failure: Failure, first: Failure) -> str:
-    who = _owner(first.rank)
+    who = _owner(first.rank, first.pid if first.kind == "stall" else None)
     after = f"{who} {_NOUNS.get(first.kind, first.kind)}"
     later = failure.time >= first.time
     if failure.kind == "killed" and failure.window and failure.time <= first.time <= failure.time + failure.window:
