@@ -135,11 +135,8 @@ def test_the_ranks_idle_while_the_driver_is_stuck_in_generation_waited_on_it_and
     lines = [StallRecord.from_json(line) for line in stalls_log_path(run).read_text().splitlines()]
     stalls = [r for r in lines if r.kind == "stall"]
     assert sorted(r.ranks[0] for r in stalls if r.ranks) == [0, 1], stalls  # each trainer rank, once
-    generation = next(
-        TimingRecord.from_json(line)
-        for line in timing_log_path(run, DRIVER_RANK).read_text().splitlines()
-        if f'"step": {STALLING_STEP}' in line
-    )
+    driver = [TimingRecord.from_json(line) for line in timing_log_path(run, DRIVER_RANK).read_text().splitlines()]
+    generation = next(r for r in driver if r.step == STALLING_STEP)
     for record in stalls:  # while the driver was inside step 2's generation
         assert generation.end_unix - generation.elapsed_s < record.time < generation.end_unix, record
         assert record.after is not None and record.report is not None

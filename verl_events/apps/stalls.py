@@ -74,7 +74,7 @@ class Stall:
         record = self.record
         said = (
             f"no stage began for {record.elapsed_s:.1f} s {since_phrase(record.after)}, "
-            f"past its deadline of {record.deadline_s:g} s ({record.deadline})"
+            f"past its deadline of {record.deadline_s:.1f} s ({record.deadline})"
         )
         end = self.resumed
         if end is not None:
