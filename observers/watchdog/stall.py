@@ -10,17 +10,19 @@ one after ``save_checkpoint`` something else): ``first_s`` the first time,
 then ``multiple`` x the longest such gap so far, at least ``floor_s``.
 
 When the deadline passes, the monitor (:mod:`.monitor`) first looks at the
-run's other heartbeats (:func:`run_progress`): while any rank, of any
-process sharing the save_path, has a stage open within its deadline, or
-crossed a stage boundary within the idle deadline, the run is making
-progress and this process is waiting for it (verl's trainer ranks while the
-driver waits for generation; processes that never run a stage, such as
-``main_ppo``, a rollout server or a storage unit): the deadline is set again
-from now.  Otherwise :func:`report_stall`: a report with every thread's
-stack, one ``stall`` line in ``stalls.jsonl`` (:mod:`.stall_record`) and one
-WARNING; when a stage begins again, or the process ends, one ``resumed``
-line.  A stall is reported, never acted on (``action: abort`` ends a process
-for a stage past its deadline only).
+run's heartbeats (:func:`run_progress`): while a rank of another process
+sharing the save_path has a stage open within its deadline, or crossed a
+stage boundary within the idle deadline, the run is making progress and this
+process is waiting for it (verl's trainer ranks while the driver waits for
+generation; processes that never run a stage, such as ``main_ppo``, a
+rollout server or a storage unit).  The deadline is then set to when that
+evidence runs out (the stage's deadline; the boundary's age reaching the
+idle deadline), and the heartbeats are read again then.  Otherwise
+:func:`report_stall`: a report with every thread's stack, one ``stall`` line
+in ``stalls.jsonl`` (:mod:`.stall_record`) and one WARNING; when a stage
+begins again, or the process ends, one ``resumed`` line.  A stall is
+reported, never acted on (``action: abort`` ends a process for a stage past
+its deadline only).
 
 The hooks touch :class:`IdleWatch` only at the outermost boundaries (no
 stage open before a begin, none left after an end), under the table's lock.
@@ -177,9 +179,10 @@ def run_progress(save_path: Path, window: float, host: str, pid: int) -> tuple[s
         if beat.pid == pid and beat.host == host:
             continue  # this process's own ranks: its idle time is what is judged
         skew = 0.0 if beat.host == host else CLOCK_SKEW_S
-        alive = not beat.closed and now - beat.time <= 3 * (beat.liveness_s or 2.0) + 1.0 + skew
+        beats = _number(beat.liveness_s) or 2.0
+        alive = not beat.closed and now - beat.time <= 3 * beats + 1.0 + skew
         evidence = []
-        for item in beat.open if alive else ():
+        for item in beat.open if alive and isinstance(beat.open, list) else ():
             if isinstance(item, dict) and not item.get("passed"):
                 since, deadline = _number(item.get("since")), _number(item.get("deadline_s"))
                 ends = since + deadline if since is not None and deadline is not None else now + window
