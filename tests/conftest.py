@@ -82,6 +82,7 @@ ONE_CLUSTER_AT_A_TIME = frozenset(
         "test_verl_bridge.py",
         "test_verl_cpu_checkpoint_engine.py",
         "test_verl_generation.py",
+        "test_verl_lora_sync.py",
         "test_verl_mismatch.py",
         "test_verl_postmortem.py",
         "test_verl_replay.py",

@@ -289,3 +289,39 @@ class Raiser(Observer):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+class NaNInBaseWeight(Observer):
+    """At ``step``'s ``update_weights``, a NaN in the first value of the actor's parameter whose
+    name ends with ``parameter`` (a LoRA model's frozen base weight), put back when that sync
+    ends: the sync carries it, the training after it does not (so the run is otherwise healthy)."""
+
+    passive = True
+    needs_model = True
+
+    def __init__(self, step: int = 0, parameter: str = "q_proj.base_layer.weight") -> None:
+        self.step, self.parameter = step, parameter
+        self._undo: Any = None
+        self._done = False
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if self._done or event.stage != "update_weights" or event.step != self.step or event.model is None:
+            return
+        import torch
+
+        module = event.model[0] if isinstance(event.model, (list, tuple)) else event.model
+        weight = next(p for n, p in module.named_parameters() if n.endswith(self.parameter))
+        local = weight.to_local() if hasattr(weight, "to_local") else weight  # an FSDP2 DTensor's shard
+        with torch.no_grad():
+            kept = local.view(-1)[0].item()
+            local.view(-1)[0] = float("nan")
+        self._undo = (local, kept)
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        if self._undo is not None and event.stage == "update_weights" and event.step == self.step:
+            import torch
+
+            local, kept = self._undo
+            with torch.no_grad():
+                local.view(-1)[0] = kept
+            self._undo, self._done = None, True

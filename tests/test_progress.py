@@ -23,8 +23,8 @@ import pytest
 from verl_events.apps.cli import main
 from verl_events.observers.watchdog.stall_record import StallRecord, stalls_log_path
 
+from .hang_support import DEADLINE, gloo_ranks, line_of, wait_for
 from .support import end_processes, verl_events_exe
-from .test_hangs import DEADLINE, gloo_ranks, line_of, wait_for
 
 __all__ = ["gloo_ranks"]  # the fixture, used here
 

@@ -13,9 +13,9 @@ taken in that actor.  The faults (:class:`verl_events.apps.inject.SyncFault`), o
 * sync 3, rank 1: after loading, the engine's layer 1 is scaled by 1.01 in the server's process.
 
 Every other sync is the control: no alarm (the one-rank healthy control is
-tests/test_verl_trainer.py's run).  One trainer run, about a minute on 2 cores.  The LoRA
-case (no adapter tensor sent) is tested at the observer with a real peft model
-(tests/test_weight_sync.py): this CPU job does not train with LoRA.
+tests/test_verl_trainer.py's run).  One trainer run, about a minute on 2 cores.  LoRA's first
+sync on the same job is tests/test_verl_lora_sync.py's; an adapter sync without its adapter
+tensors is tested at the observer with a real peft model (tests/test_weight_sync.py).
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from verl_events.layout import RUN_FILE
+
 from ..formats import mismatch_record, msprobe_layout
 from ..jsonl import numbered_lines
 from ..liveness import liveness, newest
@@ -96,7 +98,7 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
     if not tools and not evidence.failures:
         if evidence.run_id is not None:  # claimed: a writing observer received a stage here
             raise DiagnoseInputError(
-                f"{run} holds run {evidence.run_id!r}'s run.json and nothing else: its observers received stages "
+                f"{run} holds run {evidence.run_id!r}'s {RUN_FILE} and nothing else: its observers received stages "
                 "here and wrote nothing (a weight_sync observer that saw no sync, an msprobe whose steps never "
                 "came); add '- name: timing' to record every stage and which observers received it"
             )

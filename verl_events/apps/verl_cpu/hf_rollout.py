@@ -12,11 +12,15 @@ mirroring the vLLM ones (``workers/rollout/vllm_rollout/``):
   ``workers/engine_workers.py:728``).
 
 Sampling is seeded per request from (rollout seed, weight version, prompt tokens), so the
-output does not depend on the order in which concurrent requests reach the server.
+output does not depend on the order in which concurrent requests reach the server.  With
+LoRA (``actor_rollout_ref.model.lora_rank`` > 0) the server's model becomes a peft model at
+the first sync that carries verl's ``peft_config``, and takes that sync's two payloads: the
+base weights, then the adapter.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import zlib
 from array import array
@@ -173,10 +177,40 @@ class HFRolloutServer:
             for ids in sequences:
                 self.model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
 
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None) -> None:
-        """Load the actor's full (unsharded) weights, keyed by HF parameter names."""
-        self.model.load_state_dict(state_dict, strict=True)
+    async def update_weights(
+        self,
+        state_dict: dict[str, torch.Tensor],
+        global_steps: int | None,
+        peft_config: dict[str, Any] | None = None,
+        base_sync_done: bool = True,
+    ) -> None:
+        """Load the actor's full (unsharded) weights, keyed by HF parameter names.  With LoRA
+        (``peft_config``, as verl sends it: a dict), the model becomes a peft model at the
+        first such sync; a payload with ``base_sync_done=False`` is the base weights (under
+        peft's ``base_layer`` names), any other the adapter (as ``get_peft_model_state_dict``
+        names it): verl's first LoRA sync sends both, one after the other."""
+        if peft_config is None:
+            self.model.load_state_dict(state_dict, strict=True)
+        else:
+            self._load_lora(state_dict, peft_config, base_sync_done)
         self.global_steps = global_steps
+
+    def _load_lora(self, state_dict: dict[str, torch.Tensor], peft_config: dict[str, Any], base: bool) -> None:
+        from peft import PeftModel, get_peft_config, get_peft_model, set_peft_model_state_dict
+
+        if not isinstance(self.model, PeftModel):
+            self.model = get_peft_model(self.model, get_peft_config(copy.deepcopy(peft_config)))
+            self.model.eval()
+        model: Any = self.model  # peft's annotations do not cover these calls
+        if not base:
+            missing, unexpected = model.base_model.model.load_state_dict(state_dict, strict=False)
+            missing = [name for name in missing if "lora_" not in name]
+            if missing or unexpected:
+                raise RuntimeError(f"LoRA base weights: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        else:
+            loaded: Any = set_peft_model_state_dict(model, state_dict)
+            if loaded.unexpected_keys:
+                raise RuntimeError(f"LoRA adapter: unexpected {loaded.unexpected_keys[:5]}")
 
     async def weight_fingerprints(self) -> dict[str, tuple[str, str]]:
         """``{name: (dtype, fingerprint)}`` of the weights this server holds, taken here, in
@@ -188,7 +222,7 @@ class HFRolloutServer:
             from verl_events.observers.weight_sync.fingerprint import fingerprint
 
         return {
-            name: (str(tensor.dtype).removeprefix("torch."), fingerprint(tensor))
+            _as_sent(name): (str(tensor.dtype).removeprefix("torch."), fingerprint(tensor))
             for name, tensor in self.model.state_dict().items()
         }
 
@@ -293,6 +327,8 @@ class HFServerAdapter(BaseRollout):
         wire_format: str = "named_tensors",
         *,
         global_steps: int | None = None,
+        peft_config: dict[str, Any] | None = None,
+        base_sync_done: bool = True,
         **kwargs: Any,
     ) -> None:
         if wire_format != "named_tensors":
@@ -301,7 +337,16 @@ class HFServerAdapter(BaseRollout):
         # copy=True: plain CPU tensors alias the live parameters.
         state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
         if self._has_server:
-            await self._server_handle().update_weights.remote(state_dict, global_steps)
+            server = self._server_handle()
+            await server.update_weights.remote(state_dict, global_steps, peft_config, base_sync_done)
+
+
+def _as_sent(name: str) -> str:
+    """A served tensor's name as verl's sync names it: a peft model's adapter tensors without
+    peft's adapter name (``.default.``), its base tensors without its wrapper's prefix."""
+    if not name.startswith("base_model.model."):
+        return name
+    return name.replace(".default.", ".") if "lora_" in name else name.removeprefix("base_model.model.")
 
 
 def _server_for(rank: int) -> Any:
