@@ -126,6 +126,18 @@ def test_a_process_stuck_before_any_stage_and_then_killed_is_a_hung_run_with_the
     assert text.returncode == 1 and f"STALL: process {process.pid} (no rank: {sys.executable} {script})" in text.stdout
     assert f"{script}:{line_of(script, 'threading.Event().wait()')} in wait_for_storage_units" in text.stdout
 
+    # Damaged neighbours (another writer's, a copy cut short) change nothing and raise nothing.
+    (run / "heartbeats").mkdir(exist_ok=True)
+    damaged = {"run": None, "rank": 3, "time": 1.0, "open": ["x", {"stage": {"a": 1}, "since": "soon"}]}
+    (run / "heartbeats/rank3.json").write_text(json.dumps(damaged))
+    (run / "timing").mkdir(exist_ok=True)
+    line = {"event": "stage", "stage": {"a": 1}, "rank": "0", "step": [1], "elapsed_s": "fast", "end_unix": 1e400}
+    (run / "timing/rank0.jsonl").write_text(json.dumps(line).replace("Infinity", "1e400") + "\n")
+    code, verdict = cli_json(capsys, "diagnose", str(run))
+    assert code == 1 and verdict["verdict"] == "hung" and verdict["first"]["kind"] == "stall", verdict  # type: ignore[index]
+    text = subprocess.run([verl_events_exe(), "hangs", str(run)], capture_output=True, text=True, timeout=60)
+    assert text.returncode == 1 and "Traceback" not in text.stderr and "STALL:" in text.stdout, text.stderr
+
 
 SKEWED_SCRIPT = """\
 import socket, sys, time

@@ -26,6 +26,7 @@ train.  So a stall is read against every other rank's stages:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -103,23 +104,27 @@ def read_against(
     hang records (a stage waiting in a collective explains no stall)."""
     records = list(records)
     resumed = {r.key: r for r in records if r.kind == "resumed"}
-    in_collective = {(h.rank, h.stage, h.step) for h in hangs if h.kind == "hang" and h.waiting_in}
-    spans = [
-        (r.rank, r.stage, r.step, r.end_unix - r.elapsed_s, r.end_unix)
-        for r in timing
-        if isinstance(r.end_unix, (int, float))
-        and isinstance(r.elapsed_s, (int, float))
-        and (r.rank, r.stage, r.step) not in in_collective
-    ]
-    beats = [
-        replace(beat, open=[i for i in beat.open if (beat.rank, i.get("stage"), i.get("step")) not in in_collective])
-        for beat in heartbeats
-    ]
+    in_collective = {(h.rank, _key(h.stage), h.step) for h in hangs if h.kind == "hang" and h.waiting_in}
+    spans = []
+    for r in timing:  # a timing line's values are not checked for type when it is read
+        end, elapsed = _number(r.end_unix), _number(r.elapsed_s)
+        if end is None or elapsed is None or not isinstance(r.rank, int) or not isinstance(r.stage, str):
+            continue
+        if (r.rank, r.stage, r.step if isinstance(r.step, int) else None) not in in_collective:
+            spans.append((r.rank, r.stage, r.step, end - elapsed, end))
+    beats = [replace(beat, open=_open(beat, in_collective)) for beat in heartbeats]
     return [
         Stall(record, resumed.get(record.key), _waiting_on(record, resumed.get(record.key), spans, beats))
         for record in records
         if record.kind == "stall"
     ]
+
+
+def _open(beat: Heartbeat, in_collective: set[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """The heartbeat's open stages that are objects (a heartbeat is read as untrusted input),
+    less those waiting in a collective."""
+    items = [item for item in beat.open if isinstance(item, dict)] if isinstance(beat.open, list) else []
+    return [i for i in items if (beat.rank, _key(i.get("stage")), _key(i.get("step"))) not in in_collective]
 
 
 def _waiting_on(
@@ -135,13 +140,25 @@ def _waiting_on(
         if beat.rank in own:
             continue
         for item in beat.open:
-            since = item.get("since")
-            if isinstance(since, (int, float)) and since <= when:
+            since = _number(item.get("since"))
+            if since is not None and since <= when:
                 found.append((beat.rank, item.get("stage"), item.get("step"), since))
     if not found:
         return None
     rank, stage, step, _ = min(found, key=lambda f: (f[0] != DRIVER_RANK, f[0], f[3]))  # the driver first
     return f"{rank_name(rank)} was inside {stage} (step {step})"
+
+
+def _key(value: object) -> object:
+    """``value`` where it can be part of a set's key (a string, a number, None), else None."""
+    return value if value is None or isinstance(value, (str, int, float)) else None
+
+
+def _number(value: object) -> float | None:
+    """``value`` when it is a finite number, else None (the records are read as untrusted input)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def stall_json(stall: Stall) -> dict[str, Any]:
