@@ -46,7 +46,7 @@ from verl_events.layout import run_id
 from .._lines import append_line
 from .record import NotAHeartbeat, heartbeat_files, read_heartbeat, report_dir
 from .stacks import ThreadStack, describe_where, thread_stacks
-from .stall_record import StallRecord, new_stall_report_path, stalls_log_path
+from .stall_record import StallRecord, finite_number, new_stall_report_path, stalls_log_path
 
 __all__ = ["CLOCK_SKEW_S", "Idle", "IdleWatch", "report_resumed", "report_stall", "run_progress"]
 
@@ -179,29 +179,22 @@ def run_progress(save_path: Path, window: float, host: str, pid: int) -> tuple[s
         if beat.pid == pid and beat.host == host:
             continue  # this process's own ranks: its idle time is what is judged
         skew = 0.0 if beat.host == host else CLOCK_SKEW_S
-        beats = _number(beat.liveness_s) or 2.0
+        beats = finite_number(beat.liveness_s) or 2.0
         alive = not beat.closed and now - beat.time <= 3 * beats + 1.0 + skew
         evidence = []
         for item in beat.open if alive and isinstance(beat.open, list) else ():
             if isinstance(item, dict) and not item.get("passed"):
-                since, deadline = _number(item.get("since")), _number(item.get("deadline_s"))
+                since, deadline = finite_number(item.get("since")), finite_number(item.get("deadline_s"))
                 ends = since + deadline if since is not None and deadline is not None else now + window
                 evidence.append((f"is inside {item.get('stage')} (step {item.get('step')})", ends + skew))
         for point in (beat.last_begun, beat.last_ended):
-            when = _number(point.get("time")) if isinstance(point, dict) else None
+            when = finite_number(point.get("time")) if isinstance(point, dict) else None
             if when is not None and now - when < window + skew:
                 evidence.append((f"crossed a stage boundary {max(0.0, now - when):.0f} s ago", when + window + skew))
         for what, until in evidence:
             if until > now and (found is None or until > found[1]):
                 found = (f"{rank_name(beat.rank)} {what}", until)
     return found
-
-
-def _number(value: object) -> float | None:
-    """``value`` when it is a finite number (a heartbeat is read as untrusted input), else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
 
 
 def report_stall(monitor: Any, idle: Idle, ranks: list[int]) -> None:
@@ -212,22 +205,13 @@ def report_stall(monitor: Any, idle: Idle, ranks: list[int]) -> None:
     mine = next((s for s in stacks if s.ident == wanted), None)
     where = None if mine is None else mine.user_frame()
     waiting_in = None if mine is None else mine.waiting_in() or mine.waiting_on_ray()
-    folder = report_dir(monitor.save_path)
-    report = new_stall_report_path(folder, monitor.pid)
-    now = time.time()
-    record = StallRecord(
-        kind="stall",
-        run=monitor.run() if ranks else run_id(),  # before the first stage: not cached, it may change
-        time=now,
-        pid=monitor.pid,
-        host=monitor.host,
+    report = new_stall_report_path(report_dir(monitor.save_path), monitor.pid)
+    record = _record(
+        monitor,
+        "stall",
+        idle,
+        ranks,
         process=_command_line(),
-        ranks=ranks or _environment_rank(),
-        after=idle.after,
-        began=idle.began,
-        elapsed_s=round(now - idle.began, 3),
-        deadline_s=idle.seconds,
-        deadline=idle.how,
         thread=None if mine is None else mine.name,
         where=where,
         waiting_in=waiting_in,
@@ -255,10 +239,18 @@ def report_stall(monitor: Any, idle: Idle, ranks: list[int]) -> None:
 
 def report_resumed(monitor: Any, idle: Idle, ranks: list[int], next: dict[str, Any] | None, how: str | None) -> None:
     """The idle time of a reported stall ended: a stage began (``next``), or the process ends (``how``)."""
+    record = _record(monitor, "resumed", idle, ranks, next=next, how=how)
+    _append(monitor.save_path, record)
+    then = f"{next['stage']} (step {next['step']}) began" if next is not None else f"the process ended ({how})"
+    logger.warning("%s: %s after %.1f s with no stage open", _process(record), then, record.elapsed_s)
+
+
+def _record(monitor: Any, kind: str, idle: Idle, ranks: list[int], **found: Any) -> StallRecord:
+    """The ``stalls.jsonl`` line of ``idle``: what both kinds say of it, and ``found``."""
     now = time.time()
-    record = StallRecord(
-        kind="resumed",
-        run=monitor.run() if ranks else run_id(),
+    return StallRecord(
+        kind=kind,
+        run=monitor.run() if ranks else run_id(),  # before the first stage: not cached, it may change
         time=now,
         pid=monitor.pid,
         host=monitor.host,
@@ -268,12 +260,8 @@ def report_resumed(monitor: Any, idle: Idle, ranks: list[int], next: dict[str, A
         elapsed_s=round(max(0.0, now - idle.began), 3),
         deadline_s=idle.seconds,
         deadline=idle.how,
-        next=next,
-        how=how,
+        **found,
     )
-    _append(monitor.save_path, record)
-    then = f"{next['stage']} (step {next['step']}) began" if next is not None else f"the process ended ({how})"
-    logger.warning("%s: %s after %.1f s with no stage open", _process(record), then, record.elapsed_s)
 
 
 def _append(save_path: Path, record: StallRecord) -> None:

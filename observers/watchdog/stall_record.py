@@ -49,6 +49,7 @@ __all__ = [
     "STALL_REPORT_PREFIX",
     "NotAStallRecord",
     "StallRecord",
+    "finite_number",
     "new_stall_report_path",
     "stalls_log_path",
 ]
@@ -123,9 +124,8 @@ class StallRecord:
         if not _is_int(data["pid"]) or not isinstance(data["ranks"], list) or not all(map(_is_int, data["ranks"])):
             raise NotAStallRecord("pid is an integer and ranks a list of integers")
         for name in ("time", "began", "elapsed_s", "deadline_s"):
-            value = data[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise NotAStallRecord(f"{name} {value!r} is not a finite number")
+            if finite_number(data[name]) is None:
+                raise NotAStallRecord(f"{name} {data[name]!r} is not a finite number")
         if data["elapsed_s"] < 0 or data["deadline_s"] <= 0:
             raise NotAStallRecord("elapsed_s is >= 0 and deadline_s > 0")
         if data.get("process") is not None and not isinstance(data["process"], str):
@@ -138,6 +138,14 @@ class StallRecord:
 
 _NAMES = tuple(f.name for f in fields(StallRecord))
 _REQUIRED = ("kind", "time", "pid", "ranks", "began", "elapsed_s", "deadline_s")
+
+
+def finite_number(value: object) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None: how the stall
+    readers take a number from a file another process wrote."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _is_int(value: object) -> bool:

@@ -26,7 +26,6 @@ train.  So a stall is read against every other rank's stages:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,6 +34,7 @@ from .formats import hang_record, stall_record
 from .ranks import DRIVER_RANK, rank_name
 
 StallRecord = stall_record.StallRecord
+finite_number = stall_record.finite_number
 Heartbeat = hang_record.Heartbeat
 
 __all__ = ["Stall", "StallRecord", "read_against", "since_phrase"]
@@ -107,17 +107,19 @@ def read_against(
     in_collective = {(h.rank, _key(h.stage), h.step) for h in hangs if h.kind == "hang" and h.waiting_in}
     spans = []
     for r in timing:  # a timing line's values are not checked for type when it is read
-        end, elapsed = _number(r.end_unix), _number(r.elapsed_s)
+        end, elapsed = finite_number(r.end_unix), finite_number(r.elapsed_s)
         if end is None or elapsed is None or not isinstance(r.rank, int) or not isinstance(r.stage, str):
             continue
         if (r.rank, r.stage, r.step if isinstance(r.step, int) else None) not in in_collective:
             spans.append((r.rank, r.stage, r.step, end - elapsed, end))
     beats = [replace(beat, open=_open(beat, in_collective)) for beat in heartbeats]
-    return [
-        Stall(record, resumed.get(record.key), _waiting_on(record, resumed.get(record.key), spans, beats))
-        for record in records
-        if record.kind == "stall"
-    ]
+    stalls = []
+    for record in records:
+        if record.kind == "stall":
+            ended = resumed.get(record.key)
+            own = set(record.ranks) | set(ended.ranks if ended is not None else ())
+            stalls.append(Stall(record, ended, _waiting_on(record.time, own, spans, beats)))
+    return stalls
 
 
 def _open(beat: Heartbeat, in_collective: set[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -127,11 +129,8 @@ def _open(beat: Heartbeat, in_collective: set[tuple[Any, ...]]) -> list[dict[str
     return [i for i in items if (beat.rank, _key(i.get("stage")), _key(i.get("step"))) not in in_collective]
 
 
-def _waiting_on(
-    record: StallRecord, resumed: StallRecord | None, spans: list[tuple[Any, ...]], heartbeats: list[Heartbeat]
-) -> str | None:
-    """What another rank was inside when ``record``'s deadline passed, or None."""
-    when, own = record.time, set(record.ranks) | set(resumed.ranks if resumed is not None else ())
+def _waiting_on(when: float, own: set[int], spans: list[tuple[Any, ...]], heartbeats: list[Heartbeat]) -> str | None:
+    """What a rank not in ``own`` was inside at ``when`` (a stall's deadline passing), or None."""
     found: list[tuple[int, Any, Any, float]] = []
     for rank, stage, step, begin, end in spans:
         if rank not in own and begin <= when <= end:
@@ -140,7 +139,7 @@ def _waiting_on(
         if beat.rank in own:
             continue
         for item in beat.open:
-            since = _number(item.get("since"))
+            since = finite_number(item.get("since"))
             if since is not None and since <= when:
                 found.append((beat.rank, item.get("stage"), item.get("step"), since))
     if not found:
@@ -152,13 +151,6 @@ def _waiting_on(
 def _key(value: object) -> object:
     """``value`` where it can be part of a set's key (a string, a number, None), else None."""
     return value if value is None or isinstance(value, (str, int, float)) else None
-
-
-def _number(value: object) -> float | None:
-    """``value`` when it is a finite number, else None (the records are read as untrusted input)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
 
 
 def stall_json(stall: Stall) -> dict[str, Any]:
