@@ -225,6 +225,35 @@ def test_an_error_within_a_killed_ranks_last_beat_window_is_preferred_and_the_or
     assert judge([killed, later]).first is killed  # after the window: the death came first
 
 
+def test_a_killed_driver_whose_task_raised_a_dead_actors_error_died_after_that_actor(tmp_path: Path) -> None:
+    """The order CI once met on verl's trainer: the driver's last beat (Ray ends it at the job's
+    end) was older than the killed rank's stage-boundary record, and its task's ActorDiedError,
+    which main_ppo recorded, is the evidence that decides."""
+    from dataclasses import replace
+
+    from verl_events.apps.diagnose.deaths import outlived
+    from verl_events.apps.diagnose.record import Evidence
+    from verl_events.apps.diagnose.verdict import judge
+
+    driver = replace(failure("killed", -1, 100.0, "stopped beating", window=2.0), pid=15182, in_stage=False)
+    rank = replace(failure("killed", 1, 100.1, "stopped beating", window=2.0), pid=15364)
+    said = "RayTaskError(ActorDiedError): ray::TaskRunnerV1.run() (pid=15182, ip=192.0.2.2, actor_id=bb14)"
+    main_ppo = replace(failure("exception", -2, 101.2, said), pid=14924, source="crashes/ends.jsonl")
+    evidence = Evidence(tmp_path, None, failures=[driver, rank, main_ppo])
+    assert judge(evidence.failures).first is driver  # by time alone, the driver seems first
+    outlived(evidence)
+    verdict = judge(evidence.failures)
+    assert verdict.first is rank
+    ((ended, why),) = [(f, why) for f, why in verdict.cascade if f.rank == -1]
+    assert ended.time == rank.time and "alive to raise a dead actor's error (crashes/ends.jsonl)" in why
+    assert "rank 1's death" in why and "ActorDiedError" in ended.detail
+    # A task that raised an error of its own says nothing about another death.
+    own = replace(main_ppo, detail="RayTaskError(ValueError): ray::TaskRunnerV1.run() (pid=15182, ip=1)")
+    evidence = Evidence(tmp_path, None, failures=[driver, rank, own])
+    outlived(evidence)
+    assert evidence.failures[0] is driver
+
+
 def test_a_signal_the_process_lived_through_is_no_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A handler that saves a checkpoint and carries on: the process's last word is a normal end."""
     import os

@@ -4,7 +4,9 @@ too: its normal end makes a launcher's SIGTERMs that follow teardown, not failur
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,22 @@ Heartbeat = hang_record.Heartbeat
 #: killed rank's time is its last beat, up to a beat before its death; atexit order varies).
 TEARDOWN_S = 10.0
 
-__all__ = ["crash_records", "fatal_dumps", "process_ends", "read_heartbeats", "stopped_ranks", "teardown"]
+#: Ray's words for an error a task raised in process N: ``RayTaskError(ActorDiedError): ray::TaskRunnerV1.run()
+#: (pid=N, ...``; the type in brackets is what the task raised.
+_RAISED_IN = re.compile(r"RayTaskError\((\w+)\): ray::[\w.]+\(\) \(pid=(\d+)\b")
+#: What a task raises when another actor's process died.
+_ACTOR_DEATHS = ("ActorDiedError", "RayActorError", "WorkerCrashedError")
+_DEATH_KINDS = ("killed", "signal", "oom")
+
+__all__ = [
+    "crash_records",
+    "fatal_dumps",
+    "outlived",
+    "process_ends",
+    "read_heartbeats",
+    "stopped_ranks",
+    "teardown",
+]
 
 
 def crash_records(evidence: Evidence) -> None:
@@ -165,6 +182,34 @@ def teardown(evidence: Evidence) -> None:
         if launcher and not failure.in_stage and after:
             evidence.failures.remove(failure)
             evidence.teardown.append(failure)
+
+
+def outlived(evidence: Evidence) -> None:
+    """A killed process that a task of raised a dead actor's error was alive after another
+    process's death.  Its last beat can be older than that death (beats are up to a liveness
+    beat apart), so by time alone it would seem to have died first: verl's driver, which Ray
+    ends at the job's end after its task raised ``ActorDiedError``.  Its time becomes the
+    tighter of the two lower bounds on its death, the earliest other death, and the
+    failure says which record decided."""
+    raised: dict[int, tuple[str, Failure]] = {}
+    for failure in evidence.failures:
+        if failure.kind == "exception":
+            for kind, pid in _RAISED_IN.findall(failure.detail):
+                if kind in _ACTOR_DEATHS:
+                    raised.setdefault(int(pid), (kind, failure))
+    for index, failure in enumerate(evidence.failures):
+        if failure.kind != "killed" or failure.pid not in raised:
+            continue
+        kind, record = raised[failure.pid]
+        others = [f.time for f in evidence.failures if f.kind in _DEATH_KINDS and f.pid != failure.pid]
+        if not others:
+            continue
+        evidence.failures[index] = dataclasses.replace(
+            failure,
+            time=max(failure.time, min(others)),
+            detail=f"{failure.detail}; alive after another process died: its task raised {kind} ({record.source})",
+            outlived=record.source,
+        )
 
 
 def read_heartbeats(evidence: Evidence) -> None:

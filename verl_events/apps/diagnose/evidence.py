@@ -47,7 +47,7 @@ from ..formats import anomaly_record, hang_record, memory_record, stall_record, 
 from ..ranks import DRIVER_RANK
 from ..stalls import read_against
 from . import large_logs
-from .deaths import crash_records, fatal_dumps, process_ends, read_heartbeats, stopped_ranks, teardown
+from .deaths import crash_records, fatal_dumps, outlived, process_ends, read_heartbeats, stopped_ranks, teardown
 from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
 from .ray_kills import ray_kills
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
@@ -74,6 +74,7 @@ def gather(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) -> E
     fatal_dumps(evidence)
     stopped_ranks(evidence)
     teardown(evidence)
+    outlived(evidence)
     _hangs(evidence)
     _timing(evidence)
     _stalls(evidence)

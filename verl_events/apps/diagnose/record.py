@@ -44,6 +44,7 @@ class Failure:
     parent: str | None = None  # the stage enclosing ``stage``
     window: float = 0.0  # killed: it died within this many seconds after ``time``
     since: float | None = None  # stall: when its idle time began
+    outlived: str | None = None  # killed: the record that shows it alive after another process's death
 
     def as_json(self) -> dict[str, Any]:
         keys = ("rank", "host", "pid", "step", "stage", "parent", "kind", "detail", "where", "time", "source")

@@ -13,7 +13,8 @@ So:
   stage open past its deadline (``stall``) after another failure: it waited
   for work the failure stopped;
 * **consequences** by their kind: a process with no stage open waiting in
-  ``ray.get`` or ``ray.wait`` (a stall), for another process's task;
+  ``ray.get`` or ``ray.wait`` (a stall), for another process's task; a killed
+  process whose task had raised a dead actor's error (it outlived that death);
 * **the first failure** is the earliest one that is not a consequence (a
   rank SIGKILLed first counts from its last heartbeat, which is before its
   death and so before anything its death caused; but a failure of another
@@ -90,7 +91,7 @@ def _peer_words(failure: Failure) -> str | None:
 def _follows(failure: Failure, fatal: list[Failure]) -> bool:
     """Whether ``failure`` is a consequence: by its words, or a launcher's signal or the driver's
     error that came after another failure (a launcher stops the survivors; the driver reports)."""
-    if _peer_words(failure) is not None:
+    if _peer_words(failure) is not None or failure.outlived:
         return True
     if failure.kind == "stall" and any(other.time < failure.time for other in fatal if other.kind != "stall"):
         return True
@@ -145,6 +146,8 @@ def _why(failure: Failure, first: Failure) -> str:
     who = _owner(first.rank, first.pid if first.kind == "stall" else None)
     after = f"{who} {_NOUNS.get(first.kind, first.kind)}"
     later = failure.time >= first.time
+    if failure.outlived:
+        return f"killed after {after}: it was alive to raise a dead actor's error ({failure.outlived})"
     if failure.kind == "killed" and failure.window and failure.time <= first.time <= failure.time + failure.window:
         return f"killed within {failure.window:g} s of {after}: which came first cannot be told"
     if failure.rank == first.rank and failure.rank != NO_RANK:
