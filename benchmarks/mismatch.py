@@ -18,7 +18,7 @@ a real run (64 x 1024 and 256 x 4096, a million response tokens). For the nested
 second figure, ``sentinel + mismatch``, times both observers at the same stage end, as the
 always_on preset runs them (the sentinel's :func:`extract_metrics` first): the mismatch
 observer then finds the response tokens the sentinel already picked out of the nested
-log-probs (observers/batch/response.py). Each call starts with that kept work forgotten, so no
+log-probs (verl_events/observers/batch/response.py). Each call starts with that kept work forgotten, so no
 call finds the previous call's.
 
 Prints the median and the fastest of ``--repeats`` calls per case, and the cost per thousand

@@ -233,7 +233,7 @@ AGREEMENTS = 2000
 
 def agreement_cost() -> tuple[float, float]:
     """Microseconds per replay agreement: in one process, and on two gloo ranks."""
-    from verl_events._replay import ReplayPlan
+    from verl_events.capture.replay import ReplayPlan
 
     plan = ReplayPlan([], None)
     started = time.perf_counter()
@@ -253,7 +253,7 @@ def _agree_on_two_ranks(rank: int, scratch: str) -> None:
 
     import torch.distributed as dist
 
-    from verl_events._replay import ReplayPlan
+    from verl_events.capture.replay import ReplayPlan
 
     if rank == 0:
         with socket.socket() as probe:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verl_events import Observer, StageEnd, StageEvent, current_installation, stage
-from verl_events._anomaly import AnomalyEvent, anomaly
+from verl_events.events.anomaly import AnomalyEvent, anomaly
 from verl_events.testing import RecordingObserver
 
 if TYPE_CHECKING:

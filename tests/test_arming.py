@@ -10,7 +10,7 @@ import pytest
 
 import verl_events
 from verl_events import ConfigError
-from verl_events._anomaly import AnomalyEvent, anomaly
+from verl_events.events.anomaly import AnomalyEvent, anomaly
 
 from .support import Capturing, run_steps, run_two_gloo_ranks
 
@@ -23,7 +23,7 @@ def watcher_entry(bad_steps: list[int]) -> dict[str, object]:
     return {"_target_": "tests.support:Watcher", "bad_steps": bad_steps}
 
 
-def captured_steps(installation: verl_events._install.Installation) -> list[int | None]:
+def captured_steps(installation: verl_events.setup.install.Installation) -> list[int | None]:
     (armed,) = [o for o in installation.observers if isinstance(o, Capturing)]
     return sorted({step for hook, _, step in armed.calls if hook == "begin"})  # type: ignore[type-var]
 

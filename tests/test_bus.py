@@ -13,8 +13,9 @@ import pytest
 
 import verl_events
 from verl_events import Observer, ObserverError, Selection, StageEnd, StageEvent, emits_stage, stage
-from verl_events._bus import Dispatcher, result_asked
-from verl_events._listened import EVERY_STAGE, listeners
+from verl_events.bus.dispatch import Dispatcher
+from verl_events.bus.stack import result_asked
+from verl_events.events.listened import EVERY_STAGE, listeners
 from verl_events.testing import RecordingObserver, capture_events
 
 from .support import make_event
@@ -198,7 +199,7 @@ def test_no_hook_time_is_measured_without_a_timing_observer(monkeypatch: pytest.
         clock_reads += 1
         return 0.0
 
-    monkeypatch.setattr("verl_events._bus.perf_counter", counting_clock)
+    monkeypatch.setattr("verl_events.bus.dispatch.perf_counter", counting_clock)
     event = make_event(seq=1)
     dispatcher.on_begin("actor_update", event=event)
     dispatcher.on_end("actor_update", event=event.ended(0.1, None))
@@ -340,7 +341,7 @@ class Emitter:
 def built_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The stages the emit path built an event for (it builds one exactly
     when it leaves the disabled path)."""
-    import verl_events._emit as emit
+    import verl_events.bus.emit as emit
 
     built: list[str] = []
     real = emit._new_event

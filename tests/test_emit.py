@@ -398,7 +398,7 @@ def test_without_an_observer_that_wants_results_nothing_is_looked_up(monkeypatch
     def never(*args: Any) -> Any:
         raise AssertionError("inputs looked up although no observer wants them")
 
-    monkeypatch.setattr("verl_events._emit._first_input", never)
+    monkeypatch.setattr("verl_events.bus.emit._first_input", never)
     plain = RecordingObserver()
     with verl_events.install(observers=[plain]):
         Trainer().update_actor(Batch())
@@ -491,7 +491,7 @@ def test_a_worker_class_pickled_by_value_reads_this_process_record() -> None:
     """Ray pickles a worker class defined in a function by value, with the
     globals its methods read: the record must come back as this process's one."""
     cloudpickle = pytest.importorskip("cloudpickle")
-    from verl_events._listened import listeners
+    from verl_events.events.listened import listeners
 
     def local_class() -> type:
         class Local:

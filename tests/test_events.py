@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from verl_events import ConfigError, StageEnd
-from verl_events._events import check_stage_name
+from verl_events.events.stages import check_stage_name
 
 from .support import make_event
 

@@ -50,4 +50,4 @@ def test_the_path_rule_knows_installed_libraries_the_standard_library_and_pseudo
     # the CPU demo's model and loop stand for the user's code, though they ship in this package
     demo = verl_events.__file__.replace("__init__.py", "apps/demo/model.py")
     assert not is_library_file(demo) and not is_library_module("verl_events.apps.demo.model")
-    assert is_library_module("verl_events._bus") and is_library_module("verl_events.apps.report.summary")
+    assert is_library_module("verl_events.bus.dispatch") and is_library_module("verl_events.apps.report.summary")

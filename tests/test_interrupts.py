@@ -20,7 +20,7 @@ import pytest
 
 import verl_events
 from verl_events import Observer, ObserverSetupError, install
-from verl_events._interrupts import keeping_interrupts
+from verl_events.setup.interrupts import keeping_interrupts
 from verl_events.testing import RecordingObserver
 
 

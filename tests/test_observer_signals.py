@@ -22,8 +22,8 @@ from verl_events import (
     anomaly,
     hang,
 )
-from verl_events._observer import HOOKS
-from verl_events._registry import available_observers, check_hook_names
+from verl_events.events.observer import HOOKS
+from verl_events.setup.registry import available_observers, check_hook_names
 from verl_events.testing import RecordingObserver
 
 

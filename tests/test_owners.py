@@ -15,34 +15,33 @@ from pathlib import Path
 import verl_events
 
 PACKAGE = Path(verl_events.__file__).parent
-OBSERVERS = PACKAGE.parent / "observers"
 
 # name in a string literal -> the one module that may write it
 OWNERS = {
-    "step_": "verl_events/_paths.py",
-    "dump.json": "observers/msprobe/layout.py",
-    "stack.json": "observers/msprobe/layout.py",
-    "construct.json": "observers/msprobe/layout.py",
-    "session.incomplete": "observers/msprobe/layout.py",
-    "dump_tensor_data": "observers/msprobe/layout.py",
-    "anomalies.jsonl": "observers/sentinel/record.py",
-    "replays.jsonl": "observers/sentinel/record.py",
-    "inputs_rank": "observers/sentinel/record.py",  # a replay's kept inputs, inputs_rank{R}.pt
-    "run.json": "verl_events/_run.py",
-    "hangs.jsonl": "observers/watchdog/record.py",
-    "mismatch.jsonl": "observers/mismatch/record.py",
-    "weight_sync.jsonl": "observers/weight_sync/record.py",
-    "ends.jsonl": "observers/watchdog/crash.py",
+    "step_": "verl_events/run/paths.py",
+    "dump.json": "verl_events/observers/msprobe/layout.py",
+    "stack.json": "verl_events/observers/msprobe/layout.py",
+    "construct.json": "verl_events/observers/msprobe/layout.py",
+    "session.incomplete": "verl_events/observers/msprobe/layout.py",
+    "dump_tensor_data": "verl_events/observers/msprobe/layout.py",
+    "anomalies.jsonl": "verl_events/observers/sentinel/record.py",
+    "replays.jsonl": "verl_events/observers/sentinel/record.py",
+    "inputs_rank": "verl_events/observers/sentinel/record.py",  # a replay's kept inputs, inputs_rank{R}.pt
+    "run.json": "verl_events/run/identity.py",
+    "hangs.jsonl": "verl_events/observers/watchdog/record.py",
+    "mismatch.jsonl": "verl_events/observers/mismatch/record.py",
+    "weight_sync.jsonl": "verl_events/observers/weight_sync/record.py",
+    "ends.jsonl": "verl_events/observers/watchdog/crash.py",
 }
 # A folder under save_path -> the one module that may name it.  A folder's name is also
 # a word ("timing", "hangs"), so only its use as a path part counts: joined with ``/``,
 # or written as ``name/...``.
 FOLDERS = {
-    "timing": "observers/timing.py",
-    "heartbeats": "observers/watchdog/record.py",
-    "hangs": "observers/watchdog/record.py",  # the hang reports
-    "crashes": "observers/watchdog/crash.py",  # crash records, fatal dumps, ends.jsonl
-    "memory": "observers/memory/record.py",
+    "timing": "verl_events/observers/timing.py",
+    "heartbeats": "verl_events/observers/watchdog/record.py",
+    "hangs": "verl_events/observers/watchdog/record.py",  # the hang reports
+    "crashes": "verl_events/observers/watchdog/crash.py",  # crash records, fatal dumps, ends.jsonl
+    "memory": "verl_events/observers/memory/record.py",
 }
 # Each name as a layout uses it: a file name on its own (not ``data_dump.json_writer``),
 # and ``step_`` before a step (``step_3``, ``step_{N}``, ``step_*``, ``step_unknown``), not
@@ -56,7 +55,7 @@ PATTERNS = {
 
 
 def modules() -> list[Path]:
-    return sorted([*PACKAGE.rglob("*.py"), *OBSERVERS.rglob("*.py")])
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def docstrings(tree: ast.AST) -> set[int]:

@@ -110,7 +110,7 @@ def test_the_wheel_installs_with_msprobe_into_a_fresh_venv_and_runs_a_config_fro
     work = tmp_path / "work"
     (work / "configs").mkdir(parents=True)
     (work / "configs/observers.yaml").write_text(OBSERVERS_YAML)
-    shutil.copy(REPO / "observers/msprobe/configs/statistics_L1.json", work / "configs/mine.json")
+    shutil.copy(REPO / "verl_events/observers/msprobe/configs/statistics_L1.json", work / "configs/mine.json")
     for _ in range(2):  # twice in a row: each run has its own folder
         run = subprocess.run(
             [str(venv / "bin/python"), "-c", TRAIN], cwd=work, capture_output=True, text=True, timeout=600

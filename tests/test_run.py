@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_events._run import RUN_FILE, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
+from verl_events.run.identity import RUN_FILE, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def test_a_made_up_id_is_inherited_by_the_processes_this_one_starts() -> None:
     mine = run_id()
     assert mine.startswith("run-") and run_id() == mine
     child = subprocess.run(
-        [sys.executable, "-c", "from verl_events._run import run_id; print(run_id())"],
+        [sys.executable, "-c", "from verl_events.run.identity import run_id; print(run_id())"],
         capture_output=True,
         text=True,
         check=True,

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import verl_events
-from verl_events._run import RUN_ID_ENV, run_id
+from verl_events.run.identity import RUN_ID_ENV, run_id
 from verl_events.testing import RecordingObserver, reset
 
 
@@ -18,8 +18,8 @@ def test_reset_leaves_the_process_as_fresh() -> None:
     made = run_id()
     reset()
     assert verl_events.current_installation() is None
-    assert verl_events._resolve.current_step() is None
-    assert verl_events._resolve.model_paths("actor")[0] != "policy.net"
+    assert verl_events.bus.resolve.current_step() is None
+    assert verl_events.bus.resolve.model_paths("actor")[0] != "policy.net"
     assert RUN_ID_ENV not in os.environ and run_id() != made
 
 

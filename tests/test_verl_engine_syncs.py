@@ -32,8 +32,8 @@ with warnings.catch_warnings():  # verl's engine module imports Ray's state API,
 
 import verl_events
 from verl_events import Payload, unwatch_payloads, watch_payloads
-from verl_events._weights import passing
 from verl_events.apps.cli import main as verl_events_main
+from verl_events.bus.weights import passing
 from verl_events.observers.weight_sync import SyncRecord
 from verl_events.verl_bridge import install_verl_bridge, uninstall_verl_bridge
 

@@ -1,7 +1,7 @@
 """The weight_sync observer on real torch models, without verl (issue 27, part 2).
 
 A sync here is what verl's trainer does, in one process: the trainer's weights pass the
-payload tap (``verl_events._weights.passing``, as the verl bridge puts it around a rollout
+payload tap (``verl_events.bus.weights.passing``, as the verl bridge puts it around a rollout
 adapter's ``update_weights``) inside an ``update_weights`` stage, and an "engine" model loads
 them.  The engine's receipt is taken from that model by :func:`engine_receipt`, the
 ``receipt_engine`` the observer is given.  Each fault really happens to a real tensor: an
@@ -26,8 +26,8 @@ torch = pytest.importorskip("torch")
 
 import verl_events
 from verl_events import ConfigError, stage
-from verl_events._weights import Payload, passing, unwatch_payloads, watch_payloads
 from verl_events.apps.cli import main as verl_events_main
+from verl_events.bus.weights import Payload, passing, unwatch_payloads, watch_payloads
 from verl_events.observers.weight_sync.fingerprint import fingerprint
 from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
 from verl_events.testing import RecordingObserver

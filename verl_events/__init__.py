@@ -28,53 +28,53 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._anomaly import AnomalyEvent, anomaly
-    from ._emit import emits_stage, stage
-    from ._errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
-    from ._events import DRIVER_RANK, STAGE_ROLES, StageEnd, StageEvent, StageReport, rank_name
-    from ._hang import HangEvent, hang
-    from ._install import Installation, current_installation, install
-    from ._observer import InstallContext, Observer
-    from ._paths import prepare_output_dir, stage_output_dir
-    from ._resolve import add_model_paths, find_rank, set_step
-    from ._selection import Selection
-    from ._signals import stage_begin, stage_end
-    from ._weights import Payload, PayloadWatcher, unwatch_payloads, watch_payloads
+    from verl_events.bus.emit import emits_stage, stage
+    from verl_events.bus.resolve import add_model_paths, find_rank, set_step
+    from verl_events.bus.weights import Payload, PayloadWatcher, unwatch_payloads, watch_payloads
+    from verl_events.events.anomaly import AnomalyEvent, anomaly
+    from verl_events.events.errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
+    from verl_events.events.hang import HangEvent, hang
+    from verl_events.events.observer import InstallContext, Observer
+    from verl_events.events.selection import Selection
+    from verl_events.events.signals import stage_begin, stage_end
+    from verl_events.events.stages import DRIVER_RANK, STAGE_ROLES, StageEnd, StageEvent, StageReport, rank_name
+    from verl_events.run.paths import prepare_output_dir, stage_output_dir
+    from verl_events.setup.install import Installation, current_installation, install
 
 _HOMES = {
-    "AnomalyEvent": "._anomaly",
-    "anomaly": "._anomaly",
-    "HangEvent": "._hang",
-    "hang": "._hang",
-    "stage_begin": "._signals",
-    "stage_end": "._signals",
-    "emits_stage": "._emit",
-    "stage": "._emit",
-    "ConfigError": "._errors",
-    "ObserverError": "._errors",
-    "ObserverSetupError": "._errors",
-    "VerlEventsWarning": "._errors",
-    "DRIVER_RANK": "._events",
-    "STAGE_ROLES": "._events",
-    "rank_name": "._events",
-    "StageEnd": "._events",
-    "StageEvent": "._events",
-    "StageReport": "._events",
-    "Installation": "._install",
-    "current_installation": "._install",
-    "install": "._install",
-    "InstallContext": "._observer",
-    "Observer": "._observer",
-    "prepare_output_dir": "._paths",
-    "stage_output_dir": "._paths",
-    "add_model_paths": "._resolve",
-    "find_rank": "._resolve",
-    "set_step": "._resolve",
-    "Selection": "._selection",
-    "Payload": "._weights",
-    "PayloadWatcher": "._weights",
-    "unwatch_payloads": "._weights",
-    "watch_payloads": "._weights",
+    "AnomalyEvent": ".events.anomaly",
+    "anomaly": ".events.anomaly",
+    "HangEvent": ".events.hang",
+    "hang": ".events.hang",
+    "stage_begin": ".events.signals",
+    "stage_end": ".events.signals",
+    "emits_stage": ".bus.emit",
+    "stage": ".bus.emit",
+    "ConfigError": ".events.errors",
+    "ObserverError": ".events.errors",
+    "ObserverSetupError": ".events.errors",
+    "VerlEventsWarning": ".events.errors",
+    "DRIVER_RANK": ".events.stages",
+    "STAGE_ROLES": ".events.stages",
+    "rank_name": ".events.stages",
+    "StageEnd": ".events.stages",
+    "StageEvent": ".events.stages",
+    "StageReport": ".events.stages",
+    "Installation": ".setup.install",
+    "current_installation": ".setup.install",
+    "install": ".setup.install",
+    "InstallContext": ".events.observer",
+    "Observer": ".events.observer",
+    "prepare_output_dir": ".run.paths",
+    "stage_output_dir": ".run.paths",
+    "add_model_paths": ".bus.resolve",
+    "find_rank": ".bus.resolve",
+    "set_step": ".bus.resolve",
+    "Selection": ".events.selection",
+    "Payload": ".bus.weights",
+    "PayloadWatcher": ".bus.weights",
+    "unwatch_payloads": ".bus.weights",
+    "watch_payloads": ".bus.weights",
 }
 
 # verl_events.config.load_config(...) works without importing the submodule first.
@@ -88,8 +88,8 @@ _MOVED = {
     "load_config": "verl_events.config",
     "available_observers": "verl_events.config",
     "step_dir_name": "verl_events.layout",
-    "current_step": "verl_events._resolve",
-    "reset_model_paths": "verl_events._resolve",
+    "current_step": "verl_events.bus.resolve",
+    "reset_model_paths": "verl_events.bus.resolve",
     "VerlBridgeError": "verl_events.verl_bridge",
     "install_verl_bridge": "verl_events.verl_bridge",
     "uninstall_verl_bridge": "verl_events.verl_bridge",
@@ -141,7 +141,7 @@ def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     if name in _MOVED:
-        from ._moved import moved_name
+        from verl_events.setup.moved import moved_name
 
         return moved_name(__name__, name, _MOVED)
     if name == "KNOWN_STAGES":
@@ -150,7 +150,7 @@ def __getattr__(name: str) -> Any:
             DeprecationWarning,
             stacklevel=2,
         )
-        from ._events import STAGE_ROLES
+        from verl_events.events.stages import STAGE_ROLES
 
         return frozenset(STAGE_ROLES)
     raise AttributeError(f"module 'verl_events' has no attribute {name!r}")

@@ -12,16 +12,21 @@ none of this; it calls :func:`verl_events.install`.
 
 from __future__ import annotations
 
-from ._arming import ArmedSelection, armed_stages, check_triggers
-from ._checks import check_count
-from ._claim import start_run_folder
-from ._config import Config, ObserverSpec, is_bare_name, load_config, read_config
-from ._install import build_observers, check_exclusive_resources, nothing_to_observe
-from ._presets import PRESETS, Preset
-from ._registry import available_observers, build_observer, import_target, is_import_path, observer_origin
-from ._replay import REPLAYABLE
-from ._selection import parse_numbers
-from ._verl_config import from_verl_config, is_verl_config
+from verl_events.capture.arming import ArmedSelection, armed_stages, check_triggers
+from verl_events.capture.replay import REPLAYABLE
+from verl_events.events.errors import check_count
+from verl_events.events.selection import parse_numbers
+from verl_events.setup.from_verl import from_verl_config, is_verl_config
+from verl_events.setup.install import build_observers, check_exclusive_resources, nothing_to_observe, start_run_folder
+from verl_events.setup.presets import PRESETS, Preset
+from verl_events.setup.registry import (
+    available_observers,
+    build_observer,
+    import_target,
+    is_import_path,
+    observer_origin,
+)
+from verl_events.setup.schema import Config, ObserverSpec, is_bare_name, load_config, read_config
 
 __all__ = [
     "PRESETS",

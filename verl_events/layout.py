@@ -9,7 +9,7 @@ defined beside its writer: msprobe's sessions in
 :mod:`verl_events.observers.timing`, the anomaly record in
 :mod:`verl_events.observers.sentinel.record`.
 
-A run owns its save_path (:mod:`verl_events._run`): install refuses a
+A run owns its save_path (:mod:`verl_events.run.identity`): install refuses a
 save_path holding another run's files (what each observer lists in
 :meth:`~verl_events.Observer.outputs`), and the installation claims it,
 once, before the first stage any writing observer receives.
@@ -21,8 +21,18 @@ import importlib
 import warnings
 from typing import Any
 
-from ._moved import NOT_MOVED, moved_name
-from ._paths import (
+from verl_events.run.identity import (
+    NODE_ENV,
+    RUN_FILE,
+    RUN_ID_ENV,
+    SavePathTaken,
+    claim_save_path,
+    node_name,
+    owner_of,
+    refuse_other_runs,
+    run_id,
+)
+from verl_events.run.paths import (
     LATEST_LINK,
     NODE_PLACEHOLDER,
     REPLAY_SUFFIX,
@@ -39,17 +49,7 @@ from ._paths import (
     step_dirs,
     step_of,
 )
-from ._run import (
-    NODE_ENV,
-    RUN_FILE,
-    RUN_ID_ENV,
-    SavePathTaken,
-    claim_save_path,
-    node_name,
-    owner_of,
-    refuse_other_runs,
-    run_id,
-)
+from verl_events.setup.moved import NOT_MOVED, moved_name
 
 __all__ = [
     "LATEST_LINK",

@@ -22,11 +22,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from ._anomaly import AnomalyEvent
-from ._events import StageEnd, StageEvent, StageReport
-from ._hang import HangEvent
-from ._observer import Observer
-from ._signals import stage_begin, stage_end
+from verl_events.events.anomaly import AnomalyEvent
+from verl_events.events.hang import HangEvent
+from verl_events.events.observer import Observer
+from verl_events.events.signals import stage_begin, stage_end
+from verl_events.events.stages import StageEnd, StageEvent, StageReport
 
 __all__ = ["RecordingObserver", "capture_events", "reset"]
 
@@ -36,8 +36,10 @@ def reset() -> None:
     announced step, no added model paths, no warnings remembered, and no run
     id made up by this process (so the next run here gets a new one).  For
     test fixtures; the verl bridge is left as it is."""
-    from . import _resolve, _run
-    from ._install import current_installation
+    from verl_events.setup.install import current_installation
+
+    from .bus import resolve as _resolve
+    from .run import identity as _run
 
     current = current_installation()
     if current is not None:

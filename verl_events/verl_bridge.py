@@ -7,7 +7,7 @@ later, and wraps it in :func:`verl_events.emits_stage` with that stage name.
 Inside, verl's own wrapper still runs, so verl's profiler tools keep working
 beside ours.  A method of ``@register`` is built again with the stage inside
 TransferQueue's bridge, so that on the v1 trainer the stage sees the tensors and
-not the handles (:mod:`verl_events._verl_register`).
+not the handles (:mod:`verl_events.verl.register`).
 
 The global step (see docs/verl.md, "Which step a stage belongs to"): verl's
 trainer calls ``update_weights(global_steps=N)`` on the actor workers after
@@ -19,11 +19,11 @@ or a reference model), the step is the ``profile_step`` of the trainer's
 
 verl's transitions on the trainer's ranks (the weight sync, the rollout's
 wake-up inside it, checkpoint save and load) are stages too:
-:mod:`verl_events._verl_transitions` says which method each one wraps.  On
+:mod:`verl_events.verl.transitions` says which method each one wraps.  On
 the v1 trainer the driver's wait for generation is the ``rollout_generate``
-stage, filed under the driver's own rank (:mod:`verl_events._verl_generation`).
+stage, filed under the driver's own rank (:mod:`verl_events.verl.generation`).
 The rollout adapters', checkpoint engines' and replay buffer's base modules are
-patched when verl imports them (:mod:`verl_events._verl_bases`; importing them
+patched when verl imports them (:mod:`verl_events.verl.bases`; importing them
 here would cost every process seconds).
 
 Off by default, idempotent, and undone exactly by :func:`uninstall_verl_bridge`.
@@ -46,14 +46,15 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import _verl_transitions as transitions
-from ._after_import import PatchOnImport
-from ._emit import emits_stage
-from ._errors import ConfigError
-from ._events import check_stage_name
-from ._resolve import set_step
-from ._verl_bases import BASES as _BASES
-from ._verl_register import RegisterLayers
+from verl_events.bus.emit import emits_stage
+from verl_events.bus.resolve import set_step
+from verl_events.events.errors import ConfigError
+from verl_events.events.stages import check_stage_name
+from verl_events.verl.after_import import PatchOnImport
+from verl_events.verl.bases import BASES as _BASES
+from verl_events.verl.register import RegisterLayers
+
+from .verl import transitions
 
 logger = logging.getLogger("verl_events.verl")
 
@@ -363,7 +364,7 @@ def install_from_environment() -> None:
     config and the reason: verl's plugin loader would swallow an
     ``Exception``, and training must not go on without the observers asked for.
     """
-    from ._install import current_installation, install
+    from verl_events.setup.install import current_installation, install
 
     path = os.environ.get(CONFIG_ENV)
     try:

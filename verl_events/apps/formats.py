@@ -24,28 +24,15 @@ one module, two names.  None of them imports a tool library.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from observers import timing as timing_log
-    from observers.memory import record as memory_record
-    from observers.mismatch import record as mismatch_record
-    from observers.msprobe import layout as msprobe_layout
-    from observers.sentinel import record as anomaly_record
-    from observers.watchdog import crash as crash_record
-    from observers.watchdog import record as hang_record
-    from observers.watchdog import stall_record
-    from observers.weight_sync import record as weight_sync_record
-else:
-    from verl_events.observers import timing as timing_log
-    from verl_events.observers.memory import record as memory_record
-    from verl_events.observers.mismatch import record as mismatch_record
-    from verl_events.observers.msprobe import layout as msprobe_layout
-    from verl_events.observers.sentinel import record as anomaly_record
-    from verl_events.observers.watchdog import crash as crash_record
-    from verl_events.observers.watchdog import record as hang_record
-    from verl_events.observers.watchdog import stall_record
-    from verl_events.observers.weight_sync import record as weight_sync_record
+from verl_events.observers import timing as timing_log
+from verl_events.observers.memory import record as memory_record
+from verl_events.observers.mismatch import record as mismatch_record
+from verl_events.observers.msprobe import layout as msprobe_layout
+from verl_events.observers.sentinel import record as anomaly_record
+from verl_events.observers.watchdog import crash as crash_record
+from verl_events.observers.watchdog import record as hang_record
+from verl_events.observers.watchdog import stall_record
+from verl_events.observers.weight_sync import record as weight_sync_record
 
 __all__ = [
     "anomaly_record",

@@ -22,7 +22,7 @@ __all__ = [
     "trainer_ranks",
 ]
 
-#: The driver's stages: its waits for generation (``verl_events._verl_generation``).
+#: The driver's stages: its waits for generation (``verl_events.verl.generation``).
 GENERATION_STAGES = ("rollout_generate", "rollout_validate")
 
 

@@ -28,7 +28,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from observers.weight_sync.canary import Side
+    from verl_events.observers.weight_sync.canary import Side
 
 __all__ = ["canary_request", "sglang_canary", "side_from_outputs", "vllm_canary"]
 
@@ -49,10 +49,7 @@ def side_from_outputs(outputs: list[Any], ids: list[list[int]]) -> Side:
     """The engine's side from the servers' ``TokenOutput`` replies, one per sequence of ``ids``."""
     import torch
 
-    if TYPE_CHECKING:
-        from observers.weight_sync.canary import Side
-    else:
-        from verl_events.observers.weight_sync.canary import Side
+    from verl_events.observers.weight_sync.canary import Side
 
     rows = []
     for output, sequence in zip(outputs, ids, strict=True):

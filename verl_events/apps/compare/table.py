@@ -12,7 +12,6 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .pick import CompareInputError
 
@@ -146,10 +145,7 @@ def run_msprobe_compare(a: Path, b: Path, out_dir: Path) -> Path:
     its CSV table.  CompareInputError when msprobe is missing, lacks its
     compare, fails or writes no table."""
     # Imported here for the parser's sake, under two names for mypy's: see pick.resolve_dump.
-    if TYPE_CHECKING:
-        from observers.msprobe import msprobe_compare
-    else:
-        from verl_events.observers.msprobe import msprobe_compare
+    from verl_events.observers.msprobe import msprobe_compare
 
     try:
         return msprobe_compare(a, b, out_dir)

@@ -8,19 +8,15 @@ import dataclasses
 import linecache
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_events.frames import is_library_file
+from verl_events.observers.watchdog import crash
 
 from ..formats import hang_record
 from ..liveness import liveness, newest
 from ..ranks import DRIVER_RANK, trainer_ranks
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, of_this_run, records_of, relative
-
-if TYPE_CHECKING:
-    from observers.watchdog import crash
-else:
-    from verl_events.observers.watchdog import crash
 
 Heartbeat = hang_record.Heartbeat
 

@@ -39,9 +39,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_events.layout import owner_of
+from verl_events.observers.memory.cgroup import read_cgroup
+from verl_events.observers.memory.oom import RAY_REPORT_WORDS, OutOfMemory, out_of_memory
 
 from ..formats import anomaly_record, hang_record, memory_record, stall_record, timing_log, weight_sync_record
 from ..ranks import DRIVER_RANK
@@ -51,13 +53,6 @@ from .deaths import crash_records, fatal_dumps, outlived, process_ends, read_hea
 from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
 from .ray_kills import ray_kills
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
-
-if TYPE_CHECKING:
-    from observers.memory.cgroup import read_cgroup
-    from observers.memory.oom import RAY_REPORT_WORDS, OutOfMemory, out_of_memory
-else:
-    from verl_events.observers.memory.cgroup import read_cgroup
-    from verl_events.observers.memory.oom import RAY_REPORT_WORDS, OutOfMemory, out_of_memory
 
 __all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "gather"]
 

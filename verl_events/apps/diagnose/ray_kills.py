@@ -34,15 +34,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from verl_events.observers.memory.oom import RAY_REPORT_WORDS, RayKilledWorker, RayMemoryKill, ray_memory_kills
 
 from ..formats import memory_record
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
-
-if TYPE_CHECKING:
-    from observers.memory.oom import RAY_REPORT_WORDS, RayKilledWorker, RayMemoryKill, ray_memory_kills
-else:
-    from verl_events.observers.memory.oom import RAY_REPORT_WORDS, RayKilledWorker, RayMemoryKill, ray_memory_kills
 
 __all__ = ["DRIVER_LOG", "driver_logs", "ray_kills"]
 

@@ -2,7 +2,7 @@
 
 When the sentinel raised an anomaly at the end of a replayable stage, the
 stage ran again in place with the same inputs and weights (see
-:mod:`verl_events._replay`), the armed capture observers dumped that run to
+:mod:`verl_events.capture.replay`), the armed capture observers dumped that run to
 ``{RUN}/step_{N}/{stage}.replay/`` (:func:`verl_events.layout.replay_dir_name`)
 and the sentinel wrote its verdict to ``{RUN}/replays.jsonl``
 (:data:`~verl_events.observers.sentinel.record.REPLAY_LOG`, one

@@ -25,7 +25,7 @@ import os
 import zlib
 from array import array
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import ray
 import torch
@@ -216,10 +216,7 @@ class HFRolloutServer:
         """``{name: (dtype, fingerprint)}`` of the weights this server holds, taken here, in
         the server's own process: the weight_sync observer's receipt (docs/weight-sync.md)."""
         # Under two names for mypy's sake: see verl_events.apps.formats.
-        if TYPE_CHECKING:
-            from observers.weight_sync.fingerprint import fingerprint
-        else:
-            from verl_events.observers.weight_sync.fingerprint import fingerprint
+        from verl_events.observers.weight_sync.fingerprint import fingerprint
 
         return {
             _as_sent(name): (str(tensor.dtype).removeprefix("torch."), fingerprint(tensor))
@@ -230,10 +227,7 @@ class HFRolloutServer:
         """The weight_sync observer's canary on this server's model, in its process: each next
         token's log-prob and each decoder layer's output (a ``canary.Side``)."""
         # Under two names for mypy's sake: see verl_events.apps.formats.
-        if TYPE_CHECKING:
-            from observers.weight_sync.canary import forward
-        else:
-            from verl_events.observers.weight_sync.canary import forward
+        from verl_events.observers.weight_sync.canary import forward
 
         return forward(self.model, ids)
 

@@ -1,0 +1,1 @@
+"""The bus: emitting stages, dispatching them to observers, and the observer base class."""

@@ -1,0 +1,51 @@
+"""What the dispatcher says once: a stage whose step is unknown, a model not resolved."""
+
+from __future__ import annotations
+
+import logging
+
+from verl_events.events.observer import Observer
+from verl_events.events.stages import StageEvent
+
+logger = logging.getLogger("verl_events")
+
+
+def warn_step_unknown(event: StageEvent, candidates: tuple[Observer, ...], warned: set[str]) -> None:
+    """Once per stage: observers that select steps never see a stage whose step is unknown."""
+    skipping = [o.name for o in candidates if o.selection.steps is not None]
+    if not skipping:
+        return
+    warned.add(event.stage)
+    logger.warning(
+        "stage %r (rank %s) runs with an unknown step, so observer %s, which select(s) steps, skip(s) it. "
+        "Pass step=..., call verl_events.set_step(N), or under verl see docs/verl.md, "
+        "'Which step a stage belongs to' (a process without the actor learns the step only on "
+        "verl's own global_profiler.steps).",
+        event.stage,
+        event.rank,
+        ", ".join(repr(name) for name in skipping),
+    )
+
+
+def warn_model_missing(event: StageEvent, selected: list[Observer], warned: set[tuple[str, str | None]]) -> None:
+    """Once per stage and role: an observer that needs the model got none; which paths were tried."""
+    key = (event.stage, event.role)
+    if key in warned:
+        return
+    warned.add(key)
+    needing = ", ".join(repr(o.name) for o in selected if o.needs_model)
+    tried = (
+        "tried worker attributes " + ", ".join(event.model_paths)
+        if event.model_paths
+        else "no model= was passed to stage()"
+    )
+    logger.warning(
+        "model not resolved for stage %r (role %r, step %s): observer %s needs one; %s. "
+        "Pass model=..., or add a path with verl_events.add_model_paths(%r, 'attr.path').",
+        event.stage,
+        event.role,
+        event.step,
+        needing,
+        tried,
+        event.role or "<role>",
+    )

@@ -1,0 +1,1 @@
+"""Armed capture and replay: what observers capture after an anomaly."""

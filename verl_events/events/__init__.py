@@ -1,0 +1,1 @@
+"""The event vocabulary: the stage records, the bus's signals, anomaly and hang, the errors."""

@@ -1,0 +1,1 @@
+"""Set-up: the observers config, presets, the registry of observers, and install."""

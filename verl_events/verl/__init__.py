@@ -1,0 +1,1 @@
+"""verl glue: the classes and methods of verl the bridge turns into stages."""
