@@ -31,9 +31,8 @@ from typing import Any
 
 MODES = ("verl", "ours", "ours_keep_api_hooks")
 # The packaged statistics_L1 config (verl's guide's dump_config.json).
-STATS_L1 = json.loads(
-    (Path(__file__).resolve().parents[1] / "verl_events/observers/msprobe/configs/statistics_L1.json").read_text(encoding="utf-8")
-)
+CONFIGS = Path(__file__).resolve().parents[1] / "verl_events/observers/msprobe/configs"
+STATS_L1 = json.loads((CONFIGS / "statistics_L1.json").read_text(encoding="utf-8"))
 
 
 def make_worker(profiler: Any) -> Any:
