@@ -5,7 +5,7 @@
 
 For each point (ranks x steps) it writes a synthetic run of every rank x step x the 8
 stages of a verl step, in the observers' own formats, each line made by its format's owner
-(the record classes and writers that :mod:`verl_events.apps.formats` gathers): every
+(the record classes and writers each observer's format owner defines): every
 rank's timing log and memory log, the weight-sync ledger, the sentinel's anomalies, the
 watchdog's heartbeats, hang records and hang reports, a crash record and a process's end,
 and ``run.json``.  A failure is planted at rank R (three quarters of the way through the
@@ -55,9 +55,13 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import STAGE_ROLES
-from verl_events.apps.formats import anomaly_record, crash_record, hang_record, memory_record, weight_sync_record
 from verl_events.layout import RUN_ID_ENV, claim_save_path
+from verl_events.observers.memory import record as memory_record
+from verl_events.observers.sentinel import record as anomaly_record
 from verl_events.observers.timing import TimingRecord, timing_log_path
+from verl_events.observers.watchdog import crash as crash_record
+from verl_events.observers.watchdog import record as hang_record
+from verl_events.observers.weight_sync import record as weight_sync_record
 
 # What each stage takes on a rank (s): a PPO step of about 80 s.
 STAGE_SECONDS = {

@@ -85,8 +85,8 @@ def test_check_after_a_run_notes_every_tools_files(tmp_path: Path, capsys: pytes
     config.write_text(f"save_path: {tmp_path}\nobservers:\n  - name: timing\n")
     assert main(["check", str(config)]) == 0
     assert (
-        "note: save_path holds 2 timing log(s), 2 anomaly record file(s), 2 watchdog file(s) and "
-        "1 mismatch record file(s) of an earlier run; a new run there is refused, a process of that run may join it"
+        "note: save_path holds 2 watchdog file(s), 1 mismatch record file(s), 2 timing log(s) and "
+        "2 anomaly record file(s) of an earlier run; a new run there is refused, a process of that run may join it"
     ) in capsys.readouterr().out
 
 

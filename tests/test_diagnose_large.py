@@ -17,7 +17,7 @@ import verl_events
 from verl_events.apps.cli import main
 from verl_events.apps.diagnose import large_logs
 from verl_events.apps.diagnose.record import Evidence, records_of
-from verl_events.apps.formats import weight_sync_record
+from verl_events.observers.weight_sync import record as weight_sync_record
 
 STEPS = 40
 

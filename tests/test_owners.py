@@ -125,14 +125,14 @@ def test_no_module_of_the_package_is_over_400_lines() -> None:
     assert long == []
 
 
-def test_every_format_owner_of_the_tools_table_has_its_files_in_owners() -> None:
-    """Each file and folder name a format owner of TOOLS defines (its ``*_LOG``,
+def test_every_format_owner_of_the_tools_has_its_files_in_owners() -> None:
+    """Each file and folder name the format owner of a tool with a command defines (its ``*_LOG``,
     ``*_FILE``, ``*_DIR`` and ``*_MARKER`` constants) is held to that owner above."""
-    from verl_events.apps.tools import TOOLS
+    from verl_events.apps.tools import tools
 
     owned = {**OWNERS, **FOLDERS}
     missing = []
-    for module in {tool.owner for tool in TOOLS if tool.owner is not None}:
+    for module in {tool.owner for tool in tools() if tool.owner is not None and tool.command is not None}:
         owner = Path(module.__file__ or "").resolve().relative_to(PACKAGE.parent.resolve()).as_posix()
         names = [
             value

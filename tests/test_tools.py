@@ -1,9 +1,11 @@
-"""The lists that name the tools agree with the one table (verl_events.apps.tools.TOOLS).
+"""The lists that name the tools agree with what the observers declare.
 
-pyproject.toml's entry points and ``verl_events.observers``, the ``verl-events`` parser and
-README's list of commands are written by hand; these tests hold each to the table, so a
-new tool is added everywhere or the suite says where it is missing.  (OWNERS, the format
-owners' list, is held to it in test_owners.py.)
+The read side's tools (verl_events.apps.tools.tools()) and the ``verl-events`` parser are
+derived from each observer's ``writes``; pyproject.toml's entry points, ``verl_events.observers``
+and README's list of commands are written by hand, and these tests hold each to the derived
+list, so a new tool is added everywhere or the suite says where it is missing.  (OWNERS, the
+format owners' list, is held to it in test_owners.py; a tool from another package, in
+test_declared_tool.py.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tomllib
 
 from verl_events import observers
 from verl_events.apps.cli import build_parser
-from verl_events.apps.tools import TOOLS, Tool, command_module, run_holds
+from verl_events.apps.tools import Tool, command_module, run_holds, tools
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "verl_events.observers"
@@ -61,22 +63,34 @@ def test_every_folder_of_python_code_is_a_package_that_setuptools_finds() -> Non
     assert "verl_events.observers.watchdog" in found  # the walk sees the observers
 
 
-def test_every_observer_of_the_table_is_an_entry_point() -> None:
+def commands() -> list[str]:
+    return [str(tool.command) for tool in tools() if tool.command is not None]
+
+
+def test_every_observer_that_writes_under_save_path_is_a_tool_and_an_entry_point() -> None:
+    """Every built-in observer that writes declares it, so check and diagnose know its files
+    (memory, tracker and the profilers too, which have no command)."""
     points = entry_points()
-    assert [t.observer for t in TOOLS if t.observer is not None and t.observer not in points] == []
+    listed = {tool.observer for tool in tools() if tool.observer is not None}
+    assert listed <= set(points)
+    writers = {name for name, target in points.items() if getattr(load(target), "writes", None) is not None}
+    assert listed == writers - {"precision_debugger"}  # msprobe's second name
+    assert {"memory", "tracker", "nsys", "npu", "torch_profiler", "timing", "watchdog"} <= listed
 
 
-def test_a_row_with_a_format_owner_says_what_its_files_are_called_and_lists_them() -> None:
-    for tool in TOOLS:
-        assert (tool.owner is None) == (tool.files is None) == (tool.noun == ""), tool.command
+def test_a_tool_says_what_its_files_are_called_and_lists_them() -> None:
+    for tool in tools():
+        assert (tool.owner is None) == (tool.files is None) == (tool.noun == ""), tool.name
 
 
-def test_the_parser_has_exactly_the_tables_commands_in_its_order() -> None:
-    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert list(commands.choices) == [tool.command for tool in TOOLS]
-    for tool in TOOLS:
+def test_the_parser_has_exactly_the_tools_commands_in_their_order() -> None:
+    parsed = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(parsed.choices) == commands()
+    for tool in tools():
+        if tool.command is None:
+            continue
         module = command_module(tool)
-        assert commands.choices[tool.command].get_default("run_command") is module.command, tool.command
+        assert parsed.choices[tool.command].get_default("run_command") is module.command, tool.command
 
 
 def test_a_command_module_without_add_command_is_named() -> None:
@@ -93,11 +107,11 @@ def readme_commands() -> dict[str, str]:
     return {re.match(r"\| `verl-events (\w+)", row)[1]: row for row in rows}  # type: ignore[index]
 
 
-def test_readme_lists_every_command_of_the_table_and_no_other() -> None:
+def test_readme_lists_every_command_and_no_other() -> None:
     listed = readme_commands()
-    assert list(listed) == [tool.command for tool in TOOLS]
-    for tool in TOOLS:
-        if tool.observer is not None:
+    assert list(listed) == commands()
+    for tool in tools():
+        if tool.observer is not None and tool.command is not None:
             assert f"`{tool.observer}`" in listed[tool.command], (
                 f"README: {tool.command} reads the {tool.observer}'s files"
             )
@@ -112,14 +126,17 @@ def test_readme_keeps_two_set_up_commands_the_demo_and_the_tests() -> None:
     assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"]
 
 
-def test_run_holds_lists_each_tools_files_in_table_order(tmp_path: Path) -> None:
+def test_run_holds_lists_each_tools_files_in_order(tmp_path: Path) -> None:
     (tmp_path / "mismatch.jsonl").write_text("")
     (tmp_path / "timing").mkdir()
     (tmp_path / "timing/rank0.jsonl").write_text("")
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory/rank0.jsonl").write_text("")
     held = run_holds(tmp_path)
-    assert [(h.tool.command, h.files) for h in held] == [
-        ("report", [tmp_path / "timing/rank0.jsonl"]),
+    assert [(h.tool.name, h.files) for h in held] == [
         ("mismatch", [tmp_path / "mismatch.jsonl"]),
+        ("timing", [tmp_path / "timing/rank0.jsonl"]),
+        ("memory", [tmp_path / "memory/rank0.jsonl"]),
     ]
-    assert [h.describe() for h in held] == ["1 timing log(s)", "1 mismatch record file(s)"]
+    assert [h.describe() for h in held] == ["1 mismatch record file(s)", "1 timing log(s)", "1 memory log(s)"]
     assert run_holds(tmp_path / "nothing_here") == []

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from verl_events.events.anomaly import AnomalyEvent, anomaly
     from verl_events.events.errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
     from verl_events.events.hang import HangEvent, hang
-    from verl_events.events.observer import InstallContext, Observer
+    from verl_events.events.observer import InstallContext, Observer, Writes
     from verl_events.events.selection import Selection
     from verl_events.events.signals import stage_begin, stage_end
     from verl_events.events.stages import DRIVER_RANK, STAGE_ROLES, StageEnd, StageEvent, StageReport, rank_name
@@ -65,6 +65,7 @@ _HOMES = {
     "install": ".setup.install",
     "InstallContext": ".events.observer",
     "Observer": ".events.observer",
+    "Writes": ".events.observer",
     "prepare_output_dir": ".run.paths",
     "stage_output_dir": ".run.paths",
     "add_model_paths": ".bus.resolve",
@@ -113,6 +114,7 @@ __all__ = [
     "StageEvent",
     "StageReport",
     "VerlEventsWarning",
+    "Writes",
     "add_model_paths",
     "anomaly",
     "current_installation",

@@ -25,6 +25,7 @@ from verl_events.setup.registry import (
     import_target,
     is_import_path,
     observer_origin,
+    writing_observers,
 )
 from verl_events.setup.schema import Config, ObserverSpec, is_bare_name, load_config, read_config
 
@@ -53,4 +54,5 @@ __all__ = [
     "parse_numbers",
     "read_config",
     "start_run_folder",
+    "writing_observers",
 ]

@@ -17,7 +17,6 @@ once, before the first stage any writing observer receives.
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from typing import Any
 
@@ -109,8 +108,8 @@ def __getattr__(name: str) -> Any:
 
 
 def _run_files(save_path: Any) -> list[Any]:
-    """0.2's run_files: msprobe sessions and timing logs."""
-    msprobe = importlib.import_module("verl_events.observers.msprobe.layout")
-    timing = importlib.import_module("verl_events.observers.timing")
-    files: list[Any] = msprobe.session_dirs(save_path) + timing.timing_log_files(save_path)
-    return files
+    """0.2's run_files: msprobe sessions and timing logs, as those observers declare them."""
+    from verl_events.setup.registry import writing_observers
+
+    declared = dict(writing_observers()[0])
+    return [path for name in ("msprobe", "timing") for path in declared[name].writes.files(save_path)]  # type: ignore[union-attr]

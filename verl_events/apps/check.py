@@ -103,12 +103,12 @@ def _print_warnings(said: list[warnings.WarningMessage]) -> None:
 
 def save_path_notes(save_path: Path, *, per_run: bool = False) -> list[str]:
     """What a new run would meet in ``save_path``: another run's files (of
-    every tool of :data:`.tools.TOOLS`), cut-off msprobe sessions.  With
+    every tool of :func:`.tools.tools`), cut-off msprobe sessions.  With
     ``per_run`` (``save_path: .../{run}``), ``save_path`` is the latest run's
     folder, and a new run gets a folder of its own instead."""
     from verl_events.layout import owner_of
+    from verl_events.observers.msprobe import layout as msprobe_layout
 
-    from .formats import msprobe_layout
     from .tools import run_holds
 
     notes = []

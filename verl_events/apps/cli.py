@@ -1,4 +1,4 @@
-"""The ``verl-events`` command line: a subcommand per row of :data:`.tools.TOOLS`.
+"""The ``verl-events`` command line: a subcommand per command of :func:`.tools.tools`.
 
 Each command lives beside its tool (its module's ``add_command`` and
 ``command``); this module only builds the parser from the table and turns
@@ -12,18 +12,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .tools import TOOLS, add_commands
+from .tools import add_commands, tools
 
 
 def build_parser() -> argparse.ArgumentParser:
-    reading = ", ".join(tool.command for tool in TOOLS if tool.command not in ("check", "demo"))
+    listed = tools()
+    reading = ", ".join(str(tool.command) for tool in listed if tool.command not in (None, "check", "demo"))
     parser = argparse.ArgumentParser(
         prog="verl-events",
         description=f"Check configs, run the CPU demo, and read runs back: {reading}.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_commands(commands)
+    add_commands(commands, listed)
     return parser
 
 

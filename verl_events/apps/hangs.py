@@ -50,7 +50,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .formats import hang_record, stall_record, timing_log
+from verl_events.observers import timing as timing_log
+from verl_events.observers.watchdog import record as hang_record
+from verl_events.observers.watchdog import stall_record
+
 from .hang_suspect import suspect
 from .jsonl import read_log
 from .liveness import Liveness, Newest, liveness, newest

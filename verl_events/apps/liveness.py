@@ -32,7 +32,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from .formats import hang_record
+from verl_events.observers.watchdog import record as hang_record
 
 Heartbeat = hang_record.Heartbeat
 

@@ -30,7 +30,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .formats import hang_record, stall_record
+from verl_events.observers.watchdog import record as hang_record
+from verl_events.observers.watchdog import stall_record
+
 from .ranks import DRIVER_RANK, rank_name
 
 StallRecord = stall_record.StallRecord

@@ -1,105 +1,93 @@
-"""The read side's one registration: a row per ``verl-events`` command.
+"""The read side's tools, derived from what each observer declares.
 
-Each :class:`Tool` row names
+An observer class declares what it writes (:class:`verl_events.Writes`: its files, what
+they are called, and the ``verl-events`` command that reads them); :func:`tools` turns
+every installed observer that declares it, ours and other packages' alike, into a
+:class:`Tool`, between the read side's own commands:
 
-* ``command``: the subcommand (``verl-events COMMAND``);
-* ``module``: the module that implements it, by import path, with
-  ``add_command(commands)`` (adds its parser to argparse's subcommands and
-  sets ``run_command``) and ``command(args)`` (runs it, returns the exit
-  code);
-* ``observer``: the entry point (group ``verl_events.observers``) of the
-  observer whose files the command reads, or None for a command that reads
-  no observer's files (``check``, ``demo``, ``diagnose``, which reads them all,
-  ``gather``, which copies them all);
-* ``owner``: that observer's format owner, the module of :mod:`.formats`
-  that defines its files; ``files`` (the owner's function, or a composition
-  of its functions) lists those files under a save_path, ``noun`` says what
-  they are called (as the observer's ``output_noun`` does).
+* ``check`` and ``demo`` first, then the observers' commands by name, then ``diagnose``
+  and ``gather`` (``diagnose`` reads every observer's files, ``gather`` copies them);
+* a tool without a command (memory, tracker, the profilers) still says what a run folder
+  holds (:func:`run_holds`, for ``check`` and ``diagnose``).
 
-The ``verl-events`` parser is built from :data:`TOOLS`, in its order
-(:func:`add_commands`); ``check`` asks :func:`run_holds` what an earlier run
-left in a save_path.  tests/test_tools.py holds the other lists to this
-one: every command is in README's list, every format owner's files are in
-tests/test_owners.py's OWNERS.  Nothing here imports a tool library; the
-command modules are imported when the parser is built.
+The ``verl-events`` parser is built from it (:func:`add_commands`); tests/test_tools.py
+holds README's list of commands to it.  A command module defines ``add_command(commands)``
+(adds its parser to argparse's subcommands and sets ``run_command``) and ``command(args)``
+(runs it, returns the exit code); command modules are imported when the parser is built.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .formats import anomaly_record, hang_record, mismatch_record, msprobe_layout, timing_log, weight_sync_record
+from verl_events import Writes
+from verl_events.config import writing_observers
 
-__all__ = ["TOOLS", "Holding", "Tool", "add_commands", "command_module", "run_holds"]
+__all__ = ["Holding", "Tool", "add_commands", "command_module", "run_holds", "tools"]
 
 
 @dataclass(frozen=True, slots=True)
 class Tool:
-    """One command of the read side; see the module docstring for the fields.
-    ``files`` and ``noun`` are set exactly when ``owner`` is."""
+    """A tool of the read side: a command, an observer's files, or both.
 
-    command: str
-    module: str
+    ``command``: the subcommand (``verl-events COMMAND``), or None; ``module``: its module,
+    by import path; ``observer``: the entry point (group ``verl_events.observers``) of the
+    observer whose files it reads, with what that observer ``writes``."""
+
+    command: str | None
+    module: str | None
     observer: str | None = None
-    owner: ModuleType | None = None
-    noun: str = ""
-    files: Callable[[Path], list[Path]] | None = None
+    writes: Writes | None = None
+
+    @property
+    def noun(self) -> str:
+        return self.writes.noun if self.writes is not None else ""
+
+    @property
+    def files(self) -> Callable[[Path], list[Path]] | None:
+        return self.writes.files if self.writes is not None else None
+
+    @property
+    def owner(self) -> ModuleType | None:
+        """The module that defines the files: the format's owner."""
+        return sys.modules.get(self.writes.files.__module__) if self.writes is not None else None
+
+    @property
+    def name(self) -> str:
+        """The observer's name, or the command's for the read side's own."""
+        return self.observer or str(self.command)
 
 
-#: Every command, in the order ``verl-events --help`` lists them.
-TOOLS: tuple[Tool, ...] = (
-    Tool("check", "verl_events.apps.check"),
-    Tool("demo", "verl_events.apps.demo.command"),
-    Tool(
-        "report", "verl_events.apps.report.command", "timing", timing_log, "timing log(s)", timing_log.timing_log_files
-    ),
-    Tool(
-        "compare",
-        "verl_events.apps.compare.command",
-        "msprobe",
-        msprobe_layout,
-        "msprobe dump(s)",
-        msprobe_layout.session_dirs,
-    ),
-    Tool(
-        "triage",
-        "verl_events.apps.triage.render",
-        "sentinel",
-        anomaly_record,
-        "anomaly record file(s)",
-        anomaly_record.record_files,
-    ),
-    Tool("hangs", "verl_events.apps.hangs", "watchdog", hang_record, "watchdog file(s)", hang_record.watchdog_files),
-    Tool(
-        "mismatch",
-        "verl_events.apps.mismatch.command",
-        "mismatch",
-        mismatch_record,
-        "mismatch record file(s)",
-        mismatch_record.mismatch_files,
-    ),
-    Tool(
-        "weights",
-        "verl_events.apps.weights",
-        "weight_sync",
-        weight_sync_record,
-        "weight-sync ledger(s)",
-        weight_sync_record.weight_sync_files,
-    ),
-    Tool("diagnose", "verl_events.apps.diagnose"),
-    Tool("gather", "verl_events.apps.gather.command"),
-)
+#: The read side's own commands, before and after the observers'.
+_FIRST = (Tool("check", "verl_events.apps.check"), Tool("demo", "verl_events.apps.demo.command"))
+_LAST = (Tool("diagnose", "verl_events.apps.diagnose"), Tool("gather", "verl_events.apps.gather.command"))
+
+
+def tools() -> list[Tool]:
+    """Every tool, in the order ``verl-events --help`` lists the commands; the tools without
+    a command last.  An observer whose entry point fails to import is left out
+    (:func:`load_problems` says so)."""
+    found, _ = writing_observers()
+    declared = [Tool(cls.writes.command, cls.writes.module, name, cls.writes) for name, cls in found if cls.writes]
+    with_command = sorted((tool for tool in declared if tool.command is not None), key=lambda tool: str(tool.command))
+    return [*_FIRST, *with_command, *_LAST, *(tool for tool in declared if tool.command is None)]
+
+
+def load_problems() -> list[str]:
+    """A sentence for each observer entry point that failed to import."""
+    return writing_observers()[1]
 
 
 def command_module(tool: Tool) -> ModuleType:
     """The module of ``tool``'s command; TypeError naming the module when it
     lacks ``add_command`` or ``command``."""
-    module = importlib.import_module(tool.module)
+    module = importlib.import_module(str(tool.module))
     missing = [name for name in ("add_command", "command") if not callable(getattr(module, name, None))]
     if missing:
         raise TypeError(
@@ -109,10 +97,11 @@ def command_module(tool: Tool) -> ModuleType:
     return module
 
 
-def add_commands(commands: Any) -> None:
-    """Add every command of :data:`TOOLS` to argparse's ``commands`` (from ``add_subparsers``)."""
-    for tool in TOOLS:
-        command_module(tool).add_command(commands)
+def add_commands(commands: Any, listed: list[Tool] | None = None) -> None:
+    """Add every command of :func:`tools` to argparse's ``commands`` (from ``add_subparsers``)."""
+    for tool in listed if listed is not None else tools():
+        if tool.command is not None:
+            command_module(tool).add_command(commands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +118,9 @@ class Holding:
 
 def run_holds(save_path: Path) -> list[Holding]:
     """Each tool whose observer left files under ``save_path``, with them, in
-    :data:`TOOLS` order; a few globs, nothing read."""
+    :func:`tools` order; a few globs, nothing read."""
     found = []
-    for tool in TOOLS:
+    for tool in tools():
         if tool.files is not None and (files := tool.files(save_path)):
             found.append(Holding(tool, files))
     return found

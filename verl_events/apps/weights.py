@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import owner_of
+from verl_events.observers import timing as timing_log
+from verl_events.observers.weight_sync import record as weight_sync_record
 
-from .formats import timing_log, weight_sync_record
 from .jsonl import read_log
 
 __all__ = ["NoSyncSeen", "WeightsInputError", "add_command", "command", "read_syncs"]

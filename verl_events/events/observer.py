@@ -1,10 +1,11 @@
-"""The base class every observer derives from."""
+"""The base class every observer derives from, and what an observer declares it writes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from .selection import ALL, Selection
 from .stages import StageEnd, StageEvent, StageReport
@@ -17,6 +18,33 @@ if TYPE_CHECKING:
 #: (``on_...``) that is not one of these is refused at install: it would never
 #: be called, and a misspelled hook fails silently otherwise.
 HOOKS = ("on_stage_begin", "on_stage_end", "on_stage_report", "on_anomaly", "on_hang")
+
+
+@dataclass(frozen=True, slots=True)
+class Writes:
+    """What an observer class writes under a save_path, declared once, on the class
+    (``writes = Writes(...)``); everything else that names the tool is derived from it:
+
+    * install refuses a save_path where another run left such files, and claims it for
+      this run (:meth:`Observer.outputs` and ``output_noun`` default to these);
+    * ``verl-events check`` and ``verl-events diagnose`` say what a run folder holds of them;
+    * ``verl-events COMMAND`` reads them, when ``command`` is set.
+
+    ``noun``: what the files are called, in a sentence (``"timing log(s)"``).  ``files``:
+    every such file or folder under a save_path, whichever run wrote it, in a few globs (it
+    is called on any thread, before install, on folders other hosts wrote).  ``command``: the
+    ``verl-events`` subcommand that reads them; ``module``: that command's module, by import
+    path, defining ``add_command(commands)`` and ``command(args)``.
+    """
+
+    noun: str
+    files: Callable[[Path], list[Path]]
+    command: str | None = None
+    module: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.command is None) != (self.module is None):
+            raise TypeError(f"Writes({self.noun!r}): give both command and module, or neither")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +118,16 @@ class Observer:
       timing, watchdog and memory observers do (its time, its hangs, its
       memory); a capture there would record the driver polling, and a
       per-rank tracker run would be one run too many, so others never see them;
+    * ``writes``: what it writes under ``save_path`` (:class:`Writes`), or None;
     * ``output_noun``: what :meth:`outputs` lists, in the sentence that
-      refuses another run's files (``"msprobe dump(s)"``).
+      refuses another run's files (``"msprobe dump(s)"``); ``writes.noun`` when declared.
 
     Set by the framework from config: ``optional`` (``optional: true``: the
     observer may run without its tool; see :meth:`unavailable`).
 
-    An observer that writes under ``save_path`` overrides :meth:`outputs`;
-    that is all it takes for "two runs never mix" (see there).
+    An observer that writes under ``save_path`` declares ``writes``; that is all it
+    takes for "two runs never mix" (see :meth:`outputs`), and for ``check``,
+    ``diagnose`` and the CLI to know its files.
     """
 
     name: str = ""
@@ -112,8 +142,14 @@ class Observer:
     sends_anomalies: bool = False
     sees_replays: bool = False
     sees_driver: bool = False
+    writes: ClassVar[Writes | None] = None
     output_noun: str = "file(s)"
     optional: bool = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.writes is not None and "output_noun" not in cls.__dict__:
+            cls.output_noun = cls.writes.noun  # one declaration: the noun is said once
 
     def setup(self, context: InstallContext) -> None:
         """Called once at install; raise here (ConfigError for bad options)
@@ -121,16 +157,17 @@ class Observer:
 
     def outputs(self, save_path: Path) -> list[Path]:
         """The files or directories of this observer's kind under ``save_path``,
-        whichever run wrote them; by default none (the observer writes nothing).
+        whichever run wrote them: by default those its ``writes`` declares, or none.
 
-        Override it when the observer writes under ``save_path``.  Install
+        Override it when an instance writes less than its class may (options that
+        turn a kind of file off, or send it elsewhere).  Install
         then refuses a ``save_path`` where another run left any of them, and
         the installation claims ``save_path`` for this run (``run.json``)
         before the first stage such an observer receives, so that two runs
         never mix.  Called before :meth:`setup`, on any thread; keep it to a
         few globs.
         """
-        return []
+        return self.writes.files(save_path) if self.writes is not None else []
 
     def unavailable(self) -> str | None:
         """Why this observer's tool cannot run here (a library that is not

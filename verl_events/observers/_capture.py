@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,6 +40,19 @@ from verl_events import (
 from verl_events.layout import STEP_DIR_GLOB, stage_dirs, step_dir_name, step_dirs
 
 from ._session import SessionSlot
+
+
+def capture_files(tool: str) -> Callable[[Path], list[Path]]:
+    """The function listing every capture file ``tool``'s observer names (see
+    :meth:`CaptureObserver.output_path`) under a save_path, discrete and continuous."""
+
+    def files(save_path: Path) -> list[Path]:
+        pattern = f"{tool}_{STEP_DIR_GLOB}_rank*"
+        found = [path for stage in stage_dirs(save_path) for path in stage.glob(pattern)]
+        found += [path for step in step_dirs(save_path) for path in step.glob(pattern)]
+        return sorted(found)
+
+    return files
 
 
 @dataclass(slots=True)
@@ -162,14 +176,6 @@ class CaptureObserver(Observer):
             self.stop_capture(capture)
 
     # -- output naming ------------------------------------------------------
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        """Every capture file this tool's observer names (see :meth:`output_path`)
-        under ``save_path``, discrete and continuous."""
-        pattern = f"{self.tool}_{STEP_DIR_GLOB}_rank*"
-        found = [path for stage in stage_dirs(save_path) for path in stage.glob(pattern)]
-        found += [path for step in step_dirs(save_path) for path in step.glob(pattern)]
-        return sorted(found)
 
     def output_path(self, capture: Capture, suffix: str) -> Path:
         """A fresh path for a capture's file, named after stage, step and rank:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from verl_events import InstallContext, StageEvent
+from verl_events import InstallContext, StageEvent, Writes
 
-from ._capture import Capture, CaptureObserver
+from ._capture import Capture, CaptureObserver, capture_files
 from .torch_profiler import check_contents
 
 CONTENTS = ("npu", "cpu", "memory", "shapes", "module", "stack")
@@ -40,7 +40,7 @@ class NpuProfilerObserver(CaptureObserver):
         "pip install 'verl-events[npu]'"
     )
     exclusive_resources = frozenset({"kineto"})
-    output_noun = "Ascend NPU profile(s)"
+    writes = Writes("Ascend NPU profile(s)", capture_files("npu_profiler"))
 
     def __init__(
         self,

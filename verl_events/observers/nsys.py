@@ -28,9 +28,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from verl_events import InstallContext, StageEvent, VerlEventsWarning, find_rank
+from verl_events import InstallContext, StageEvent, VerlEventsWarning, Writes, find_rank
 
-from ._capture import Capture, CaptureObserver
+from ._capture import Capture, CaptureObserver, capture_files
 
 logger = logging.getLogger("verl_events.nsys")
 
@@ -38,6 +38,12 @@ DOMAIN = "verl_events"
 #: nsys's report name in the suggested command (``%p``: nsys puts the process id there).
 REPORT_NAME = "nsys_%p"
 _REPORT_GLOB = "nsys_*.nsys-rep"
+
+
+def nsys_files(save_path: Path) -> list[Path]:
+    """nsys's reports written where :meth:`NsysObserver.command` points nsys, besides
+    any capture files of the capture observers' naming."""
+    return sorted(Path(save_path).glob(_REPORT_GLOB)) + capture_files("nsys")(save_path)
 
 
 def capture_ranges(steps: frozenset[int] | None, stages: frozenset[str] | None, discrete: bool) -> int | None:
@@ -107,12 +113,7 @@ class NsysObserver(CaptureObserver):
         if find_rank()[0] == 0:
             logger.info("nsys: launch with: %s", self.command())
 
-    output_noun = "nsys report(s)"
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        """nsys's reports written where :meth:`command` points nsys, besides
-        any capture files of the base class's naming."""
-        return sorted(Path(save_path).glob(_REPORT_GLOB)) + super().outputs(save_path)
+    writes = Writes("nsys report(s)", nsys_files)
 
     def command(self) -> str:
         save_path = self._root if self._root != Path() else "{save_path}"  # before setup: the placeholder

@@ -44,7 +44,7 @@ from typing import IO, Any
 import orjson
 import structlog
 
-from verl_events import InstallContext, Observer, StageReport, prepare_output_dir, stage_output_dir
+from verl_events import InstallContext, Observer, StageReport, Writes, prepare_output_dir, stage_output_dir
 from verl_events.layout import run_id
 
 __all__ = [
@@ -260,11 +260,7 @@ class TimingObserver(Observer):
         self._console_log: Any = None
         self._run: str | None = None
 
-    output_noun = "timing log(s)"
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        """Every rank's timing log under ``save_path``."""
-        return timing_log_files(save_path)
+    writes = Writes("timing log(s)", timing_log_files, "report", "verl_events.apps.report.command")
 
     def setup(self, context: InstallContext) -> None:
         self._root = context.save_path

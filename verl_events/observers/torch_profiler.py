@@ -17,9 +17,9 @@ import importlib.util
 import warnings
 from typing import Any
 
-from verl_events import ConfigError, StageEvent, VerlEventsWarning
+from verl_events import ConfigError, StageEvent, VerlEventsWarning, Writes
 
-from ._capture import Capture, CaptureObserver
+from ._capture import Capture, CaptureObserver, capture_files
 
 #: The end of every trace's name: what TensorBoard's profiler plugin
 #: (torch-tb-profiler) looks for; Perfetto reads the file whatever its name.
@@ -51,7 +51,7 @@ class TorchProfilerObserver(CaptureObserver):
 
     tool = "torch_profiler"
     exclusive_resources = frozenset({"kineto"})
-    output_noun = "torch.profiler trace(s)"
+    writes = Writes("torch.profiler trace(s)", capture_files("torch_profiler"))
 
     def __init__(self, contents: list[str] | None = None, discrete: bool = True) -> None:
         super().__init__(discrete)

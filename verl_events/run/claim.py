@@ -26,8 +26,8 @@ logger = logging.getLogger("verl_events")
 
 
 def writes_outputs(observer: Observer) -> bool:
-    """Whether ``observer`` writes under save_path: its class overrides ``outputs``."""
-    return type(observer).outputs is not Observer.outputs
+    """Whether ``observer`` writes under save_path: its class declares ``writes``, or overrides ``outputs``."""
+    return type(observer).writes is not None or type(observer).outputs is not Observer.outputs
 
 
 def refuse_other_runs_files(save_path: Path, observers: Iterable[tuple[Observer, str]]) -> None:

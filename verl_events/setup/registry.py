@@ -35,6 +35,27 @@ def available_observers() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
+def writing_observers() -> tuple[list[tuple[str, type[Observer]]], list[str]]:
+    """Each installed observer class that declares what it writes (``writes``), by its
+    entry-point name (the first by name, for a class under two names), ordered by name;
+    and a sentence for each entry point that failed to import (the others are still found)."""
+    found: list[tuple[str, type[Observer]]] = []
+    failed: list[str] = []
+    seen: set[type] = set()
+    for ep in sorted(entry_points(group=GROUP), key=lambda ep: ep.name):
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # another package's observer must not hide ours
+            failed.append(f"entry point {ep.name!r} ({ep.value}) failed to import: {type(exc).__name__}: {exc}")
+            continue
+        if not (isinstance(loaded, type) and issubclass(loaded, Observer)) or loaded.writes is None:
+            continue
+        if loaded not in seen:
+            seen.add(loaded)
+            found.append((ep.name, loaded))
+    return found, failed
+
+
 def observer_class(spec: ObserverSpec) -> type[Observer]:
     """The class an ``observers:`` entry names; ConfigError if it cannot be found."""
     if spec.name is not None:

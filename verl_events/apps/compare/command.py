@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..formats import msprobe_layout
+from verl_events.observers.msprobe import layout as msprobe_layout
+
 from ..tables import terminal_console
 from .comparison import compare_dumps, summary, write_csv
 from .pick import CompareInputError, Pick, resolve_dump

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formats import msprobe_layout as layout
+from verl_events.observers.msprobe import layout
+
 from .distance import op_scales, scaled_distance
 from .modules import module_of
 from .pick import dump_entries

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..formats import msprobe_layout
+from verl_events.observers.msprobe import layout as msprobe_layout
+
 from .table import entry_parts
 
 __all__ = ["MODULE_ENTRY", "module_of"]

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import stage_dir, stage_dirs, step_dirs, step_of
-
-from ..formats import msprobe_layout as layout
+from verl_events.observers.msprobe import layout
 
 __all__ = ["CompareInputError", "Pick", "dump_entries", "resolve_dump"]
 

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..formats import msprobe_layout as layout
-from ..formats import timing_log
+from verl_events.observers import timing as timing_log
+from verl_events.observers.msprobe import layout
+
 from ..report.overhead import TimingLogError, overhead_table, read_timing_records
 
 __all__ = ["has_msprobe", "print_outputs", "print_summary", "shown"]

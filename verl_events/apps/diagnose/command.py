@@ -38,13 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import RUN_FILE
+from verl_events.observers.mismatch import record as mismatch_record
+from verl_events.observers.msprobe import layout as msprobe_layout
 
-from ..formats import mismatch_record, msprobe_layout
 from ..jsonl import numbered_lines
 from ..liveness import liveness, newest
 from ..ranks import DRIVER_RANK, GENERATION_STAGES, count_heartbeats, ranks_phrase
 from ..report.stragglers import stragglers
-from ..tools import Holding, run_holds
+from ..tools import Holding, load_problems, run_holds
 from .evidence import Evidence, Failure, gather
 from .large_logs import FULL_READ_BYTES
 from .verdict import Verdict, judge
@@ -59,7 +60,9 @@ class DiagnoseInputError(ValueError):
 class Diagnosis:
     """The verdict over a run, with the tools' lines and what could not be seen."""
 
-    def __init__(self, evidence: Evidence, verdict: Verdict, tools: list[dict[str, str]], unseen: list[str]) -> None:
+    def __init__(
+        self, evidence: Evidence, verdict: Verdict, tools: list[dict[str, str | None]], unseen: list[str]
+    ) -> None:
         self.evidence = evidence
         self.verdict = verdict
         self.tools = tools
@@ -94,6 +97,7 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
                 f"--log {log} {'is not a file' if log.exists() else 'does not exist'}; pass the driver's output"
             )
     evidence = gather(run, logs, read_all=read_all)
+    evidence.warnings += load_problems()  # another package's observer that failed to import
     tools, unseen = _tools(evidence), _unseen(evidence)
     if not tools and not evidence.failures:
         if evidence.run_id is not None:  # claimed: a writing observer received a stage here
@@ -111,15 +115,14 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
     return Diagnosis(evidence, judge(evidence.failures, running), tools, unseen)
 
 
-def _tools(evidence: Evidence) -> list[dict[str, str]]:
+def _tools(evidence: Evidence) -> list[dict[str, str | None]]:
     """A line per tool whose files the run holds (the tools table's :func:`run_holds`), with its command."""
     lines = []
     for holding in run_holds(evidence.run):
         tool = holding.tool
-        summary = _SUMMARIES.get(tool.command, _files)(evidence, holding)
-        lines.append(
-            {"tool": str(tool.observer), "summary": summary, "command": f"verl-events {tool.command} {evidence.run}"}
-        )
+        summary = _SUMMARIES.get(str(tool.command), _files)(evidence, holding)
+        command = f"verl-events {tool.command} {evidence.run}" if tool.command is not None else None
+        lines.append({"tool": tool.name, "summary": summary, "command": command})
     return lines
 
 
@@ -275,8 +278,11 @@ def render(diagnosis: Diagnosis) -> str:
             lines.append(f"    why: {why}")
     if diagnosis.tools:
         lines.append("the run also holds:")
-        width = max(len(t["tool"]) for t in diagnosis.tools)
-        lines += [f"  {t['tool']:<{width}}  {t['summary']}: {t['command']}" for t in diagnosis.tools]
+        width = max(len(str(t["tool"])) for t in diagnosis.tools)
+        lines += [
+            f"  {t['tool']!s:<{width}}  {t['summary']}" + (f": {t['command']}" if t["command"] else "")
+            for t in diagnosis.tools
+        ]
     teardown = diagnosis.evidence.teardown
     if teardown:
         lines.append(

@@ -42,10 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import owner_of
+from verl_events.observers import timing as timing_log
+from verl_events.observers.memory import record as memory_record
 from verl_events.observers.memory.cgroup import read_cgroup
 from verl_events.observers.memory.oom import RAY_REPORT_WORDS, OutOfMemory, out_of_memory
+from verl_events.observers.sentinel import record as anomaly_record
+from verl_events.observers.watchdog import record as hang_record
+from verl_events.observers.watchdog import stall_record
+from verl_events.observers.weight_sync import record as weight_sync_record
 
-from ..formats import anomaly_record, hang_record, memory_record, stall_record, timing_log, weight_sync_record
 from ..ranks import DRIVER_RANK
 from ..stalls import read_against
 from . import large_logs

@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from verl_events.observers.memory import record as memory_record
 from verl_events.observers.memory.oom import RAY_REPORT_WORDS, RayKilledWorker, RayMemoryKill, ray_memory_kills
 
-from ..formats import memory_record
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
 
 __all__ = ["DRIVER_LOG", "driver_logs", "ray_kills"]

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..formats import mismatch_record
+from verl_events.observers.mismatch import record as mismatch_record
+
 from .layers import DEFAULT_TOLERANCE, LayerProfile, layer_profile
 from .summary import MismatchInputError, Summary, summarize
 

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import replay_dir_name, stage_dir
+from verl_events.observers.mismatch import record as mismatch_record
+from verl_events.observers.msprobe import layout
 
-from ..formats import mismatch_record
-from ..formats import msprobe_layout as layout
 from .summary import MismatchInputError
 
 __all__ = ["DEFAULT_TOLERANCE", "ENGINE_STAGE", "TRAINER_STAGE", "LayerError", "LayerProfile", "layer_profile"]

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..formats import mismatch_record
+from verl_events.observers.mismatch import record as mismatch_record
+
 from ..jsonl import read_log
 
 MismatchRecord = mismatch_record.MismatchRecord

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..formats import timing_log
+from verl_events.observers import timing as timing_log
+
 from ..tables import terminal_console
 from .columnar import MEMORY_LIMIT
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formats import memory_record
+from verl_events.observers.memory import record as memory_record
+
 from ..jsonl import read_log
 from ..ranks import rank_name
 from ..tables import print_table

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formats import memory_record
+from verl_events.observers.memory import record as memory_record
+
 from .memory import read_memory, stage_memory
 from .plot import INSTALL_HINT
 from .summary import ReportError

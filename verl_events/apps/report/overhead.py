@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_events import VerlEventsWarning
-
-from ..formats import timing_log
+from verl_events.observers import timing as timing_log
 
 # The timing log's names, as its owner defines them.
 TimingRecord = timing_log.TimingRecord

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import LATEST_LINK
+from verl_events.observers import timing as timing_log
+from verl_events.observers.msprobe import layout as msprobe_layout
 
-from ..formats import msprobe_layout, timing_log
 from . import columnar
 from .grouping import index_records
 from .headline import headline, headline_text

@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_stage, stage_dir
+from verl_events.observers.msprobe import layout as msprobe_layout
+from verl_events.observers.sentinel import record as anomaly_record
 
-from ..formats import anomaly_record, msprobe_layout
 from ..jsonl import read_log
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding

@@ -54,8 +54,7 @@ from typing import Any
 from verl_events import STAGE_ROLES
 from verl_events.frames import LIBRARY_PACKAGES, is_library_file
 from verl_events.layout import replayed_stage
-
-from ..formats import msprobe_layout as layout
+from verl_events.observers.msprobe import layout
 
 SessionPlace = layout.SessionPlace
 

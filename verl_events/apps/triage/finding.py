@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats import msprobe_layout as layout
+from verl_events.observers.msprobe import layout
+
 from .dumps import MODULE_ENTRY, Session, forward_of, runs_in_a_module_call, user_frame
 
 __all__ = ["Finding", "place"]

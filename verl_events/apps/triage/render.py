@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..formats import anomaly_record, msprobe_layout
+from verl_events.observers.msprobe import layout as msprobe_layout
+from verl_events.observers.sentinel import record as anomaly_record
+
 from ..tables import terminal_console
 from .command import Triage, TriageInputError, triage
 

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.layout import replayed_stage
+from verl_events.observers.msprobe import layout as msprobe_layout
+from verl_events.observers.sentinel import record as anomaly_record
 
-from ..formats import anomaly_record, msprobe_layout
 from ..jsonl import read_log
 from .dumps import find_dumps
 

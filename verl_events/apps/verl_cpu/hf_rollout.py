@@ -37,8 +37,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from verl_events import stage
-
-from ..formats import mismatch_record
+from verl_events.observers.mismatch import record as mismatch_record
 
 __all__ = [
     "PREFILL_STAGE",

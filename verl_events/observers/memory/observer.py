@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, Writes, prepare_output_dir
 from verl_events.config import check_count
 from verl_events.layout import run_id
 
@@ -99,7 +99,7 @@ class MemoryObserver(Observer):
     passive = True
     sees_driver = True  # the driver holds what generation returns
     sends_anomalies = True
-    output_noun = "memory log(s)"
+    writes = Writes("memory log(s)", memory_files)
 
     def __init__(
         self,
@@ -150,9 +150,6 @@ class MemoryObserver(Observer):
         self._begun: dict[int, tuple[list[int] | None, list[int] | None, list[Forecast] | None]] = {}
         self._run: str | None = None
         self._warned_no_reset = False
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        return memory_files(save_path)
 
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)

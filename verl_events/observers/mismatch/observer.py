@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_events import ConfigError, InstallContext, Observer, StageEnd, prepare_output_dir
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, Writes, prepare_output_dir
 from verl_events.config import check_count, import_target, is_import_path, parse_numbers
 from verl_events.layout import run_id
 
@@ -82,7 +82,7 @@ class MismatchObserver(Observer):
     passive = True
     wants_result = True
     sees_replays = True  # to hand a replayed step to the engine (prefill_replays)
-    output_noun = "mismatch record file(s)"
+    writes = Writes("mismatch record file(s)", mismatch_files, "mismatch", "verl_events.apps.mismatch.command")
 
     def __init__(
         self,
@@ -107,10 +107,6 @@ class MismatchObserver(Observer):
         self._prefill: Prefill | None = None
         self._root = Path()
         self._run: str | None = None
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        """The run's mismatch log, when there is one."""
-        return mismatch_files(save_path)
 
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)

@@ -39,6 +39,7 @@ from verl_events import (
     StageEnd,
     StageEvent,
     VerlEventsWarning,
+    Writes,
     prepare_output_dir,
     stage_output_dir,
 )
@@ -88,11 +89,7 @@ class MsprobeObserver(Observer):
         self._debugger: MsprobeDebugger | None = None  # set once set up, warm-up included
         self._output = Path()  # the open session's rank directory
 
-    output_noun = "msprobe dump(s)"
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        """Every msprobe session directory under ``save_path``."""
-        return session_dirs(save_path)
+    writes = Writes("msprobe dump(s)", session_dirs, "compare", "verl_events.apps.compare.command")
 
     def unavailable(self) -> str | None:
         if _api.is_installed():

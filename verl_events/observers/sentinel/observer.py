@@ -99,7 +99,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from verl_events import AnomalyEvent, InstallContext, Observer, StageEnd, anomaly, prepare_output_dir
+from verl_events import AnomalyEvent, InstallContext, Observer, StageEnd, Writes, anomaly, prepare_output_dir
 from verl_events.config import check_count
 from verl_events.layout import run_id
 
@@ -153,11 +153,7 @@ class SentinelObserver(Observer):
         # (stage, step, rank) -> the anomalies raised there, for a replay to be judged by; the newest step only.
         self._raised: dict[tuple[str, int, int], list[AnomalyEvent]] = {}
 
-    output_noun = "anomaly record file(s)"
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        """The run's anomaly and replay record files, when there are any."""
-        return record_files(save_path)
+    writes = Writes("anomaly record file(s)", record_files, "triage", "verl_events.apps.triage.render")
 
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)

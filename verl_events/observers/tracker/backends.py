@@ -34,6 +34,13 @@ TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 
 
+def tracker_files(save_path: Path) -> list[Path]:
+    """Every rank's TensorBoard folder and every W&B run under ``save_path``, in their default places."""
+    return sorted(tensorboard_dir(save_path, 0).parent.glob("rank*")) + sorted(
+        (Path(save_path) / WANDB_DIR).glob("*run-*")
+    )
+
+
 def tensorboard_dir(save_path: Path, rank: int) -> Path:
     """Where one rank's TensorBoard event files go by default."""
     return Path(save_path) / TENSORBOARD_DIR / f"rank{rank}"

@@ -66,10 +66,11 @@ from verl_events import (
     StageEnd,
     StageReport,
     VerlEventsWarning,
+    Writes,
 )
 from verl_events.layout import run_id
 
-from .backends import BACKENDS, WANDB_DIR, Backend, tensorboard_dir
+from .backends import BACKENDS, WANDB_DIR, Backend, tensorboard_dir, tracker_files
 
 __all__ = ["TrackerObserver"]
 
@@ -113,7 +114,7 @@ class TrackerObserver(Observer):
 
     passive = True
     wants_timings = True
-    output_noun = "tracker file(s)"
+    writes = Writes("tracker file(s)", tracker_files)
 
     def __init__(
         self,

@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, prepare_output_dir
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, Writes, prepare_output_dir
 
 from .boundary import BEGAN, ENDED, BoundaryWriter, boundary_path
 from .crash import crash_dir
@@ -89,7 +89,7 @@ class WatchdogObserver(Observer):
     passive = True
     sees_driver = True  # a hang in generation is the driver's
     priority = 900  # outside the other observers (the timing observer is at 1000): their hooks count as the stage's
-    output_noun = "watchdog file(s)"
+    writes = Writes("watchdog file(s)", watchdog_files, "hangs", "verl_events.apps.hangs")
 
     def __init__(
         self,

@@ -59,6 +59,7 @@ from verl_events import (
     Observer,
     Payload,
     StageEnd,
+    Writes,
     anomaly,
     prepare_output_dir,
     unwatch_payloads,
@@ -91,7 +92,7 @@ class WeightSyncObserver(Observer):
 
     passive = True
     sends_anomalies = True
-    output_noun = "weight-sync ledger(s)"
+    writes = Writes("weight-sync ledger(s)", weight_sync_files, "weights", "verl_events.apps.weights")
 
     def __init__(
         self,
@@ -139,9 +140,6 @@ class WeightSyncObserver(Observer):
         self._stepped = False
         self._unseen: str | None = None  # why the sync being sent cannot be seen, when the tap said
         self._warned_no_payload = False
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        return weight_sync_files(save_path)
 
     def setup(self, context: InstallContext) -> None:
         from .fingerprint import dtype_name, fingerprint, nonfinite_count  # torch: only where the observer runs

@@ -27,7 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...formats import memory_record, timing_log
+from verl_events.observers import timing as timing_log
+from verl_events.observers.memory import record as memory_record
+
 from ..overhead import read_timing_records
 from .sources import NotColumnar, Sources
 
