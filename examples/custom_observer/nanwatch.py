@@ -1,8 +1,9 @@
 """NaN/Inf watcher: names the first module whose output is not finite, per stage.
 
 Besides the log line it writes ``{save_path}/step_{N}/{stage}/nanwatch_rank{R}.txt``
-and lists those files in ``outputs``: that is all it takes for install to refuse
-a save_path holding another run's reports, and for the run to claim it first.
+and declares those files (``writes``): that is all it takes for install to refuse
+a save_path holding another run's reports, for the run to claim it first, and for
+``verl-events check`` and ``diagnose`` to say what a run folder holds of them.
 """
 
 from __future__ import annotations
@@ -13,25 +14,27 @@ from typing import Any
 
 import torch
 
-from verl_events import InstallContext, Observer, StageEnd, StageEvent, stage_output_dir
+from verl_events import InstallContext, Observer, StageEnd, StageEvent, Writes, stage_output_dir
 from verl_events.layout import stage_dirs
 
 logger = logging.getLogger("nanwatch")
+
+
+def nanwatch_reports(save_path: Path) -> list[Path]:
+    """Every nanwatch report under ``save_path``, whichever run wrote it."""
+    return sorted(path for stage in stage_dirs(save_path) for path in stage.glob("nanwatch_rank*.txt"))
 
 
 class NanWatchObserver(Observer):
     """Hooks every submodule of the stage's model while the stage runs."""
 
     needs_model = True  # the bus warns, naming the paths it tried, when there is none
-    output_noun = "nanwatch report(s)"
+    writes = Writes("nanwatch report(s)", nanwatch_reports)
 
     def __init__(self) -> None:
         self._handles: dict[int, list[Any]] = {}
         self._first: dict[int, str] = {}
         self._save_path = Path()
-
-    def outputs(self, save_path: Path) -> list[Path]:
-        return sorted(path for stage in stage_dirs(save_path) for path in stage.glob("nanwatch_rank*.txt"))
 
     def setup(self, context: InstallContext) -> None:
         self._save_path = context.save_path
