@@ -14,7 +14,7 @@
    per open plus the renames and the touches.  Measured over each phase's steady part
    (the busy phase after its first second, the idle phase after its first 2.5 s).
 2. **The stuck and the dead**, as ``verl-events hangs`` reads them
-   (:func:`~verl_events.apps.hangs.find_hangs`, :func:`~verl_events.apps.liveness.liveness`),
+   (:func:`~verl_events.apps.hangs.find_hangs`, :func:`~verl_events.apps.read.liveness.liveness`),
    polled every 50 ms while the simulated ranks stay idle: one more process, one more
    rank, begins a stage with ``timeout_s: 2`` and sleeps in it; **stuck** is how long
    after its deadline the reader names it.  Then, at a random point of its beat, the
@@ -141,7 +141,7 @@ def victim_process(args: argparse.Namespace) -> None:
 
 def run_one(ranks: int, processes: int, busy_s: float, idle_s: float, deaths: int, root: Path) -> dict[str, Any]:
     from verl_events.apps.hangs import find_hangs
-    from verl_events.apps.liveness import liveness, newest
+    from verl_events.apps.read.liveness import liveness, newest
 
     save_path = root / f"ranks{ranks}"
     save_path.mkdir()

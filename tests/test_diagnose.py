@@ -173,7 +173,7 @@ def test_a_crash_record_of_another_run_is_skipped_with_a_warning(
 def test_a_rank_is_judged_by_its_own_hosts_clock_and_other_clocks_only_with_a_minute_of_skew_allowed() -> None:
     """The rule alone (a live rank on a host whose clock is 30 s behind is shown for real in
     tests/test_hangs.py)."""
-    from verl_events.apps.liveness import SKEW_S, Newest, liveness
+    from verl_events.apps.read.liveness import SKEW_S, Newest, liveness
     from verl_events.observers.watchdog.record import Heartbeat
 
     far = Heartbeat(run="r", rank=1, pid=1, host="node-b", time=1000.0, liveness_s=2.0)
@@ -194,7 +194,7 @@ def test_a_rank_is_judged_by_its_own_hosts_clock_and_other_clocks_only_with_a_mi
 
 
 def failure(kind: str, rank: int, time: float, detail: str, window: float = 0.0) -> Any:
-    from verl_events.apps.diagnose.record import Failure
+    from verl_events.apps.read.record import Failure
 
     return Failure(kind, rank, time, detail, step=2, stage="actor_update", window=window)
 
@@ -231,9 +231,9 @@ def test_a_killed_driver_whose_task_raised_a_dead_actors_error_died_after_that_a
     which main_ppo recorded, is the evidence that decides."""
     from dataclasses import replace
 
-    from verl_events.apps.diagnose.deaths import outlived
-    from verl_events.apps.diagnose.record import Evidence
     from verl_events.apps.diagnose.verdict import judge
+    from verl_events.apps.read.deaths import outlived
+    from verl_events.apps.read.record import Evidence
 
     driver = replace(failure("killed", -1, 100.0, "stopped beating", window=2.0), pid=15182, in_stage=False)
     rank = replace(failure("killed", 1, 100.1, "stopped beating", window=2.0), pid=15364)

@@ -1,5 +1,5 @@
 """``verl-events diagnose`` on a large run: the timing and memory logs read by their ends, the
-weight-sync ledger by a byte search (verl_events/apps/diagnose/large_logs.py).  The size past
+weight-sync ledger by a byte search (verl_events/apps/read/large_logs.py).  The size past
 which a log counts as large is lowered here, so that runs of this test's size take the path
 a thousand-rank run takes; each answer is compared with ``--read-all``'s on the same run.
 The failure is real: a stage that raised MemoryError inside an enclosing stage, with the
@@ -15,8 +15,8 @@ import pytest
 
 import verl_events
 from verl_events.apps.cli import main
-from verl_events.apps.diagnose import large_logs
-from verl_events.apps.diagnose.record import Evidence, records_of
+from verl_events.apps.read import large_logs
+from verl_events.apps.read.record import Evidence, records_of
 from verl_events.observers.weight_sync import record as weight_sync_record
 
 STEPS = 40

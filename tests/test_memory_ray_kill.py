@@ -35,7 +35,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray's memory monitor needs ray (the verl-cpu extra)")
 
 from verl_events.apps.cli import main as verl_events_main
-from verl_events.apps.diagnose.ray_kills import DRIVER_LOG
+from verl_events.apps.read.ray_kills import DRIVER_LOG
 from verl_events.apps.verl_cpu.session import run_in_own_session
 from verl_events.observers.memory.oom import out_of_memory, ray_memory_kills
 from verl_events.observers.memory.record import memory_log_path

@@ -94,8 +94,10 @@ def test_the_parser_has_exactly_the_tools_commands_in_their_order() -> None:
 
 
 def test_a_command_module_without_add_command_is_named() -> None:
-    with pytest.raises(TypeError, match=r"verl_events.apps.jsonl, the module of the 'x' command, has no add_command"):
-        command_module(Tool("x", "verl_events.apps.jsonl"))
+    with pytest.raises(
+        TypeError, match=r"verl_events.apps.read.jsonl, the module of the 'x' command, has no add_command"
+    ):
+        command_module(Tool("x", "verl_events.apps.read.jsonl"))
 
 
 def readme_commands() -> dict[str, str]:

@@ -176,7 +176,7 @@ def test_records_and_heartbeats_read_back_what_was_written() -> None:
 def test_a_heartbeat_that_beats_by_mtime_is_alive_while_its_mtime_moves_and_silent_once_it_stops(
     tmp_path: Path,
 ) -> None:
-    from verl_events.apps.liveness import Newest, liveness
+    from verl_events.apps.read.liveness import Newest, liveness
 
     def peers_on_its_host(at: float) -> Newest:
         return Newest(at, {"another-node": at})

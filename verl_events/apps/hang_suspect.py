@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .liveness import Liveness
-from .ranks import DRIVER_RANK, GENERATION_STAGES, rank_list, rank_name
+from .read.liveness import Liveness
+from .read.ranks import DRIVER_RANK, GENERATION_STAGES, rank_list, rank_name
 
 __all__ = ["Suspect", "suspect"]
 

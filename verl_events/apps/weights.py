@@ -35,7 +35,7 @@ from verl_events.layout import owner_of
 from verl_events.observers import timing as timing_log
 from verl_events.observers.weight_sync import record as weight_sync_record
 
-from .jsonl import read_log
+from .read.jsonl import read_log
 
 __all__ = ["NoSyncSeen", "WeightsInputError", "add_command", "command", "read_syncs"]
 

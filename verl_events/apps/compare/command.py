@@ -11,7 +11,9 @@ from typing import Any
 
 from verl_events.observers.msprobe import layout as msprobe_layout
 
+from ..read.record import Evidence
 from ..tables import terminal_console
+from ..tools import Holding
 from .comparison import compare_dumps, summary, write_csv
 from .pick import CompareInputError, Pick, resolve_dump
 from .render import print_comparison
@@ -93,3 +95,9 @@ def command(args: argparse.Namespace) -> int:
     elif not args.quiet:
         print_comparison(result, args.csv)
     return 1 if comparison.diverged else 0
+
+
+def headline(evidence: Evidence, holding: Holding) -> str:
+    """msprobe's line in ``verl-events diagnose``: its dumps, and those cut off mid-stage."""
+    cut = msprobe_layout.incomplete_sessions(evidence.run)
+    return f"{holding.describe()}{f', {len(cut)} incomplete (cut off mid-stage)' if cut else ''}"

@@ -33,21 +33,17 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from verl_events.layout import RUN_FILE
-from verl_events.observers.mismatch import record as mismatch_record
-from verl_events.observers.msprobe import layout as msprobe_layout
 
-from ..jsonl import numbered_lines
-from ..liveness import liveness, newest
-from ..ranks import DRIVER_RANK, GENERATION_STAGES, count_heartbeats, ranks_phrase
-from ..report.stragglers import stragglers
-from ..tools import Holding, load_problems, run_holds
-from .evidence import Evidence, Failure, gather
-from .large_logs import FULL_READ_BYTES
+from ..read.evidence import Evidence, Failure, gather
+from ..read.large_logs import FULL_READ_BYTES
+from ..read.liveness import liveness, newest
+from ..read.ranks import DRIVER_RANK, GENERATION_STAGES, ranks_phrase
+from ..tools import command_module, load_problems, run_holds
 from .verdict import Verdict, judge
 
 __all__ = ["DiagnoseInputError", "Diagnosis", "add_command", "command", "diagnose", "render"]
@@ -116,85 +112,16 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
 
 
 def _tools(evidence: Evidence) -> list[dict[str, str | None]]:
-    """A line per tool whose files the run holds (the tools table's :func:`run_holds`), with its command."""
+    """A line per tool whose files the run holds (:func:`run_holds`), with its command: the
+    command module's ``headline(evidence, holding)``, else how many files of what."""
     lines = []
     for holding in run_holds(evidence.run):
         tool = holding.tool
-        summary = _SUMMARIES.get(str(tool.command), _files)(evidence, holding)
+        headline = getattr(command_module(tool), "headline", None) if tool.command is not None else None
+        summary = headline(evidence, holding) if headline is not None else holding.describe()
         command = f"verl-events {tool.command} {evidence.run}" if tool.command is not None else None
         lines.append({"tool": tool.name, "summary": summary, "command": command})
     return lines
-
-
-def _files(_: Evidence, holding: Holding) -> str:
-    return holding.describe()
-
-
-def _watchdog(evidence: Evidence, _: Holding) -> str:
-    last = newest(evidence.heartbeats)
-    states = [liveness(beat, evidence.now, last).state for beat in evidence.heartbeats]
-    counts = ", ".join(f"{states.count(s)} {s}" for s in ("alive", "closed", "gone", "silent") if s in states)
-    hangs = f"; {evidence.hang_records} stage(s) past their deadline" if evidence.hang_records else ""
-    late = f", {evidence.late_records} ended late" if evidence.late_records else ""
-    stalls = ""
-    if evidence.stalls:
-        waiting = sum(stall.state == "waiting" for stall in evidence.stalls)
-        stalls = f"; {len(evidence.stalls)} process stall(s) with no stage open" + (
-            f", {waiting} waiting on another rank's stage" if waiting else ""
-        )
-    beating = count_heartbeats(beat.rank for beat in evidence.heartbeats)
-    return f"{beating}{': ' + counts if counts else ''}{hangs}{late}{stalls}"
-
-
-def _timing(evidence: Evidence, _: Holding) -> str:
-    raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
-    driver = " and the driver's" if evidence.timing_driver else ""
-    if evidence.timing_tails_of:
-        size = f"{evidence.timing_tails_of / 2**30:.2f} GiB"
-        return (
-            f"{evidence.timing_ranks} rank(s)'{driver} timing logs, {size}: their ends read for the stages that raised"
-            f"{raised} (stage times and stragglers: report; every line: diagnose --read-all)"
-        )
-    slow = [
-        f"rank(s) {', '.join(map(str, row.straggler_ranks))} in {row.stage}"
-        for row in stragglers(evidence.timing)
-        if row.straggler_ranks
-    ]
-    lagging = f"; stragglers: {'; '.join(slow)}" if slow else ""
-    return (
-        f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s)"
-        f"{' and the driver' if evidence.timing_driver else ''}{raised}{lagging}"
-    )
-
-
-def _sentinel(evidence: Evidence, holding: Holding) -> str:
-    anomalies = [f for f in evidence.failures if f.kind == "anomaly"]
-    if not anomalies:
-        return holding.describe()
-    first = min(anomalies, key=lambda f: f.time)
-    return f"{len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'}, first at step {first.step} ({first.stage})"
-
-
-def _mismatch(evidence: Evidence, holding: Holding) -> str:
-    try:
-        lines = len(numbered_lines(mismatch_record.mismatch_log_path(evidence.run)))
-    except (OSError, UnicodeDecodeError):
-        return holding.describe()
-    return f"{lines} mismatch line(s)"
-
-
-def _msprobe(evidence: Evidence, holding: Holding) -> str:
-    cut = msprobe_layout.incomplete_sessions(evidence.run)
-    return f"{holding.describe()}{f', {len(cut)} incomplete (cut off mid-stage)' if cut else ''}"
-
-
-_SUMMARIES: dict[str, Callable[[Evidence, Holding], str]] = {
-    "hangs": _watchdog,
-    "report": _timing,
-    "triage": _sentinel,
-    "mismatch": _mismatch,
-    "compare": _msprobe,
-}
 
 
 def _unseen(evidence: Evidence) -> list[str]:

@@ -42,9 +42,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..ranks import DRIVER_RANK
-from .evidence import LAUNCHER_SIGNALS, Failure
-from .record import NO_RANK
+from ..read.evidence import LAUNCHER_SIGNALS, Failure
+from ..read.ranks import DRIVER_RANK
+from ..read.record import NO_RANK
 
 __all__ = ["PEER_WORDS", "Verdict", "judge"]
 

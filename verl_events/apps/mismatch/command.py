@@ -24,6 +24,9 @@ from typing import Any
 
 from verl_events.observers.mismatch import record as mismatch_record
 
+from ..read.jsonl import numbered_lines
+from ..read.record import Evidence
+from ..tools import Holding
 from .layers import DEFAULT_TOLERANCE, LayerProfile, layer_profile
 from .summary import MismatchInputError, Summary, summarize
 
@@ -338,3 +341,12 @@ def render_layers(profile: LayerProfile, *, every: bool = False) -> str:
         if modules:
             lines.append(f"only the {side} ran: {', '.join(modules)}")
     return "\n".join(lines)
+
+
+def headline(evidence: Evidence, holding: Holding) -> str:
+    """The mismatch log's line in ``verl-events diagnose``: how many lines."""
+    try:
+        lines = len(numbered_lines(mismatch_record.mismatch_log_path(evidence.run)))
+    except (OSError, UnicodeDecodeError):
+        return holding.describe()
+    return f"{lines} mismatch line(s)"

@@ -18,7 +18,7 @@ from typing import Any
 
 from verl_events.observers.mismatch import record as mismatch_record
 
-from ..jsonl import read_log
+from ..read.jsonl import read_log
 
 MismatchRecord = mismatch_record.MismatchRecord
 

@@ -9,11 +9,14 @@ from typing import Any
 
 from verl_events.observers import timing as timing_log
 
+from ..read.record import Evidence
 from ..tables import terminal_console
+from ..tools import Holding
 from .columnar import MEMORY_LIMIT
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
 from .overhead import TimingLogError
 from .steps import STAGE_ORDER
+from .stragglers import stragglers
 from .summary import COLUMNAR_FROM_BYTES, ENGINES, report, timing_files
 
 __all__ = ["add_command", "command"]
@@ -88,3 +91,25 @@ def _memory_figure(run: Path, path: Path) -> Any:
         return None
     timing_files(run)  # the report's own errors first: a folder of runs, a run without timing logs
     return run_memory_figure(run, list(STAGE_ORDER))
+
+
+def headline(evidence: Evidence, holding: Holding) -> str:
+    """The timing logs' line in ``verl-events diagnose``: records, ranks, stages that raised, stragglers."""
+    raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
+    driver = " and the driver's" if evidence.timing_driver else ""
+    if evidence.timing_tails_of:
+        size = f"{evidence.timing_tails_of / 2**30:.2f} GiB"
+        return (
+            f"{evidence.timing_ranks} rank(s)'{driver} timing logs, {size}: their ends read for the stages that raised"
+            f"{raised} (stage times and stragglers: report; every line: diagnose --read-all)"
+        )
+    slow = [
+        f"rank(s) {', '.join(map(str, row.straggler_ranks))} in {row.stage}"
+        for row in stragglers(evidence.timing)
+        if row.straggler_ranks
+    ]
+    lagging = f"; stragglers: {'; '.join(slow)}" if slow else ""
+    return (
+        f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s)"
+        f"{' and the driver' if evidence.timing_driver else ''}{raised}{lagging}"
+    )

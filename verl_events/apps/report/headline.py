@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ranks import DRIVER_RANK, trainer_ranks
+from ..read.ranks import DRIVER_RANK, trainer_ranks
 from .overhead import TimingRecord, runs_in
 
 __all__ = ["OUTSIDE_TRAINING", "Headline", "headline", "headline_text"]
@@ -29,7 +29,7 @@ class Headline:
     ``slowest_share`` of it; ``hooks_share``: every observer's hooks over it;
     ``run_share``: stage time over run time (None without the wall clock); ``ranks``:
     the trainer ranks, and ``driver`` whether verl's driver has records too (its wait for
-    generation: :mod:`verl_events.apps.ranks`)."""
+    generation: :mod:`verl_events.apps.read.ranks`)."""
 
     run: str | None
     ranks: int

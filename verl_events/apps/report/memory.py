@@ -25,8 +25,8 @@ from typing import Any
 
 from verl_events.observers.memory import record as memory_record
 
-from ..jsonl import read_log
-from ..ranks import rank_name
+from ..read.jsonl import read_log
+from ..read.ranks import rank_name
 from ..tables import print_table
 
 __all__ = [

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..ranks import DRIVER_RANK
+from ..read.ranks import DRIVER_RANK
 from ..tables import print_table
 from .overhead import TimingRecord
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ranks import rank_name
+from ..read.ranks import rank_name
 from ..tables import print_table
 from .overhead import IQR_MIN_N, TRUSTED_MIN_N, ObserverHooks, StageOverhead
 from .raised import RaisedStage, render_raised

@@ -77,7 +77,7 @@ def timing_files(run: Path) -> list[Path]:
 def write_trace(run: Path, records: list[TimingRecord], path: Path) -> None:
     """The ``--trace`` timeline: every record, the failed stages too, and what went wrong
     (exceptions, signals, killed ranks, hangs, anomalies) as ``verl-events diagnose`` reads it."""
-    from ..diagnose.evidence import gather
+    from ..read.evidence import gather
 
     path.write_text(json.dumps(chrome_trace(records, gather(run).failures)))
 

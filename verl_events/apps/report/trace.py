@@ -21,7 +21,7 @@ __all__ = ["Marked", "chrome_trace"]
 
 class Marked(Protocol):
     """What the timeline marks as an instant: a failure as ``verl-events diagnose`` reads it
-    (:class:`verl_events.apps.diagnose.record.Failure`: an exception, a signal, a killed
+    (:class:`verl_events.apps.read.record.Failure`: an exception, a signal, a killed
     rank, a hang, an anomaly)."""
 
     @property

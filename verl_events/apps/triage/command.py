@@ -51,7 +51,7 @@ from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..jsonl import read_log
+from ..read.jsonl import read_log
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite

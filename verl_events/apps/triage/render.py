@@ -20,7 +20,9 @@ from typing import Any
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
+from ..read.record import Evidence
 from ..tables import terminal_console
+from ..tools import Holding
 from .command import Triage, TriageInputError, triage
 
 STACK_FILE = msprobe_layout.STACK_FILE
@@ -164,3 +166,12 @@ def _top_package(path: Path) -> int | None:
             break
         top = index
     return top
+
+
+def headline(evidence: Evidence, holding: Holding) -> str:
+    """The sentinel's line in ``verl-events diagnose``: how many anomalies, and the first."""
+    anomalies = [f for f in evidence.failures if f.kind == "anomaly"]
+    if not anomalies:
+        return holding.describe()
+    first = min(anomalies, key=lambda f: f.time)
+    return f"{len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'}, first at step {first.step} ({first.stage})"

@@ -34,7 +34,7 @@ from verl_events.layout import replayed_stage
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..jsonl import read_log
+from ..read.jsonl import read_log
 from .dumps import find_dumps
 
 AnomalyRecord = anomaly_record.AnomalyRecord

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ranks import DRIVER_RANK, trainer_ranks
+from ...read.ranks import DRIVER_RANK, trainer_ranks
 from ..headline import OUTSIDE_TRAINING, Headline
 from ..overhead import ObserverHooks, StageOverhead, overhead_row, summary
 from ..raised import RaisedStage

@@ -51,13 +51,13 @@ from verl_events.observers.watchdog import record as hang_record
 from verl_events.observers.watchdog import stall_record
 from verl_events.observers.weight_sync import record as weight_sync_record
 
-from ..ranks import DRIVER_RANK
-from ..stalls import read_against
 from . import large_logs
 from .deaths import crash_records, fatal_dumps, outlived, process_ends, read_heartbeats, stopped_ranks, teardown
 from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
+from .ranks import DRIVER_RANK
 from .ray_kills import ray_kills
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
+from .stalls import read_against
 
 __all__ = ["LAUNCHER_SIGNALS", "Evidence", "Failure", "gather"]
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from verl_events.observers.watchdog import record as hang_record
 
-from ..jsonl import read_log
+from .jsonl import read_log
 
 __all__ = ["LAUNCHER_SIGNALS", "NO_RANK", "Evidence", "Failure", "records_of", "of_this_run", "relative"]
 
@@ -96,7 +96,7 @@ def of_this_run(evidence: Evidence, run: str | None, where: str) -> bool:
 
 def records_of(evidence: Evidence, path: Path, parse: Callable[[str], R]) -> Iterator[tuple[int, R]]:
     """Each record of the JSON-lines log ``path`` of this run (the shared reader,
-    :func:`~verl_events.apps.jsonl.read_log`), with its line number; an unreadable
+    :func:`~verl_events.apps.read.jsonl.read_log`), with its line number; an unreadable
     log, a line that is not a record and a record of another run are warnings."""
     try:
         log = read_log(path)

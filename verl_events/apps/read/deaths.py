@@ -14,8 +14,8 @@ from verl_events.frames import is_library_file
 from verl_events.observers.watchdog import crash
 from verl_events.observers.watchdog import record as hang_record
 
-from ..liveness import liveness, newest
-from ..ranks import DRIVER_RANK, trainer_ranks
+from .liveness import liveness, newest
+from .ranks import DRIVER_RANK, trainer_ranks
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, of_this_run, records_of, relative
 
 Heartbeat = hang_record.Heartbeat

@@ -1,0 +1,230 @@
+"""Reading what the watchdog left under a run: where each rank is against the stuck stage
+(see :mod:`verl_events.apps.hangs`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from verl_events.observers import timing as timing_log
+from verl_events.observers.watchdog import record as hang_record
+from verl_events.observers.watchdog import stall_record
+
+from ..hang_suspect import suspect
+from ..read.jsonl import read_log
+from ..read.liveness import Liveness, liveness, newest
+from ..read.ranks import DRIVER_RANK, rank_name
+from ..read.stalls import Stall, read_against, stall_json
+
+HangRecord = hang_record.HangRecord
+Heartbeat = hang_record.Heartbeat
+
+__all__ = ["STATES", "Hangs", "HangsInputError", "RankPosition", "find_hangs"]
+
+STATES = ("inside", "never_began", "finished", "elsewhere")
+R = TypeVar("R")
+
+
+class HangsInputError(ValueError):
+    """RUN cannot be read as a watched run (exit 2); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankPosition:
+    """Where one rank stands against the stuck stage."""
+
+    rank: int
+    state: str  # one of STATES
+    stage: str | None  # the stuck stage when inside or finished, else the rank's own last stage
+    step: int | None
+    since: float | None  # when that stage began (inside, never_began) or ended (finished)
+    where: dict[str, Any] | None
+    waiting_in: str | None
+    heartbeat: Heartbeat
+    late_s: float | None = None  # finished late: the stage's whole time
+    alive: Liveness | None = None
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "name": rank_name(self.rank),
+            "state": self.state,
+            "stage": self.stage,
+            "step": self.step,
+            "since": self.since,
+            "where": self.where,
+            "waiting_in": self.waiting_in,
+            "late_s": self.late_s,
+            "heartbeat_time": self.heartbeat.time,
+            "heartbeat_age_s": round(now - self.heartbeat.time, 3),
+            "closed": self.heartbeat.closed,
+            "liveness": None if self.alive is None else self.alive.state,
+            "pid": self.heartbeat.pid,
+            "host": self.heartbeat.host,
+        }
+
+
+@dataclass(slots=True)
+class Hangs:
+    """What the watchdog's files say of a run."""
+
+    run: Path
+    heartbeats: list[Heartbeat]
+    records: list[HangRecord] = field(default_factory=list)
+    stuck: HangRecord | None = None
+    ranks: list[RankPosition] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    now: float = field(default_factory=time.time)
+
+    @property
+    def hangs(self) -> list[HangRecord]:
+        return [r for r in self.records if r.kind == "hang"]
+
+    @property
+    def late(self) -> list[HangRecord]:
+        return [r for r in self.records if r.kind == "late"]
+
+    def as_json(self) -> dict[str, Any]:
+        stuck = self.stuck
+        return {
+            "run": str(self.run),
+            "hang": stuck is not None,
+            "stuck": None if stuck is None else {"step": stuck.step, "stage": stuck.stage},
+            "suspect": None if stuck is None else suspect(self.ranks, stuck.stage).as_json(),
+            "ranks": [position.as_json(self.now) for position in self.ranks],
+            "hangs": [_record(r) for r in self.hangs],
+            "late": [_record(r) for r in self.late],
+            "stalls": [stall_json(stall) for stall in self.stalls],
+            "warnings": self.warnings,
+        }
+
+
+def _record(record: HangRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in HangRecord.__dataclass_fields__}
+
+
+def find_hangs(run: Path) -> Hangs:
+    """Join RUN's heartbeats and hang records.  HangsInputError when RUN is
+    not a directory or holds no heartbeat that can be read; a heartbeat or a
+    line that cannot be read is skipped with a sentence in ``warnings``."""
+    if not run.is_dir():
+        raise HangsInputError(
+            f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
+        )
+    files = hang_record.heartbeat_files(run)
+    warnings: list[str] = []
+    stalls = _read_records(stall_record.stalls_log_path(run), stall_record.StallRecord.from_json, warnings)
+    if not files and not stalls:
+        raise HangsInputError(
+            f"{run} has no heartbeats ({hang_record.heartbeat_dir(run)}/rank*.json) and no stalls: the watchdog "
+            "observer did not run there; add '- name: watchdog' to the run's observers"
+        )
+    heartbeats = []
+    for path in files:
+        try:
+            heartbeats.append(hang_record.read_heartbeat(path))
+        except (hang_record.NotAHeartbeat, OSError) as exc:
+            warnings.append(f"{path} was skipped: {exc}")
+    if files and not heartbeats and not stalls:
+        raise HangsInputError(
+            f"none of the {len(files)} heartbeat(s) under {hang_record.heartbeat_dir(run)} can be read"
+        )
+    records = _read_records(hang_record.hangs_log_path(run), HangRecord.from_json, warnings)
+    result = Hangs(run, heartbeats, records, warnings=warnings)
+    if stalls:
+        result.stalls = read_against(stalls, _timing_records(run, warnings), heartbeats, records)
+    hung = result.hangs
+    if hung:
+        result.stuck = max(hung, key=lambda r: (-1 if r.step is None else r.step, r.begun, r.began))
+        result.ranks = [_position(beat, result.stuck, result.records) for beat in heartbeats]
+        last = newest(heartbeats)
+        result.ranks = [_alive(p, liveness(p.heartbeat, result.now, last)) for p in result.ranks]
+    return result
+
+
+def _alive(position: RankPosition, state: Liveness) -> RankPosition:
+    fields = {name: getattr(position, name) for name in RankPosition.__dataclass_fields__}
+    return RankPosition(**(fields | {"alive": state}))
+
+
+def _read_records(path: Path, parse: Callable[[str], R], warnings: list[str]) -> list[R]:
+    try:
+        log = read_log(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HangsInputError(f"{path} cannot be read: {exc}") from exc
+
+    def skipped(number: int, exc: Exception) -> None:
+        warnings.append(f"{path}:{number} was skipped: {exc}")
+
+    return [record for _, record in log.records(parse, skipped)]
+
+
+def _timing_records(run: Path, warnings: list[str]) -> list[Any]:
+    """Every rank's timing records (the stages that ended, to read the stalls against), or
+    none with a warning where a log cannot be read."""
+    found: list[Any] = []
+    for path in timing_log.timing_log_files(run):
+        try:
+            found += _read_records(path, timing_log.TimingRecord.from_json, warnings)
+        except HangsInputError as exc:
+            warnings.append(f"{exc}; the stalls are read without it")
+    return found
+
+
+def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> RankPosition:
+    mine = [r for r in records if r.rank == beat.rank]
+    elsewhere = (beat.rank == DRIVER_RANK) != (stuck.rank == DRIVER_RANK)
+
+    def record_of(stage: str, step: int | None, kind: str = "hang") -> HangRecord | None:
+        return next((r for r in reversed(mine) if (r.kind, r.stage, r.step) == (kind, stage, step)), None)
+
+    for item in beat.open:
+        if (item.get("stage"), item.get("step")) == (stuck.stage, stuck.step):
+            own = record_of(stuck.stage, stuck.step)
+            return RankPosition(
+                beat.rank,
+                "inside",
+                stuck.stage,
+                stuck.step,
+                item.get("since"),
+                own.where if own else None,
+                own.waiting_in if own else None,
+                beat,
+            )
+    ended = beat.ended.get(stuck.stage)
+    if ended is not None and ended.get("step") is not None and stuck.step is not None and ended["step"] >= stuck.step:
+        late = record_of(stuck.stage, stuck.step, "late")
+        own = record_of(stuck.stage, stuck.step)  # where it was when its deadline passed, if it did
+        return RankPosition(
+            beat.rank,
+            "finished",
+            stuck.stage,
+            ended["step"],
+            ended.get("time"),
+            own.where if own else None,
+            own.waiting_in if own else None,
+            beat,
+            late_s=late.elapsed_s if late else None,
+        )
+    if beat.open:
+        last = beat.open[-1]
+        stage, step, since = last.get("stage"), last.get("step"), last.get("since")
+    elif beat.last_ended is not None:
+        stage, step, since = beat.last_ended.get("stage"), beat.last_ended.get("step"), beat.last_ended.get("time")
+    else:
+        stage = step = since = None
+    own = record_of(stage, step) if beat.open and isinstance(stage, str) else None
+    return RankPosition(
+        beat.rank,
+        "elsewhere" if elsewhere else "never_began",
+        stage,
+        step,
+        since,
+        own.where if own else None,
+        own.waiting_in if own else None,
+        beat,
+    )

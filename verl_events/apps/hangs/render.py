@@ -1,0 +1,108 @@
+"""``verl-events hangs`` as text, for a terminal."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from ..hang_suspect import suspect
+from ..read.liveness import Newest, liveness, newest
+from ..read.ranks import DRIVER_RANK, count_heartbeats, rank_name, ranks_phrase
+from ..read.stalls import stall_lines
+from .find import STATES, Hangs, Heartbeat, RankPosition
+
+__all__ = ["render"]
+
+
+def _rank_state(beat: Heartbeat, now: float, newest_beat: Newest) -> str:
+    """A rank with no stuck stage: running, closed (and how), or stopped (and where)."""
+    state = liveness(beat, now, newest_beat)
+    last = beat.last_ended or {}
+    ended = f"last ended {last.get('stage', 'nothing')} at step {last.get('step')}"
+    if state.state == "closed":
+        return f"{state.reason}, {ended}"
+    if not state.stopped:
+        return f"running, {ended}" if state.state == "alive" else f"{state.reason}, {ended}"
+    inside = beat.open[-1] if beat.open else None
+    at = f"inside step {inside.get('step')}'s {inside.get('stage')}" if inside else ended
+    return f"STOPPED beating at {_clock(beat.time)} {at}: {state.reason}"
+
+
+def _clock(unix: float | None) -> str:
+    if unix is None:
+        return "?"
+    return datetime.fromtimestamp(unix, timezone.utc).strftime("%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _where(position: RankPosition) -> str:
+    where = position.where
+    if where is None:
+        return "no frame recorded (its watchdog has not reported this stage)"
+    code = f": {where['code']}" if where.get("code") else ""
+    text = f"at {where['file']}:{where['line']} in {where['function']}{code}"
+    return text + (f", waiting in {position.waiting_in}" if position.waiting_in else "")
+
+
+def render(result: Hangs) -> str:
+    """The result as text, for a terminal."""
+    runs = sorted({b.run for b in result.heartbeats if b.run})
+    beating = count_heartbeats(b.rank for b in result.heartbeats)
+    lines = [f"run: {result.run} ({beating}{', run ' + ', '.join(runs) if runs else ''})"]
+    stuck = result.stuck
+    if stuck is None:
+        lines += stall_lines(result.stalls) or ["no deadline passed"]
+        last = newest(result.heartbeats)
+        for beat in result.heartbeats:
+            lines.append(f"  {rank_name(beat.rank)}: {_rank_state(beat, result.now, last)}")
+        if any(liveness(beat, result.now, last).stopped for beat in result.heartbeats):
+            lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
+        return "\n".join(lines)
+    on = {r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)}
+    lines.append(
+        f"HANG: step {stuck.step}, {stuck.stage} passed its deadline ({stuck.deadline_s:g} s, {stuck.deadline}) "
+        f"on {ranks_phrase(on)}"
+    )
+    lines.append(suspect(result.ranks, stuck.stage).line)
+    owner = "the driver's" if stuck.rank == DRIVER_RANK else "the ranks'"
+    titles = {
+        "inside": f"inside {stuck.stage}",
+        "never_began": "never began it",
+        "finished": "finished it",
+        "elsewhere": f"waiting outside it (it is {owner})",
+    }
+    for state in STATES:
+        group = [p for p in result.ranks if p.state == state]
+        if state == "elsewhere" and not group:
+            continue
+        lines.append(f"{titles[state]}: {len(group)}")
+        for p in group:
+            age = f"heartbeat {result.now - p.heartbeat.time:.0f} s old{', closed' if p.heartbeat.closed else ''}"
+            if p.alive is not None and p.alive.stopped:
+                age = f"STOPPED: {p.alive.reason}"
+            if state == "inside":
+                ran = f", {p.heartbeat.time - p.since:.1f} s by its heartbeat" if p.since is not None else ""
+                lines.append(f"  {rank_name(p.rank)}: since {_clock(p.since)}{ran}, {_where(p)} ({age})")
+            elif state == "finished":
+                late = f", late: {p.late_s:.1f} s" if p.late_s is not None else ""
+                then = f"; at its deadline: {_where(p)}" if p.where is not None else ""
+                lines.append(f"  {rank_name(p.rank)}: ended step {p.step} at {_clock(p.since)}{late}{then} ({age})")
+            elif state == "elsewhere":
+                doing = f"inside {p.stage}" if p.heartbeat.open else f"between stages, last ended {p.stage}"
+                lines.append(f"  {rank_name(p.rank)}: {doing} (step {p.step}) since {_clock(p.since)} ({age})")
+            else:
+                inside = "inside" if p.where is not None or p.heartbeat.open else "last ended"
+                lines.append(
+                    f"  {rank_name(p.rank)}: {inside} {p.stage} (step {p.step}) since {_clock(p.since)}, "
+                    f"{_where(p)} ({age})"
+                )
+    others = [r for r in result.hangs if (r.stage, r.step) != (stuck.stage, stuck.step)]
+    for r in others:
+        lines.append(f"also past its deadline: {rank_name(r.rank)}, step {r.step} {r.stage} ({r.elapsed_s:.1f} s)")
+    for r in result.late:
+        lines.append(
+            f"ended late after all: {rank_name(r.rank)}, step {r.step} {r.stage}, after {r.elapsed_s:.1f} s "
+            f"(deadline {r.deadline_s:g} s)"
+        )
+    reports = [r.report for r in result.hangs if r.report]
+    if reports:
+        lines.append(f"reports (under {result.run}): {', '.join(reports)}")
+    return "\n".join(lines + stall_lines(result.stalls))
