@@ -23,6 +23,31 @@ def test_reset_leaves_the_process_as_fresh() -> None:
     assert RUN_ID_ENV not in os.environ and run_id() != made
 
 
+def test_reset_forgets_payload_watchers_and_warnings_and_keeps_the_record_of_blinkers_receivers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What reset missed while the state was spread over module globals: a payload watcher
+    a test left, a warning remembered; and what it must keep: the record of who listens."""
+    from verl_events.bus.resolve import find_rank
+    from verl_events.events.process import PROCESS
+
+    class Watcher:
+        def began(self, payload: object) -> None: ...
+
+        def tensor(self, name: str, tensor: object) -> None: ...
+
+        def ended(self, payload: object, complete: bool) -> None: ...
+
+    verl_events.watch_payloads(Watcher())
+    monkeypatch.setenv("RANK", "not-a-number")
+    assert find_rank() == (0, 1)
+    connections = dict(PROCESS.connections)
+    assert PROCESS.payload_watchers and "RANK" in PROCESS.warned_env
+    reset()
+    assert PROCESS.payload_watchers == [] and PROCESS.warned_env == set()
+    assert PROCESS.connections == connections
+
+
 def test_reset_keeps_a_run_id_someone_else_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RUN_ID_ENV, "from-the-launcher")
     reset()

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,6 +24,7 @@ from contextlib import ExitStack, contextmanager
 from verl_events.events.anomaly import AnomalyEvent
 from verl_events.events.hang import HangEvent
 from verl_events.events.observer import Observer
+from verl_events.events.process import PROCESS
 from verl_events.events.signals import stage_begin, stage_end
 from verl_events.events.stages import StageEnd, StageEvent, StageReport
 
@@ -33,23 +33,11 @@ __all__ = ["RecordingObserver", "capture_events", "reset"]
 
 def reset() -> None:
     """Put verl_events back as a fresh process has it: no installation, no
-    announced step, no added model paths, no warnings remembered, and no run
-    id made up by this process (so the next run here gets a new one).  For
-    test fixtures; the verl bridge is left as it is."""
-    from verl_events.setup.install import current_installation
-
-    from .bus import resolve as _resolve
-    from .run import identity as _run
-
-    current = current_installation()
-    if current is not None:
-        current.close()
-    _resolve.set_step(None)
-    _resolve.reset_model_paths()
-    _resolve._bad_env_warned.clear()
-    if _run._made_here is not None and os.environ.get(_run.RUN_ID_ENV) == _run._made_here:
-        del os.environ[_run.RUN_ID_ENV]
-    _run._made_here = None
+    announced step, no added model paths, no payload watcher, no warnings
+    remembered, and no run id made up by this process (so the next run here
+    gets a new one).  For test fixtures; the verl bridge is left as it is
+    (see :meth:`~verl_events.events.process.ProcessState.reset`)."""
+    PROCESS.reset()
 
 
 @contextmanager

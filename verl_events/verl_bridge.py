@@ -54,6 +54,7 @@ from verl_events.verl.after_import import PatchOnImport
 from verl_events.verl.bases import BASES as _BASES
 from verl_events.verl.register import RegisterLayers
 
+from .events.process import PROCESS
 from .verl import transitions
 
 logger = logging.getLogger("verl_events.verl")
@@ -217,9 +218,10 @@ class _Bridge:
         @functools.wraps(start)
         def start_with_step(profiler: Any, *args: Any, **kwargs: Any) -> Any:
             step = kwargs.get("profile_step", kwargs.get("global_step"))
-            if step is not None and _bridge is not None:
-                _bridge.profile_step = operator.index(step)
-                _bridge.announce_step()
+            bridge = PROCESS.verl_bridge
+            if step is not None and bridge is not None:
+                bridge.profile_step = operator.index(step)
+                bridge.announce_step()
             return start(profiler, *args, **kwargs)
 
         @functools.wraps(stop)
@@ -227,9 +229,10 @@ class _Bridge:
             try:
                 return stop(profiler, *args, **kwargs)
             finally:
-                if _bridge is not None:
-                    _bridge.profile_step = None
-                    _bridge.announce_step()
+                bridge = PROCESS.verl_bridge
+                if bridge is not None:
+                    bridge.profile_step = None
+                    bridge.announce_step()
 
         with self.lock:
             self._replace(self.dist_profiler, "start", start, start_with_step)
@@ -245,7 +248,7 @@ def _bridged_init_subclass(cls: Any, /, **kwargs: Any) -> None:
     function pickles by reference; a closure would drag the bridge (and its
     lock) along and fail.
     """
-    bridge = _bridge
+    bridge = PROCESS.verl_bridge
     from verl.utils.profiler import DistProfilerExtension
 
     own = bridge.own_init_subclass if bridge is not None else None
@@ -266,7 +269,7 @@ def _before_sync(global_steps: int | None) -> None:
 def _after_sync(global_steps: int | None) -> None:
     """After ``update_weights(global_steps=N)`` the stages belong to N + 1; after a sync
     that raised (None), to what they belonged to before it."""
-    bridge = _bridge
+    bridge = PROCESS.verl_bridge
     if bridge is None:
         return
     if global_steps is not None:
@@ -284,7 +287,7 @@ def _bridged_base_init_subclass(cls: Any, /, **kwargs: Any) -> None:
         if getattr(k.__dict__.get("__init_subclass__"), "__func__", None) is _bridged_base_init_subclass
     )
     super(base, cls).__init_subclass__(**kwargs)
-    bridge = _bridge
+    bridge = PROCESS.verl_bridge
     if bridge is not None:
         bridge.patch_subclass(cls, _BASES[base.__module__][1])
 
@@ -314,7 +317,6 @@ def _subclasses(cls: type) -> list[type]:
     return found
 
 
-_bridge: _Bridge | None = None
 _bridge_lock = threading.Lock()
 
 
@@ -324,36 +326,34 @@ def install_verl_bridge() -> None:
     Idempotent.  Raises VerlBridgeError, naming the version and what is
     missing, when the installed verl does not have what the bridge needs.
     """
-    global _bridge
     # Outside the lock: importing verl runs verl's plugins, ours among them,
     # which may install the bridge itself.
     import verl  # noqa: F401
 
     with _bridge_lock:
-        if _bridge is not None:
+        if PROCESS.verl_bridge is not None:
             return
         bridge = _Bridge()
-        _bridge = bridge  # before install: its hooks read it
+        PROCESS.verl_bridge = bridge  # before install: its hooks read it
         try:
             bridge.install()
         except BaseException:
-            _bridge = None
+            PROCESS.verl_bridge = None
             raise
 
 
 def uninstall_verl_bridge() -> None:
     """Put every patched verl method back as it was.  Idempotent."""
-    global _bridge
     with _bridge_lock:
-        if _bridge is None:
+        if PROCESS.verl_bridge is None:
             return
-        _bridge.uninstall()
-        _bridge = None
+        PROCESS.verl_bridge.uninstall()
+        PROCESS.verl_bridge = None
         set_step(None)
 
 
 def verl_bridge_installed() -> bool:
-    return _bridge is not None
+    return PROCESS.verl_bridge is not None
 
 
 def install_from_environment() -> None:

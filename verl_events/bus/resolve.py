@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from verl_events.events.process import PROCESS
+
 logger = logging.getLogger("verl_events")
 
 _DEFAULT_MODEL_PATHS: dict[str, tuple[str, ...]] = {
@@ -49,10 +51,7 @@ _DEFAULT_MODEL_PATHS: dict[str, tuple[str, ...]] = {
 }
 _FALLBACK_PATHS = ("module",)
 
-_user_paths: dict[str | None, tuple[str, ...]] = {}
 _paths_lock = threading.Lock()
-
-_announced_step: int | None = None
 
 
 def add_model_paths(role: str | None, *paths: str) -> None:
@@ -65,18 +64,20 @@ def add_model_paths(role: str | None, *paths: str) -> None:
         if not isinstance(path, str) or not all(part.isidentifier() for part in path.split(".")):
             raise ValueError(f"add_model_paths: {path!r} is not a dotted attribute path like 'actor.engine.module'")
     with _paths_lock:
-        _user_paths[role] = tuple(dict.fromkeys(paths + _user_paths.get(role, ())))
+        added = PROCESS.model_paths
+        added[role] = tuple(dict.fromkeys(paths + added.get(role, ())))
 
 
 def reset_model_paths() -> None:
     """Forget every path added with :func:`add_model_paths`."""
     with _paths_lock:
-        _user_paths.clear()
+        PROCESS.model_paths.clear()
 
 
 def model_paths(role: str | None) -> tuple[str, ...]:
     """The ordered candidate paths for ``role``: user paths, verl's, then ``module``."""
-    user = _user_paths.get(role, ()) + (_user_paths.get(None, ()) if role is not None else ())
+    added = PROCESS.model_paths
+    user = added.get(role, ()) + (added.get(None, ()) if role is not None else ())
     default = _DEFAULT_MODEL_PATHS.get(role, ()) if role is not None else ()
     return tuple(dict.fromkeys(user + default + _FALLBACK_PATHS))
 
@@ -165,7 +166,7 @@ def find_step(worker: Any, args: Iterable[Any], kwargs: Mapping[str, Any]) -> in
         step = _as_step(getattr(worker, attr, None))
         if step is not None:
             return step
-    return _announced_step
+    return PROCESS.announced_step
 
 
 def set_step(step: int | None) -> None:
@@ -174,16 +175,12 @@ def set_step(step: int | None) -> None:
     Process-wide (a trainer announces it for all threads); None clears it.
     ValueError for anything that is not a step (see :func:`check_step`).
     """
-    global _announced_step
-    _announced_step = check_step(step, "set_step")
+    PROCESS.announced_step = check_step(step, "set_step")
 
 
 def current_step() -> int | None:
     """The step announced with :func:`set_step`, or None."""
-    return _announced_step
-
-
-_bad_env_warned: set[str] = set()
+    return PROCESS.announced_step
 
 
 def _env_int(name: str, default: int) -> int:
@@ -193,8 +190,8 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        if name not in _bad_env_warned:
-            _bad_env_warned.add(name)
+        if name not in PROCESS.warned_env:
+            PROCESS.warned_env.add(name)
             logger.warning("environment variable %s=%r is not an integer; using %d", name, raw, default)
         return default
 

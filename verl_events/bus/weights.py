@@ -24,6 +24,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from verl_events.events.process import PROCESS
+
 __all__ = ["Payload", "PayloadWatcher", "passing", "unwatch_payloads", "watch_payloads"]
 
 logger = logging.getLogger("verl_events.weights")
@@ -60,27 +62,26 @@ class PayloadWatcher(Protocol):
     def ended(self, payload: Payload, complete: bool) -> None: ...
 
 
-_watchers: list[PayloadWatcher] = []
 _lock = threading.Lock()
 
 
 def watch_payloads(watcher: PayloadWatcher) -> None:
     """Show every sync from now on to ``watcher``."""
     with _lock:
-        if watcher not in _watchers:
-            _watchers.append(watcher)
+        if watcher not in PROCESS.payload_watchers:
+            PROCESS.payload_watchers.append(watcher)
 
 
 def unwatch_payloads(watcher: PayloadWatcher) -> None:
     with _lock:
-        if watcher in _watchers:
-            _watchers.remove(watcher)
+        if watcher in PROCESS.payload_watchers:
+            PROCESS.payload_watchers.remove(watcher)
 
 
 def passing(weights: Any, payload: Payload) -> Any:
     """``weights`` (an iterable or async iterable of ``(name, tensor)``), shown to the watchers as it passes."""
     with _lock:
-        watchers = list(_watchers)
+        watchers: list[PayloadWatcher] = list(PROCESS.payload_watchers)
     if not watchers:
         return weights
     # A sender that reads with a plain ``for`` gets a plain generator back, whatever else it is.

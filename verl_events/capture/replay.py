@@ -43,6 +43,7 @@ from collections.abc import Iterable
 
 from verl_events.events.anomaly import AnomalyEvent
 from verl_events.events.errors import VerlEventsWarning
+from verl_events.events.process import PROCESS
 
 from .arming import Arming, max_over_ranks
 
@@ -101,14 +102,11 @@ class ReplayPlan:
         return replay and any(arming.has_room() for arming in self.armings)
 
 
-_active: ReplayPlan | None = None
-
-
 def active() -> ReplayPlan | None:
     """The installed plan, or None when nothing replays."""
-    return _active
+    plan: ReplayPlan | None = PROCESS.replay
+    return plan
 
 
 def activate(plan: ReplayPlan | None) -> None:
-    global _active
-    _active = plan
+    PROCESS.replay = plan

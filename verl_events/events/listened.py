@@ -27,6 +27,8 @@ from typing import Any
 
 from blinker import ANY, NamedSignal
 
+from .process import PROCESS
+
 
 class _EveryStage:
     """The record's value when some receiver takes every stage (blinker's ``ANY``)."""
@@ -69,8 +71,8 @@ class _Listeners:
 
 listeners = _Listeners()
 
-# (signal name, receiver key) -> the stage names (or ANY) it is connected for.
-_connections: dict[tuple[str, Hashable], set[Any]] = {}
+# The record, (signal name, receiver key) -> the stage names (or ANY) it is connected for,
+# is PROCESS.connections.
 _connections_lock = threading.Lock()
 
 
@@ -85,7 +87,7 @@ def _receiver_key(receiver: Callable[..., Any]) -> Hashable:
 def _publish() -> None:
     """Replace ``listeners.stages`` from the connections (lock held)."""
     names: set[str] = set()
-    for senders in _connections.values():
+    for senders in PROCESS.connections.values():
         if ANY in senders:
             listeners.stages = EVERY_STAGE
             return
@@ -98,22 +100,22 @@ def _on_receiver_connected(signal: Any, *, receiver: Callable[..., Any], sender:
     if sender is not ANY and not isinstance(sender, str):
         return
     with _connections_lock:
-        _connections.setdefault((signal.name, _receiver_key(receiver)), set()).add(sender)
+        PROCESS.connections.setdefault((signal.name, _receiver_key(receiver)), set()).add(sender)
         _publish()
 
 
 def _on_receiver_disconnected(signal: Any, *, receiver: Callable[..., Any], sender: Any, **_: Any) -> None:
     key = (signal.name, _receiver_key(receiver))
     with _connections_lock:
-        senders = _connections.get(key)
+        senders = PROCESS.connections.get(key)
         if senders is None:
             return
         if sender is ANY:  # blinker: disconnect from every sender
-            del _connections[key]
+            del PROCESS.connections[key]
         else:
             senders.discard(sender)
             if not senders:
-                del _connections[key]
+                del PROCESS.connections[key]
         _publish()
 
 

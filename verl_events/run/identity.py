@@ -37,6 +37,8 @@ import time
 import uuid
 from pathlib import Path
 
+from verl_events.events.process import PROCESS
+
 RUN_ID_ENV = "VERL_EVENTS_RUN_ID"
 NODE_ENV = "VERL_EVENTS_NODE"
 RUN_FILE = "run.json"
@@ -49,9 +51,8 @@ def run_id() -> str:
         # The job id alone repeats: every fresh local cluster numbers its first job 01000000.
         context = ray.get_runtime_context()
         return f"ray-{context.get_session_name()}-{context.get_job_id()}"
-    global _made_here
     own = os.environ.get(RUN_ID_ENV)
-    if own and own != _made_here:
+    if own and own != PROCESS.run_id_made:
         return own
     torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
     if torchrun:
@@ -64,9 +65,11 @@ def run_id() -> str:
         return f"ranks-{os.getppid()}-{rendezvous}"
     if own:
         return own
-    _made_here = f"run-{uuid.uuid4().hex[:12]}"
-    os.environ[RUN_ID_ENV] = _made_here
-    return _made_here
+    # The id made up here (step 5) is exported for child processes, but a rendezvous set up
+    # later in this process (step 4) still takes precedence: PROCESS remembers it is ours.
+    made = PROCESS.run_id_made = f"run-{uuid.uuid4().hex[:12]}"
+    os.environ[RUN_ID_ENV] = made
+    return made
 
 
 def node_name() -> str:
@@ -89,11 +92,6 @@ def node_name() -> str:
 def _safe_in_a_file_name(text: str) -> str:
     """``text`` with every character but letters, digits, ``.``, ``_`` and ``-`` made a ``-``."""
     return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "-" for c in text)
-
-
-# The id this process made up (step 5): it is exported for child processes,
-# but a rendezvous set up later in this process (step 4) still takes precedence.
-_made_here: str | None = None
 
 
 class SavePathTaken(FileExistsError):

@@ -17,6 +17,7 @@ from verl_events.capture.arming import ArmedSelection, TriggerClock, arm, armed_
 from verl_events.capture.replay import ReplayPlan, activate, active
 from verl_events.events.errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
 from verl_events.events.observer import InstallContext, Observer
+from verl_events.events.process import PROCESS
 from verl_events.run.claim import SavePathClaim, point_at, refuse_other_runs_files, writes_outputs
 from verl_events.run.paths import prepare_output_dir
 
@@ -27,7 +28,6 @@ from .schema import Config, load_config
 logger = logging.getLogger("verl_events")
 
 _lock = threading.Lock()
-_current: Installation | None = None
 
 
 class Installation:
@@ -67,13 +67,12 @@ class Installation:
         return self.dispatcher.observers
 
     def close(self) -> None:
-        global _current
         with _lock:
             if self.closed:
                 return
             self.closed = True
-            if _current is self:
-                _current = None
+            if PROCESS.installation is self:
+                PROCESS.installation = None
         atexit.unregister(self.close)
         self.dispatcher.disconnect()  # the clock and the plan hear anomalies through it
         if self.plan is not None and active() is self.plan:
@@ -123,12 +122,11 @@ def install(
     ObserverSetupError, and nothing stays connected.  One installation per
     process: close the current one before installing again.
     """
-    global _current
     cfg = config if isinstance(config, Config) else load_config(config, overrides)
     with _lock:
-        if _current is not None:
+        if PROCESS.installation is not None:
             raise RuntimeError(
-                f"verl_events is already installed in this process ({_current!r}); "
+                f"verl_events is already installed in this process ({PROCESS.installation!r}); "
                 "close that handle first, or put every observer in one config"
             )
         built = build_observers(cfg, observers, set_up=True)
@@ -140,7 +138,7 @@ def install(
         installation.dispatcher.connect()
         if plan is not None:
             activate(plan)
-        _current = installation
+        PROCESS.installation = installation
     atexit.register(installation.close)
     return installation
 
@@ -279,7 +277,8 @@ def check_exclusive_resources(observers: Sequence[Observer]) -> None:
 
 def current_installation() -> Installation | None:
     """The open installation of this process, or None."""
-    return _current
+    current: Installation | None = PROCESS.installation
+    return current
 
 
 def start_run_folder(config: Config) -> Path:

@@ -22,9 +22,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-#: Watches left in the SIGINT chain because a handler set during set-up chains to
-#: them (the watchdog's); :func:`put_back_handlers` removes them once it is gone.
-_left_in_chain: list[_SigintWatch] = []
+from verl_events.events.process import PROCESS
 
 
 class _SigintWatch:
@@ -78,7 +76,9 @@ def keeping_interrupts(what: str) -> Iterator[None]:
         if signal.getsignal(signal.SIGINT) is watch:
             signal.signal(signal.SIGINT, previous)
         else:
-            _left_in_chain.append(watch)
+            # Left in the SIGINT chain: a handler set during set-up chains to it (the
+            # watchdog's); put_back_handlers removes it once that handler is gone.
+            PROCESS.sigint_watches.append(watch)
     if watch.interrupted:
         raise KeyboardInterrupt(f"interrupted while {what} (the interrupt was caught and dropped there)")
 
@@ -89,7 +89,8 @@ def put_back_handlers() -> None:
     so that after uninstall the user's own handler is in place again."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for watch in reversed(_left_in_chain):
+    watch: _SigintWatch
+    for watch in reversed(PROCESS.sigint_watches):
         if signal.getsignal(signal.SIGINT) is watch:
             signal.signal(signal.SIGINT, watch.previous)
-            _left_in_chain.remove(watch)
+            PROCESS.sigint_watches.remove(watch)
