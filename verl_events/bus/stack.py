@@ -16,30 +16,29 @@ thread's stack, not in a set every thread shares.
 
 from __future__ import annotations
 
-import threading
-
+from verl_events.events.process import PROCESS
 from verl_events.events.stages import StageEvent
-
-_local = threading.local()
 
 
 def open_stages() -> list[StageEvent]:
     """This thread's open stages, outermost first (the list itself, for the emitter to change)."""
-    stack: list[StageEvent] | None = getattr(_local, "stack", None)
+    local = PROCESS.threads
+    stack: list[StageEvent] | None = getattr(local, "stack", None)
     if stack is None:
-        stack = _local.stack = []
+        stack = local.stack = []
     return stack
 
 
 def ask_for_result(seq: int) -> None:
     """Ask the emitter to put stage ``seq``'s result and inputs on its end event."""
-    _local.asked = seq
+    PROCESS.threads.asked = seq
 
 
 def result_asked(seq: int) -> bool:
     """Whether a receiver asked for stage ``seq``'s result; forgets the question."""
-    asked = getattr(_local, "asked", None)
+    local = PROCESS.threads
+    asked = getattr(local, "asked", None)
     if asked is None:  # the common case: one attribute read
         return False
-    _local.asked = None
+    local.asked = None
     return bool(asked == seq)

@@ -13,6 +13,7 @@ lock for all would tie set-up (which starts threads) to every other thread's boo
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ class ProcessState:
     sigint_watches: list[Any] = field(default_factory=list)
     #: verl_events.verl_bridge: the installed bridge, or None.
     verl_bridge: Any = None
+    #: verl_events.bus.stack: each thread's own (its stack of open stages, the result asked for).
+    threads: threading.local = field(default_factory=threading.local, repr=False)
     #: verl_events.events.listened: (signal name, receiver key) -> the stage names it listens for.
     #: It mirrors blinker's receivers, so :meth:`reset` leaves it.
     connections: dict[tuple[str, Any], set[Any]] = field(default_factory=dict)
@@ -51,7 +54,8 @@ class ProcessState:
         """Back to a fresh process: the installation closed, no replay, no announced step,
         no added model paths, no payload watcher, no warning remembered, and no run id made
         up here (so the next run gets a new one).  The verl bridge, the SIGINT chain and the
-        record of blinker's receivers mirror what is installed outside us: left as they are.
+        record of blinker's receivers mirror what is installed outside us, and each thread's
+        stack what runs on it: left as they are.
         For test fixtures, between tests: no other thread may be emitting meanwhile."""
         if self.installation is not None:
             self.installation.close()
