@@ -93,33 +93,39 @@ def from_verl_config(raw: Mapping[str, Any]) -> dict[str, Any]:
         observer, strict = _precision_debugger(_block(tools, "precision_debugger"), selection)
         ours.setdefault("strict", strict)
     else:
-        first = _role_profiler(raw, roles[0])
-        if not first.get("all_ranks"):
-            selection["ranks"] = list(first.get("ranks") or [0])
-        options = _block(first, "tool_config", tool)
-        # Values go through as verl's config holds them: the observers' option
-        # check then refuses a "no" where a bool belongs, as for our own form.
-        if tool == "nsys":
-            discrete = _block(tools, "nsys").get("discrete", options.get("discrete", False))
-            observer = {"name": "nsys", "discrete": discrete, **selection}
-        elif tool == "torch":
-            observer = {
-                "name": "torch_profiler",
-                "contents": options.get("contents") or [],
-                "discrete": options.get("discrete", False),
-                **selection,
-            }
-        else:
-            observer = {
-                "name": "npu",
-                "contents": options.get("contents") or [],
-                "level": options.get("level", "level0"),
-                "analysis": options.get("analysis", True),
-                "discrete": options.get("discrete", False),
-                **selection,
-            }
+        observer = _profiler(raw, tool, tools, roles, selection)
     ours["observers"] = [observer, *extra]
     return ours
+
+
+def _profiler(
+    raw: Mapping[str, Any], tool: str, tools: Mapping[str, Any], roles: list[str], selection: dict[str, Any]
+) -> dict[str, Any]:
+    """The observer for verl's nsys, torch or npu profiler, from the first enabled role's block."""
+    first = _role_profiler(raw, roles[0])
+    if not first.get("all_ranks"):
+        selection["ranks"] = list(first.get("ranks") or [0])
+    options = _block(first, "tool_config", tool)
+    # Values go through as verl's config holds them: the observers' option
+    # check then refuses a "no" where a bool belongs, as for our own form.
+    if tool == "nsys":
+        discrete = _block(tools, "nsys").get("discrete", options.get("discrete", False))
+        return {"name": "nsys", "discrete": discrete, **selection}
+    if tool == "torch":
+        return {
+            "name": "torch_profiler",
+            "contents": options.get("contents") or [],
+            "discrete": options.get("discrete", False),
+            **selection,
+        }
+    return {
+        "name": "npu",
+        "contents": options.get("contents") or [],
+        "level": options.get("level", "level0"),
+        "analysis": options.get("analysis", True),
+        "discrete": options.get("discrete", False),
+        **selection,
+    }
 
 
 def _precision_debugger(block: Mapping[str, Any], selection: dict[str, Any]) -> tuple[dict[str, Any], bool]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import HangEvent, hang
+from verl_events import HangEvent, StageEvent, hang
 from verl_events.layout import run_id
 
 from .._lines import append_line
@@ -259,13 +259,14 @@ class Monitor:
     # -- a deadline passed ---------------------------------------------------------
 
     def _fire(self, entry: OpenStage, now: float) -> None:
+        """Stage ``entry`` passed its deadline: its report and line, a warning, a beat, the
+        ``hang`` signal, and with ``action: abort`` the end of this process."""
         event = entry.event
         elapsed = now - entry.started
         stacks = thread_stacks()
         mine = next((s for s in stacks if s.ident == entry.thread), None)
         where = None if mine is None else mine.user_frame()
         waiting_in = None if mine is None else mine.waiting_in()
-        collective = collective_info()
         report: Path | None = new_report_path(self.save_path, event.step, event.stage, event.rank)
         assert report is not None
         record = self._record(
@@ -275,12 +276,11 @@ class Monitor:
             thread=None if mine is None else mine.name,
             where=where,
             waiting_in=waiting_in,
-            collective=collective,
+            collective=collective_info(),
             report=report.relative_to(self.save_path).as_posix(),
         )
         try:
-            text = report_text(record, stacks, entry, self.settings.multiple, ABORT_EXIT_CODE)
-            report.write_text(text, encoding="utf-8")
+            report.write_text(report_text(record, stacks, entry, self.settings.multiple, ABORT_EXIT_CODE), "utf-8")
         except OSError as exc:
             logger.error("the watchdog cannot write its report %s: %s", report, exc)
             report = None
@@ -299,38 +299,42 @@ class Monitor:
             report if report is not None else "not written",
         )
         self._beat(force=True)
+        self._send_hang(entry, elapsed, where, report)
+        if self.settings.action == "abort":
+            self._abort(event)
+
+    def _send_hang(self, entry: OpenStage, elapsed: float, where: dict[str, Any] | None, report: Path | None) -> None:
+        """The ``hang`` signal, for the observers' ``on_hang``; a receiver's failure is logged."""
+        event = entry.event
+        at = None if where is None else f"{where['file']}:{where['line']} in {where['function']}"
         hang_event = HangEvent(
-            event.step,
-            event.stage,
-            event.rank,
-            elapsed,
-            entry.seconds,
-            None if where is None else f"{where['file']}:{where['line']} in {where['function']}",
-            None if report is None else str(report),
+            event.step, event.stage, event.rank, elapsed, entry.seconds, at, None if report is None else str(report)
         )
         try:
             hang.send(event.stage, event=hang_event)
         except Exception:
             logger.exception("a receiver of the hang signal failed (stage %r, rank %s)", event.stage, event.rank)
-        if self.settings.action == "abort":
-            logger.warning(
-                "rank %s: action abort: ending process %s with exit code %s", event.rank, self.pid, ABORT_EXIT_CODE
-            )
-            # Said before the exit, so that readers tell this end from a kill: the heartbeats
-            # closed with how it ended, and the process's line in ends.jsonl.
-            ending = {
-                "how": "abort",
-                "detail": f"exit code {ABORT_EXIT_CODE}: step {event.step}'s {event.stage} passed its deadline",
-            }
-            self._beat(closed=True, exit=ending, lock_wait_s=0.5)
-            if self.on_abort is not None:
-                try:
-                    self.on_abort(ending)
-                except Exception:
-                    logger.exception("the watchdog could not record how it ends this process")
-            for handler in logging.getLogger().handlers + logger.handlers:
-                handler.flush()
-            os._exit(ABORT_EXIT_CODE)
+
+    def _abort(self, event: StageEvent) -> None:
+        """``action: abort``: end this process with :data:`ABORT_EXIT_CODE`, having said so first."""
+        logger.warning(
+            "rank %s: action abort: ending process %s with exit code %s", event.rank, self.pid, ABORT_EXIT_CODE
+        )
+        # Said before the exit, so that readers tell this end from a kill: the heartbeats
+        # closed with how it ended, and the process's line in ends.jsonl.
+        ending = {
+            "how": "abort",
+            "detail": f"exit code {ABORT_EXIT_CODE}: step {event.step}'s {event.stage} passed its deadline",
+        }
+        self._beat(closed=True, exit=ending, lock_wait_s=0.5)
+        if self.on_abort is not None:
+            try:
+                self.on_abort(ending)
+            except Exception:
+                logger.exception("the watchdog could not record how it ends this process")
+        for handler in logging.getLogger().handlers + logger.handlers:
+            handler.flush()
+        os._exit(ABORT_EXIT_CODE)
 
     def _record(self, kind: str, entry: OpenStage, elapsed_s: float, **found: Any) -> HangRecord:
         """The ``hangs.jsonl`` line of an open stage: what every kind of line

@@ -82,31 +82,9 @@ def judge(
 
     ``missing``: the tensors the previous sync sent in a payload of a kind this one sent too,
     but this one left out (:func:`left_out`)."""
-    alarms: list[Alarm] = []
-    if missing:
-        alarms.append(
-            _alarm(
-                "missing",
-                missing,
-                f"{missing[0]} was sent at the previous sync and not at this one: the engine keeps its old value",
-            )
-        )
     nonfinite = [name for name, entry in manifest.items() if entry.nonfinite]
-    if nonfinite:
-        first = nonfinite[0]
-        alarms.append(
-            _alarm("nonfinite", nonfinite, f"{manifest[first].nonfinite} of {first}'s values are NaN or infinite")
-        )
     adapter_tensors = sum(1 for name in manifest if _ADAPTER in name)
-    if adapter and not adapter_tensors:
-        alarms.append(
-            _alarm(
-                "no_adapter",
-                [],
-                f"the sync carried a LoRA peft_config, but none of its {len(manifest)} tensors "
-                f"is an adapter ({_ADAPTER}) tensor: the engine serves the base weights",
-            )
-        )
+    alarms = _payload_alarms(manifest, missing or [], nonfinite, adapter and not adapter_tensors)
     changed: set[str] | None = None
     unchanged: list[str] = []
     if previous is not None:
@@ -135,6 +113,36 @@ def judge(
         receipt=summary,
         alarms=alarms,
     )
+
+
+def _payload_alarms(
+    manifest: dict[str, Entry], missing: list[str], nonfinite: list[str], no_adapter: bool
+) -> list[Alarm]:
+    """What the payload alone says: tensors left out, values not finite, a LoRA sync without its adapter."""
+    alarms: list[Alarm] = []
+    if missing:
+        alarms.append(
+            _alarm(
+                "missing",
+                missing,
+                f"{missing[0]} was sent at the previous sync and not at this one: the engine keeps its old value",
+            )
+        )
+    if nonfinite:
+        first = nonfinite[0]
+        alarms.append(
+            _alarm("nonfinite", nonfinite, f"{manifest[first].nonfinite} of {first}'s values are NaN or infinite")
+        )
+    if no_adapter:
+        alarms.append(
+            _alarm(
+                "no_adapter",
+                [],
+                f"the sync carried a LoRA peft_config, but none of its {len(manifest)} tensors "
+                f"is an adapter ({_ADAPTER}) tensor: the engine serves the base weights",
+            )
+        )
+    return alarms
 
 
 def canary_alarm(check: Any) -> Alarm:
