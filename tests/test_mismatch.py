@@ -435,6 +435,8 @@ def test_a_broken_line_is_skipped_with_a_warning(watched: Path, capsys: pytest.C
         ({"prefill_engine": ""}, "option prefill_engine: '' is not allowed"),
         ({"prefill_engine": "my engine.py"}, "use an import path like"),
         ({"prefill_replays": "yes"}, "option prefill_replays: 'yes' is not allowed; use true or false"),
+        ({"prefill_steps": [2]}, "option prefill_steps: the engine prefill needs option prefill_engine"),
+        ({"prefill_replays": True}, "option prefill_replays: the engine prefill needs option prefill_engine"),
     ],
 )
 def test_bad_options_are_refused_at_install(tmp_path: Path, options: dict[str, object], said: str) -> None:
@@ -465,7 +467,9 @@ def test_the_engine_gets_each_rows_tokens_at_the_prefill_steps_only(tmp_path: Pa
             log_prob_stage(step, old, inputs)
     assert [(step, rank) for _, step, rank in asked] == [(2, 0), (3, 0)]
     assert asked[0][0] == sampled_sequences(inputs)
-    assert isinstance(MismatchObserver(prefill_steps=[2]).describe(), str)
+    assert isinstance(
+        MismatchObserver(prefill_steps=[2], prefill_engine=f"{__name__}:remember_prefill").describe(), str
+    )
 
 
 asked: list[tuple[list[list[int]], int, int]] = []

@@ -12,7 +12,9 @@ from the same source); what a running engine returns was not checked.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,9 @@ import pytest
 torch = pytest.importorskip("torch")
 verl = pytest.importorskip("verl")
 
-from verl_events.apps.served_canary import SAMPLING, canary_request, side_from_outputs
+from verl_events.observers.weight_sync import served
 from verl_events.observers.weight_sync.canary import canary_ids, compare, forward
+from verl_events.observers.weight_sync.served import SAMPLING, canary_request, side_from_outputs
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray's, when verl's replica module imports
 
@@ -117,3 +120,14 @@ def test_the_servers_replies_make_the_engines_side_and_a_healthy_one_compares_cl
     assert (later.max, later.past, later.first_layer) == (0.0, False, None)
     with pytest.raises(ValueError, match="returned none of prompt_logprobs for a 32-token canary sequence"):
         side_from_outputs([TokenOutput(token_ids=[0], extra_fields={})] * len(ids), ids)
+
+
+def test_the_old_module_still_gives_the_engine_sides_with_a_deprecation_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/weight-sync.md showed ``canary_engine: verl_events.apps.served_canary:vllm_canary``."""
+    monkeypatch.delitem(sys.modules, "verl_events.apps.served_canary", raising=False)
+    moved = "verl_events.apps.served_canary moved to verl_events.observers.weight_sync.served"
+    with pytest.warns(DeprecationWarning, match=moved):
+        old = importlib.import_module("verl_events.apps.served_canary")
+    assert (old.vllm_canary, old.sglang_canary, old.SAMPLING) == (served.vllm_canary, served.sglang_canary, SAMPLING)

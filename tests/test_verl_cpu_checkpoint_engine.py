@@ -31,6 +31,7 @@ with warnings.catch_warnings():  # verl's single_controller imports Ray's state 
     from verl_events.apps.verl_cpu.checkpoint_engine import BACKEND, SEPARATE_ASYNC, CpuRayCheckpointEngine
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
+from verl_events.apps.verl_cpu.engine_options import ROLLOUT_ENGINES
 from verl_events.observers.timing import TimingRecord, timing_log_files
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -194,7 +195,8 @@ def test_verls_separate_async_trainer_runs_on_the_engine_with_every_stage_seen(
     healthy."""
     files = job.prepare(tmp_path / "job")
     save_path = tmp_path / "profile"
-    config = {"preset": "always_on", "save_path": str(save_path), "observers": [{"name": "weight_sync"}]}
+    weight_sync = {"name": "weight_sync", **ROLLOUT_ENGINES["weight_sync"]}  # the receipt from the job's server
+    config = {"preset": "always_on", "save_path": str(save_path), "observers": [weight_sync]}
     (tmp_path / "observers.yaml").write_text(json.dumps(config))
     base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_EVENTS_")}
     env = job.trainer_env(base) | {"VERL_EVENTS_CONFIG": str(tmp_path / "observers.yaml")}

@@ -28,6 +28,7 @@ pytest.importorskip("verl")
 from verl_events import DRIVER_RANK
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
+from verl_events.apps.verl_cpu.engine_options import ROLLOUT_ENGINES
 from verl_events.observers.memory.record import MemoryRecord, memory_log_path
 from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
 
@@ -86,7 +87,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     # The plugin run also checks every weight sync (the healthy control of
     # tests/test_verl_weight_sync.py) and records every stage's memory.
     config = yaml.safe_load((plugin / "observers.yaml").read_text())
-    config["observers"] += [{"name": "weight_sync", "canary": True}, {"name": "memory"}]
+    config["observers"] += [
+        {"name": "weight_sync", "canary": True, **ROLLOUT_ENGINES["weight_sync"]},
+        {"name": "memory"},
+    ]
     (plugin / "observers.yaml").write_text(yaml.safe_dump(config))
     (switch,) = doc_commands("VERL_EVENTS_CONFIG=/shared/observers.yaml", without="+ray_kwargs")
     # This run also saves a checkpoint every step, for its transition stages, in a folder of its

@@ -476,6 +476,7 @@ def test_the_tap_hands_every_pair_on_unchanged_and_a_failing_watcher_never_stops
     [
         ({"receipt_engine": "my engine.py"}, "option receipt_engine: 'my engine.py' is not allowed"),
         ({"receipt_engine": 3}, "option receipt_engine: 3 is not allowed; use a string or null"),
+        ({"canary": True}, "option canary: true needs option canary_engine"),
     ],
 )
 def test_bad_options_are_refused_by_name(tmp_path: Path, options: dict[str, Any], says: str) -> None:
@@ -601,7 +602,12 @@ def test_without_names_to_compare_the_canary_alone_finds_the_fault(tmp_path: Pat
 def test_the_canary_refuses_a_ranks_selection_and_a_bad_tolerance(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"must select every rank, not ranks \[0\]; drop its ranks"):
         verl_events.install(
-            {"save_path": str(tmp_path), "observers": [{"name": "weight_sync", "canary": True, "ranks": [0]}]}
+            {
+                "save_path": str(tmp_path),
+                "observers": [
+                    {"name": "weight_sync", "canary": True, "canary_engine": f"{__name__}:engine_canary", "ranks": [0]}
+                ],
+            }
         )
     with pytest.raises(ConfigError, match="option canary_tolerance: 0 is not allowed; use a number of nats > 0"):
         verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "weight_sync", "canary_tolerance": 0}]})

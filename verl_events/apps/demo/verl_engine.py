@@ -37,6 +37,7 @@ from verl_events.config import (
     start_run_folder,
 )
 
+from ..verl_cpu.engine_options import with_rollout_engines
 from ..verl_cpu.trainer_log import finished_step, tail
 from .summary import has_msprobe, print_summary, shown
 
@@ -106,14 +107,16 @@ def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
 def prepare_config(config_file: str | None, save_path: str | None) -> tuple[dict[str, Any], Path | None]:
     """The observers config to run: ``config_file`` (our form or verl's) or the
     default, with the save path (``save_path``, the file's, or a fresh
-    ``outputs/verl-demo/{run}``, filled in here) and other paths absolute; and the
-    ``latest`` link to point at it (when the save path ended in ``{run}``), else None.
-    Validated; raises :class:`ConfigError`."""
+    ``outputs/verl-demo/{run}``, filled in here) and other paths absolute, and the mismatch
+    and weight_sync observers pointed at the job's rollout server where the config names no
+    engine of theirs; and the ``latest`` link to point at it (when the save path ended in
+    ``{run}``), else None.  Validated; raises :class:`ConfigError`."""
     raw = read_config(config_file) if config_file else None
     if raw is not None and is_verl_config(raw):
         raw = from_verl_config(raw)
     chosen = save_path or (raw or {}).get("save_path") or "outputs/verl-demo/{run}"
-    config = dict(raw) if raw is not None else default_config(str(chosen))
+    # The observers that ask the rollout engine (mismatch, weight_sync) ask this job's server.
+    config = with_rollout_engines(raw if raw is not None else default_config(str(chosen)))
     config["save_path"] = str(chosen)
     # {run} is filled in here, once, with this process's run id: verl's processes
     # share Ray's, which does not exist yet, and this process needs the folder first.

@@ -8,6 +8,8 @@ test need to drive the unmodified trainer end to end on CPU, without editing any
   platform (``VERL_PLATFORM=cpu``), an ``hf`` rollout (HF ``generate`` in a Ray actor,
   see :mod:`verl_events.apps.verl_cpu.hf_rollout`, which also prefills a trainer's sequences
   for the mismatch observer's layer profile) and a few small patches.
+- :mod:`verl_events.apps.verl_cpu.engine_options` points the mismatch and weight_sync
+  observers of a config at that rollout server (they name no engine by default).
 - :mod:`verl_events.apps.verl_cpu.job` builds a tiny offline job (random Qwen2 model, byte-level
   BPE tokenizer, RL parquet, reward function) and the Hydra overrides and environment that
   run it: ``python -m verl_events.apps.verl_cpu.job WORKDIR [overrides...]``.

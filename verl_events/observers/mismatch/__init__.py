@@ -6,11 +6,10 @@
   (standard library only, for ``verl-events mismatch``).
 """
 
-from .observer import DEFAULT_PREFILL_ENGINE, MismatchObserver, sampled_sequences
+from .observer import MismatchObserver, sampled_sequences
 from .record import MISMATCH_LOG, MismatchRecord, NotAMismatchRecord, mismatch_log_path
 
 __all__ = [
-    "DEFAULT_PREFILL_ENGINE",
     "MISMATCH_LOG",
     "MismatchObserver",
     "MismatchRecord",

@@ -6,7 +6,7 @@ Config::
       top_k: 8                 # the worst tokens kept per step and rank
       prefill_steps: [2]       # optional: run these steps' sequences through the rollout engine
       prefill_replays: false   # true: also each replayed step (the one the sentinel raised an anomaly at)
-      prefill_engine: verl_events.apps.verl_cpu.hf_rollout:request_prefill  # the default: the CPU rollout server
+      prefill_engine: my_pkg.engine:prefill  # what prefills: needed by prefill_steps and prefill_replays
 
 At the end of every ``actor_compute_log_prob`` it selects, it compares the
 trainer's recomputed log-probs with the ``rollout_log_probs`` the batch
@@ -22,7 +22,10 @@ setting that fills them.  A call that computed the reference's log-probs
 and response tokens, as sampled, padding dropped) to ``prefill_engine``, a
 function ``(sequences, step, rank) -> None`` that runs them through the
 rollout engine's model, one forward per sequence in the batch's order,
-inside a ``rollout_prefill`` stage for ``rank``.  An msprobe observer that
+inside a ``rollout_prefill`` stage for ``rank``.  There is no default: the
+observer cannot know the engine, and refuses ``prefill_steps`` or
+``prefill_replays`` without one (verl_events' CPU job names its rollout
+server's).  An msprobe observer that
 selects ``rollout_prefill`` (in the engine's process) and
 ``actor_compute_log_prob`` (in the trainer's) at those steps then dumps both
 sides, and ``verl-events mismatch RUN --layers STEP`` compares them layer by
@@ -61,15 +64,14 @@ from .record import TRAINER_STAGE, MismatchRecord, mismatch_files, mismatch_log_
 from .tokens import StepTokens, measure, step_tokens
 from .versions import weight_versions
 
-__all__ = ["DEFAULT_PREFILL_ENGINE", "STAGE", "MismatchObserver"]
+__all__ = ["STAGE", "MismatchObserver"]
 
 logger = logging.getLogger("verl_events.mismatch")
 
 #: The stage where verl's trainer recomputes the log-probs of what the rollout sampled.
 STAGE = TRAINER_STAGE
-#: The engine the CPU job runs: verl_events' HF rollout server.
-DEFAULT_PREFILL_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_prefill"
 _MAX_TOP_K = 1000
+_ENGINE_EXAMPLE = "my_pkg.engine:prefill"
 
 Prefill = Callable[[list[list[int]], int, int], None]
 
@@ -88,21 +90,28 @@ class MismatchObserver(Observer):
         self,
         top_k: int = 8,
         prefill_steps: Sequence[int | str] | None = None,
-        prefill_engine: str = DEFAULT_PREFILL_ENGINE,
+        prefill_engine: str | None = None,
         prefill_replays: bool = False,
     ) -> None:
         self.top_k = check_count(top_k, "option top_k", allowed=f"an integer from 0 to {_MAX_TOP_K}", minimum=0)
         if self.top_k > _MAX_TOP_K:
             raise ConfigError(f"option top_k: {top_k!r} is not allowed; use an integer from 0 to {_MAX_TOP_K}")
         self.prefill_steps = parse_numbers(prefill_steps, "option prefill_steps") if prefill_steps is not None else None
-        if not is_import_path(prefill_engine):
+        if prefill_engine is not None and not is_import_path(prefill_engine):
             raise ConfigError(
-                f"option prefill_engine: {prefill_engine!r} is not allowed; "
-                f"use an import path like {DEFAULT_PREFILL_ENGINE!r}"
+                f"option prefill_engine: {prefill_engine!r} is not allowed; use an import path like {_ENGINE_EXAMPLE!r}"
             )
-        self.prefill_engine = prefill_engine
         if not isinstance(prefill_replays, bool):
             raise ConfigError(f"option prefill_replays: {prefill_replays!r} is not allowed; use true or false")
+        if prefill_engine is None and (self.prefill_steps or prefill_replays):
+            asked = "prefill_steps" if self.prefill_steps else "prefill_replays"
+            raise ConfigError(
+                f"option {asked}: the engine prefill needs option prefill_engine, the import path of a function "
+                f"(sequences, step, rank) -> None that runs the sequences through the rollout engine's model, "
+                f"like {_ENGINE_EXAMPLE!r}; there is no default (docs/mismatch.md, 'The layer level', names the "
+                "engines that can)"
+            )
+        self.prefill_engine = prefill_engine
         self.prefill_replays = prefill_replays
         self._prefill: Prefill | None = None
         self._root = Path()
@@ -154,6 +163,7 @@ class MismatchObserver(Observer):
     def _ask_engine(self, event: StageEnd) -> None:
         assert event.step is not None
         if self._prefill is None:
+            assert self.prefill_engine is not None  # refused at construction otherwise
             # Imported at first use, not at setup: the engine's module may be the one whose
             # import of verl installed the observers (verl_cpu's shim imports hf_rollout).
             self._prefill = import_target(self.prefill_engine, "option prefill_engine")

@@ -3,10 +3,10 @@
 Config::
 
     - name: weight_sync
-      receipt_engine: verl_events.apps.verl_cpu.hf_rollout:request_receipt  # the default; null: no receipt
+      receipt_engine: my_pkg.engine:receipt  # optional (default null: no receipt)
       canary: false            # true: also the canary, on every rank (see below)
       canary_tolerance: 0.001  # the smallest |Δ log p| (nats) that is past the tolerance
-      canary_engine: verl_events.apps.verl_cpu.hf_rollout:request_canary    # the default
+      canary_engine: verl_events.observers.weight_sync.served:vllm_canary  # needed by canary: true
 
 At every weight sync it selects (verl's ``update_weights`` stage, on every
 trainer rank) it keeps:
@@ -20,17 +20,20 @@ trainer rank) it keeps:
 * a **receipt** of what the engine holds afterwards: ``receipt_engine``, a
   function ``(rank) -> {name: (dtype, fingerprint)}`` that fingerprints the
   engine's own weights in the engine's process (for the CPU rollout, its Ray
-  actor); not asked, nor the canary, where a checkpoint engine's receiver
-  loads the weights in its own process after the send returned;
+  actor); none by default (the ledger then holds what was sent only, as
+  ``describe`` says); not asked, nor the canary, where a checkpoint engine's
+  receiver loads the weights in its own process after the send returned;
 * whether the optimizer stepped since the previous sync: an
   ``actor_update`` ended without error on this rank in between (null when
   the observer's stages leave ``actor_update`` out);
 * with ``canary: true``, the canary (:mod:`.canary`): a few fixed sequences
   through the trainer's actor model (the stage's model) and through the
   engine's (``canary_engine``, a function ``(rank, ids) -> canary.Side``
-  run in the engine's process), compared log-prob by log-prob and layer by
-  layer.  Under FSDP the trainer's forward gathers weights from every rank:
-  every rank runs it, so the canary refuses a ``ranks`` selection.
+  run in the engine's process: :mod:`.served` has vLLM's and SGLang's; no
+  default, and ``canary: true`` without one is refused), compared log-prob
+  by log-prob and layer by layer.  Under FSDP the trainer's forward gathers
+  weights from every rank: every rank runs it, so the canary refuses a
+  ``ranks`` selection.
 
 It judges them (:mod:`.judge`), appends one line per sync and rank to
 ``weight_sync.jsonl`` (:mod:`.record`; a sync whose tensors passed
@@ -76,15 +79,14 @@ from .sending import Sending, Sent
 if TYPE_CHECKING:
     from .canary import CanaryCheck
 
-__all__ = ["DEFAULT_CANARY_ENGINE", "DEFAULT_RECEIPT_ENGINE", "OPTIMIZER_STAGE", "WeightSyncObserver"]
+__all__ = ["OPTIMIZER_STAGE", "WeightSyncObserver"]
 
 logger = logging.getLogger("verl_events.weight_sync")
 
-#: The engine the CPU job runs: verl_events' HF rollout server.
-DEFAULT_RECEIPT_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_receipt"
-DEFAULT_CANARY_ENGINE = "verl_events.apps.verl_cpu.hf_rollout:request_canary"
 #: The stage whose end means the optimizer stepped.
 OPTIMIZER_STAGE = "actor_update"
+#: The canary's engine side on vLLM (:mod:`.served`), the example the messages give.
+_SERVED_CANARY = "verl_events.observers.weight_sync.served:vllm_canary"
 
 
 class WeightSyncObserver(Observer):
@@ -96,20 +98,25 @@ class WeightSyncObserver(Observer):
 
     def __init__(
         self,
-        receipt_engine: str | None = DEFAULT_RECEIPT_ENGINE,
+        receipt_engine: str | None = None,
         canary: bool = False,
         canary_tolerance: float = 1e-3,
-        canary_engine: str = DEFAULT_CANARY_ENGINE,
+        canary_engine: str | None = None,
     ) -> None:
         if receipt_engine is not None and not is_import_path(receipt_engine):
             raise ConfigError(
                 f"option receipt_engine: {receipt_engine!r} is not allowed; use an import path like "
-                f"{DEFAULT_RECEIPT_ENGINE!r}, or null for no receipt"
+                "'my_pkg.engine:receipt', or null for no receipt"
             )
-        if not is_import_path(canary_engine):
+        if canary_engine is not None and not is_import_path(canary_engine):
             raise ConfigError(
-                f"option canary_engine: {canary_engine!r} is not allowed; use an import path like "
-                f"{DEFAULT_CANARY_ENGINE!r}"
+                f"option canary_engine: {canary_engine!r} is not allowed; use an import path like {_SERVED_CANARY!r}"
+            )
+        if canary and canary_engine is None:
+            raise ConfigError(
+                "option canary: true needs option canary_engine, the import path of a function (rank, ids) -> "
+                f"canary.Side run in the engine's process; for vLLM {_SERVED_CANARY!r} (SGLang: :sglang_canary); "
+                "there is no default (docs/weight-sync.md)"
             )
         if isinstance(canary_tolerance, bool) or not (
             isinstance(canary_tolerance, int | float) and 0 < canary_tolerance < math.inf

@@ -2,7 +2,7 @@
 
     - name: weight_sync
       canary: true
-      canary_engine: verl_events.apps.served_canary:vllm_canary     # or :sglang_canary
+      canary_engine: verl_events.observers.weight_sync.served:vllm_canary  # or :sglang_canary
 
 verl 0.9.1's servers are named Ray actors (``vllm_server_{replica}_{node}``,
 ``sglang_server_{replica}_{node}``) with one ``generate(prompt_ids, sampling_params,
@@ -20,6 +20,10 @@ layer.  The server is the trainer rank's replica when one is named like the rank
 replica per rank), else replica 0.  Neither engine runs on the machine these were written
 on: tests/test_served_canary.py checks the calls against verl 0.9.1's own source of both
 servers, not against a running engine.
+
+An engine adapter of the observer, so it lives beside it.  It was
+``verl_events.apps.served_canary``, which re-exports it, with a DeprecationWarning, until
+0.3.  Ray and torch are imported when a canary runs, not with this module.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from verl_events.observers.weight_sync.canary import Side
+    from .canary import Side
 
-__all__ = ["canary_request", "sglang_canary", "side_from_outputs", "vllm_canary"]
+__all__ = ["SAMPLING", "canary_request", "sglang_canary", "side_from_outputs", "vllm_canary"]
 
 #: One token generated (the least a server accepts), every prompt token's own log-prob.
 SAMPLING = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
@@ -49,7 +53,7 @@ def side_from_outputs(outputs: list[Any], ids: list[list[int]]) -> Side:
     """The engine's side from the servers' ``TokenOutput`` replies, one per sequence of ``ids``."""
     import torch
 
-    from verl_events.observers.weight_sync.canary import Side
+    from .canary import Side
 
     rows = []
     for output, sequence in zip(outputs, ids, strict=True):
