@@ -83,7 +83,9 @@ class _Mailbox:
 
 _RemoteMailbox = ray.remote(num_cpus=0)(_Mailbox)  # num_cpus=0: no CPU taken from verl's placement groups
 # Ray ends the mailbox once its creator's handles are gone (later ones from get_if_exists do not
-# count): the driver keeps the first, per Ray session and job, for the whole run.
+# count): the driver keeps the first, per Ray session and job, for the whole run.  Module state,
+# not an engine's: verl's CheckpointEngineManager calls the classmethod build_topology in the
+# driver, where no engine instance exists, and the handle must outlive each call.
 _mailbox: tuple[str, ActorHandle[_Mailbox]] | None = None
 
 

@@ -66,6 +66,15 @@ def _request_seed(base_seed: int, weight_version: int | None, prompt_ids: list[i
     return (base_seed * 1_000_003 + (weight_version or 0) * 7_919 + prompt_crc) % (2**63)
 
 
+def _sampled_log_probs(scores: Iterable[torch.Tensor], token_ids: list[int]) -> list[float]:
+    """Each generated token's log-prob from the scores after temperature, top-k and top-p,
+    like vLLM's default ``processed_logprobs``."""
+    return [
+        float(torch.log_softmax(step_scores[0].float(), dim=-1)[token])
+        for step_scores, token in zip(scores, token_ids, strict=True)
+    ]
+
+
 class HFRolloutServer:
     """Token-in/token-out generation server (one per replica) running HF ``generate``.
 
@@ -119,17 +128,36 @@ class HFRolloutServer:
             raise NotImplementedError("the hf rollout is text-only")
         prompt_ids = [int(t) for t in prompt_ids]
         params = dict(sampling_params)
+        generation_config = self._generation_config(params, len(prompt_ids))
+        torch.manual_seed(_request_seed(self.config.seed, self.global_steps, prompt_ids))
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
+        with torch.no_grad():
+            out: Any = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=generation_config,
+            )
+        token_ids: list[int] = out.sequences[0, len(prompt_ids) :].tolist()
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=_sampled_log_probs(out.scores, token_ids) if params.get("logprobs") else None,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    def _generation_config(self, params: dict[str, Any], prompt_length: int) -> Any:
+        """HF's ``GenerationConfig`` for a request's vLLM-style sampling ``params``."""
         max_tokens = params.pop("max_tokens", None) or params.pop("max_new_tokens", None)
         if max_tokens is None:
             # Same default as vllm_async_server.py:611-613.
             max_tokens = min(
                 self.config.response_length,
-                self.config.prompt_length + self.config.response_length - len(prompt_ids),
+                self.config.prompt_length + self.config.response_length - prompt_length,
             )
         temperature = float(params.get("temperature", 1.0))
         do_sample = temperature > 0
         top_k = int(params.get("top_k", -1))
-        generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        return GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=max(1, int(max_tokens)),
             do_sample=do_sample,
             temperature=temperature if do_sample else None,
@@ -144,28 +172,6 @@ class HFRolloutServer:
             # A broken model (NaN weights) keeps generating, as vLLM does, instead of failing
             # in sampling: the steps after an anomaly must still run to be captured.
             remove_invalid_values=True,
-        )
-        torch.manual_seed(_request_seed(self.config.seed, self.global_steps, prompt_ids))
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
-        with torch.no_grad():
-            out: Any = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                generation_config=generation_config,
-            )
-        token_ids: list[int] = out.sequences[0, len(prompt_ids) :].tolist()
-        log_probs: list[float] | None = None
-        if params.get("logprobs"):
-            # Scores after temperature/top-k/top-p, like vLLM's default "processed_logprobs".
-            log_probs = [
-                float(torch.log_softmax(step_scores[0].float(), dim=-1)[token])
-                for step_scores, token in zip(out.scores, token_ids, strict=True)
-            ]
-        return TokenOutput(
-            token_ids=token_ids,
-            log_probs=log_probs,
-            stop_reason="completed",
-            extra_fields={"global_steps": self.global_steps},
         )
 
     async def prefill(self, sequences: list[list[int]], step: int, rank: int) -> None:

@@ -235,15 +235,25 @@ def trainer_args(
     ``legacy`` runs the deprecated v0 trainer instead. ``save_path`` is where verl's profilers
     write (``global_profiler.save_path``), by default ``files.root / "profile"``.
     """
-    profile_dir = Path(save_path) if save_path is not None else files.root / "profile"
-    actor = "actor_rollout_ref.actor"
-    rollout = "actor_rollout_ref.rollout"
     if legacy and mode != "sync":
         raise ValueError(
             f"trainer_args: mode {mode!r} is a mode of verl's v1 trainer; legacy=True runs v0, which has none"
         )
+    profile_dir = Path(save_path) if save_path is not None else files.root / "profile"
     trainer = ["trainer.use_v1=False"] if legacy else v1_args(mode)
     job = [
+        *_trainer_overrides(files, steps, profile_dir),
+        *_task_overrides(files),
+        *_actor_overrides(files),
+        *_rollout_overrides(),
+        *_cluster_overrides(files),
+    ]
+    return merge_overrides(job, trainer)
+
+
+def _trainer_overrides(files: JobFiles, steps: int, profile_dir: Path) -> list[str]:
+    """How long verl's trainer runs, on what, and where it writes."""
+    return [
         "trainer.device=cpu",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
@@ -255,6 +265,13 @@ def trainer_args(
         "trainer.project_name=verl_cpu",
         "trainer.experiment_name=tiny",
         f"trainer.default_local_dir={files.root / 'checkpoints'}",
+        f"global_profiler.save_path={profile_dir}",
+    ]
+
+
+def _task_overrides(files: JobFiles) -> list[str]:
+    """The job's data, its reward and the advantage estimator, all repeatable."""
+    return [
         # Repeatable: one response per prompt, advantages without group statistics.
         "algorithm.adv_estimator=reinforce_plus_plus",
         f"data.train_files={files.train_files}",
@@ -264,6 +281,16 @@ def trainer_args(
         f"data.max_response_length={_MAX_RESPONSE_LENGTH}",
         f"data.seed={_SEED}",
         "data.dataloader_num_workers=0",
+        "reward.num_workers=1",
+        f"reward.custom_reward_function.path={files.reward_function_path}",
+        f"reward.custom_reward_function.name={files.reward_function_name}",
+    ]
+
+
+def _actor_overrides(files: JobFiles) -> list[str]:
+    """The model, the FSDP2 actor and the reference, on CPU."""
+    actor = "actor_rollout_ref.actor"
+    return [
         f"actor_rollout_ref.model.path={files.model}",
         # flash_attention_2 is the default (workers/config/model.py:185) and needs CUDA.
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -280,6 +307,13 @@ def trainer_args(
         f"{actor}.data_loader_seed={_SEED}",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.ref.fsdp_config.use_torch_compile=False",
+    ]
+
+
+def _rollout_overrides() -> list[str]:
+    """The ``hf`` rollout (:mod:`.hf_rollout`): one seeded response per prompt, in float32."""
+    rollout = "actor_rollout_ref.rollout"
+    return [
         f"{rollout}.name=hf",
         f"{rollout}.n=1",
         f"{rollout}.seed={_SEED}",
@@ -289,19 +323,19 @@ def trainer_args(
         f"{rollout}.tensor_model_parallel_size=1",
         f"{rollout}.log_prob_micro_batch_size_per_gpu=1",
         f"{rollout}.agent.num_workers=1",
-        "reward.num_workers=1",
-        f"reward.custom_reward_function.path={files.reward_function_path}",
-        f"reward.custom_reward_function.name={files.reward_function_name}",
-        f"global_profiler.save_path={profile_dir}",
-        # Ray: a private local cluster (never one someone else started), fake GPUs for
-        # verl's placement groups, enough (virtual) CPUs for its actors, no dashboard.
+    ]
+
+
+def _cluster_overrides(files: JobFiles) -> list[str]:
+    """Ray: a private local cluster (never one someone else started), fake GPUs for verl's
+    placement groups, enough (virtual) CPUs for its actors, no dashboard; Hydra's folder."""
+    return [
         "+ray_kwargs.ray_init.address=local",
         "ray_kwargs.ray_init.num_cpus=8",
         "+ray_kwargs.ray_init.num_gpus=1",
         "+ray_kwargs.ray_init.include_dashboard=False",
         f"hydra.run.dir={files.root / 'hydra'}",
     ]
-    return merge_overrides(job, trainer)
 
 
 def trainer_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
