@@ -9,14 +9,26 @@ valid, 2 it is not (one line naming the key and what is allowed).
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import ConfigError, ObserverSetupError
-from verl_events.config import load_config
+from verl_events import ConfigError, Observer, ObserverSetupError
+from verl_events.config import (
+    REPLAYABLE,
+    ArmedSelection,
+    Config,
+    ObserverSpec,
+    armed_stages,
+    build_observers,
+    load_config,
+    nothing_to_observe,
+    observer_origin,
+)
 from verl_events.layout import RUN_PLACEHOLDER
+
+from . import shell
 
 __all__ = ["add_command", "command"]
 
@@ -31,28 +43,48 @@ def add_command(commands: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Validate ``args.config`` and print the observers it builds; 0, or 2 for a bad config."""
-    from verl_events.config import (
-        REPLAYABLE,
-        ArmedSelection,
-        armed_stages,
-        build_observers,
-        nothing_to_observe,
-        observer_origin,
+    return shell.run(
+        args,
+        lambda: _build(args.config, args.overrides),
+        (ConfigError, ObserverSetupError),
+        text=lambda checked: _print_checked(checked, args.config),
     )
 
-    # Every warning, the config's own included, is one line of check's output:
-    # Python's default would print our source file and line with it.
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A config and the observers it builds, one per enabled spec."""
+
+    config: Config
+    specs: list[ObserverSpec]
+    built: list[Observer]
+
+
+def _build(source: str, overrides: list[str]) -> _Checked:
+    """The config loaded and its observers built exactly as install builds them, not set up.
+    Every warning, the config's own included, is one line of check's output, also when the
+    config is refused: Python's default would print our source file and line with it."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         try:
-            config = load_config(args.config, args.overrides)
+            config = load_config(source, overrides)
             specs = [spec for spec in config.observers if spec.enabled]
-            built = build_observers(config, set_up=False)  # exactly as install builds them, one per spec
-        except (ConfigError, ObserverSetupError) as exc:
+            built = build_observers(config, set_up=False)
+        except (ConfigError, ObserverSetupError):
             _print_warnings(said)
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            raise
     _print_warnings(said)
+    return _Checked(config, specs, built)
+
+
+def _print_warnings(said: list[warnings.WarningMessage]) -> None:
+    for warning in said:
+        shell.warn(str(warning.message))
+
+
+def _print_checked(checked: _Checked, source: str) -> None:
+    """The save_path, what replay does, each observer and what the save_path holds now."""
+    config = checked.config
     save_path: Path | None = config.save_path
     if config.latest is not None:  # save_path: .../{run}: this check's own id names no real folder
         save_path = config.latest.resolve() if config.latest.is_symlink() else None
@@ -60,6 +92,18 @@ def command(args: argparse.Namespace) -> int:
     else:
         shown = str(config.save_path)
     print(f"save_path: {shown}  strict: {config.strict}")
+    _print_replay(config, checked.built)
+    if not checked.built:
+        shell.warn(nothing_to_observe(source))
+    for spec, observer in zip(checked.specs, checked.built, strict=True):
+        _print_observer(spec, observer)
+    per_run = config.latest is not None
+    for note in save_path_notes(save_path, per_run=per_run) if save_path is not None else []:
+        print(f"note: {note}")
+
+
+def _print_replay(config: Config, built: list[Observer]) -> None:
+    """What replay does after an anomaly, when an observer is armed with a trigger."""
     armed = armed_stages(built) if any(isinstance(o.selection, ArmedSelection) for o in built) else frozenset()
     if armed is None or armed:
         if config.replay is False:
@@ -68,37 +112,29 @@ def command(args: argparse.Namespace) -> int:
             replayed = ", ".join(sorted(REPLAYABLE if armed is None else REPLAYABLE & armed)) or "none of verl's"
             print(f"replay: after an anomaly, stages run again for the armed observers: {replayed}")
             print("  (and stages declared @emits_stage(..., replayable=True))")
-    if not built:
-        print(f"warning: {nothing_to_observe(args.config)}", file=sys.stderr)
-    for spec, observer in zip(specs, built, strict=True):
-        sel = observer.selection
-        steps = _fmt(sel.steps)
-        if isinstance(sel, ArmedSelection) and spec.trigger is not None:
-            limit = spec.trigger.max_captures
-            after = (
-                f"{spec.trigger.capture_steps} after each anomaly "
-                f"({f'at most {limit} time' + ('s' if limit > 1 else '') if limit else 'no limit'})"
-            )
-            steps = f"{_fmt(sel.fixed_steps)} and {after}" if sel.fixed_steps else after
-        print(
-            f"  {observer.name:<20} priority={observer.priority:<4} steps={steps} "
-            f"stages={_fmt(sel.stages)} roles={_fmt(sel.roles)} ranks={_fmt(sel.ranks)}"
+
+
+def _print_observer(spec: ObserverSpec, observer: Observer) -> None:
+    """An observer's line (priority and selection), where it comes from, its options and its own description."""
+    sel = observer.selection
+    steps = _fmt(sel.steps)
+    if isinstance(sel, ArmedSelection) and spec.trigger is not None:
+        limit = spec.trigger.max_captures
+        after = (
+            f"{spec.trigger.capture_steps} after each anomaly "
+            f"({f'at most {limit} time' + ('s' if limit > 1 else '') if limit else 'no limit'})"
         )
-        print(f"    from {observer_origin(spec)}")
-        if spec.options:
-            print("    options: " + ", ".join(f"{key}={value!r}" for key, value in spec.options.items()))
-        described = observer.describe()
-        if described:
-            print(f"    {described}")
-    per_run = config.latest is not None
-    for note in save_path_notes(save_path, per_run=per_run) if save_path is not None else []:
-        print(f"note: {note}")
-    return 0
-
-
-def _print_warnings(said: list[warnings.WarningMessage]) -> None:
-    for warning in said:
-        print(f"warning: {warning.message}", file=sys.stderr)
+        steps = f"{_fmt(sel.fixed_steps)} and {after}" if sel.fixed_steps else after
+    print(
+        f"  {observer.name:<20} priority={observer.priority:<4} steps={steps} "
+        f"stages={_fmt(sel.stages)} roles={_fmt(sel.roles)} ranks={_fmt(sel.ranks)}"
+    )
+    print(f"    from {observer_origin(spec)}")
+    if spec.options:
+        print("    options: " + ", ".join(f"{key}={value!r}" for key, value in spec.options.items()))
+    described = observer.describe()
+    if described:
+        print(f"    {described}")
 
 
 def save_path_notes(save_path: Path, *, per_run: bool = False) -> list[str]:

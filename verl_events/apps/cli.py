@@ -1,7 +1,8 @@
 """The ``verl-events`` command line: a subcommand per command of :func:`.tools.tools`.
 
 Each command lives beside its tool (its module's ``add_command`` and
-``command``); this module only builds the parser from the table and turns
+``command``) and runs in :mod:`.shell` (warnings, ``--json``, ``error:`` and
+exit codes); this module only builds the parser from the table and turns
 what no command handles (Ctrl-C, an OSError from the environment) into one
 line and an exit code.
 """
@@ -12,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .shell import fail
 from .tools import add_commands, tools
 
 
@@ -47,8 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("verl-events: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:  # a full disk, a path that cannot be written: the environment, not a bug
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ this run in the ledger).
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from verl_events.layout import owner_of
 from verl_events.observers import timing as timing_log
 from verl_events.observers.weight_sync import record as weight_sync_record
 
+from . import shell
 from .read.jsonl import read_log
 
 __all__ = ["NoSyncSeen", "WeightsInputError", "add_command", "command", "read_syncs"]
@@ -218,15 +217,21 @@ def add_command(commands: Any) -> None:
 
 def command(args: Any) -> int:
     """``verl-events weights RUN [--json]``; the exit code (see the module docstring)."""
+    return shell.run(
+        args,
+        lambda: _syncs_or_none_seen(Path(args.run)),
+        WeightsInputError,
+        text=lambda read: render(read) if isinstance(read, Syncs) else f"run {read.run}: {read}",
+        as_json=lambda read: read.as_json(),
+        exit_code=lambda read: 1 if (read.alarms if isinstance(read, Syncs) else read.unwatched) else 0,
+        warnings=lambda read: read.warnings if isinstance(read, Syncs) else [],
+        allow_nan=False,
+    )
+
+
+def _syncs_or_none_seen(run: Path) -> Syncs | NoSyncSeen:
+    """The ledger's syncs, or what the timing logs say when there is no ledger (not an error)."""
     try:
-        syncs = read_syncs(Path(args.run))
-    except WeightsInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return read_syncs(run)
     except NoSyncSeen as nothing:
-        print(json.dumps(nothing.as_json(), indent=1) if args.json else f"run {nothing.run}: {nothing}")
-        return 1 if nothing.unwatched else 0
-    for line in syncs.warnings:
-        print(f"warning: {line}", file=sys.stderr)
-    print(json.dumps(syncs.as_json(), indent=1, allow_nan=False) if args.json else render(syncs))
-    return 1 if syncs.alarms else 0
+        return nothing

@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from verl_events.observers.msprobe import layout as msprobe_layout
 
+from .. import shell
 from ..read.record import Evidence
 from ..tables import terminal_console
 from ..tools import Holding
-from .comparison import compare_dumps, summary, write_csv
+from .comparison import Comparison, compare_dumps, summary, write_csv
 from .pick import CompareInputError, Pick, resolve_dump
 from .render import print_comparison
 from .table import STATS
@@ -59,10 +58,21 @@ def add_command(commands: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Find where two msprobe dumps first diverge."""
-    b_root = Path(args.b) if args.b else Path(args.a)
+    return shell.run(
+        args,
+        lambda: _compared(args),
+        CompareInputError,
+        text=lambda comparison: None if args.quiet else print_comparison(summary(comparison, args.top), args.csv),
+        as_json=lambda comparison: summary(comparison, args.top),
+        exit_code=lambda comparison: 1 if comparison.diverged else 0,
+    )
+
+
+def _compared(args: argparse.Namespace) -> Comparison:
+    """The two dumps the arguments pick, compared (and ``--csv`` written); CompareInputError
+    for arguments that pick none, a bad tolerance or a dump that cannot be read."""
     if args.b is None and args.vs_step is None and args.vs_rank is None:
-        print("error: give a second run B, or --vs-step / --vs-rank to compare within run A", file=sys.stderr)
-        return 2
+        raise CompareInputError("give a second run B, or --vs-step / --vs-rank to compare within run A")
     pick_a = Pick(step=args.step, stage=args.stage, rank=args.rank, call=args.call)
     pick_b = Pick(
         step=args.vs_step if args.vs_step is not None else args.step,
@@ -76,25 +86,15 @@ def command(args: argparse.Namespace) -> int:
             {stat: getattr(args, f"{stat}_atol") for stat in STATS},
         )
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise CompareInputError(str(exc)) from exc
     console = terminal_console(stderr=True, quiet=args.quiet or args.json)
-    try:
-        a, b = resolve_dump(Path(args.a), pick_a), resolve_dump(b_root, pick_b)
-        with console.status(f"msprobe compare {a} vs {b}"):
-            comparison = compare_dumps(a, b, tolerances)
-    except CompareInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    a, b = resolve_dump(Path(args.a), pick_a), resolve_dump(Path(args.b) if args.b else Path(args.a), pick_b)
+    with console.status(f"msprobe compare {a} vs {b}"):
+        comparison = compare_dumps(a, b, tolerances)
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         write_csv(comparison, Path(args.csv))
-    result = summary(comparison, args.top)
-    if args.json:
-        print(json.dumps(result, indent=1))
-    elif not args.quiet:
-        print_comparison(result, args.csv)
-    return 1 if comparison.diverged else 0
+    return comparison
 
 
 def headline(evidence: Evidence, holding: Holding) -> str:

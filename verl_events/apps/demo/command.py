@@ -8,11 +8,12 @@ Importing this module imports no torch: the engines are imported when run.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from verl_events import ConfigError, ObserverSetupError
 from verl_events.config import load_config, read_config
+
+from .. import shell
 
 __all__ = ["DEMO_SAVE_PATH", "add_command", "command"]
 
@@ -69,8 +70,7 @@ def command(args: argparse.Namespace) -> int:
     steps = 6 if args.steps is None else args.steps
     for flag, value in (("--steps", steps), ("--nproc", args.nproc)):
         if value < 1:
-            print(f"error: {flag} {value} is not allowed; use 1 or more", file=sys.stderr)
-            return 2
+            return shell.fail(f"{flag} {value} is not allowed; use 1 or more")
     from .options import DemoOptions, Injection, default_config, preflight
 
     try:
@@ -78,18 +78,15 @@ def command(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the demo trains a model: torch, from the demo extra
         if exc.name is None or exc.name.partition(".")[0] != "torch":
             raise
-        print(
-            f"error: the demo needs torch, which cannot be imported here ({exc}); "
-            "install it from a clone of verl-events with: pip install '.[demo,msprobe]'",
-            file=sys.stderr,
+        return shell.fail(
+            f"the demo needs torch, which cannot be imported here ({exc}); "
+            "install it from a clone of verl-events with: pip install '.[demo,msprobe]'"
         )
-        return 2
 
     try:
         inject = Injection.parse(args.inject, steps) if args.inject is not None else None
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return shell.fail(exc)
     try:
         raw = read_config(args.config) if args.config else None
         save_path = args.save_path or (raw or {}).get("save_path") or DEMO_SAVE_PATH
@@ -103,9 +100,7 @@ def command(args: argparse.Namespace) -> int:
         seed = 0 if args.seed is None else args.seed
         run_demo(DemoOptions(config, steps, args.nproc, seed, perturb=args.perturb, inject=inject))
     except (ConfigError, ObserverSetupError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return shell.fail(exc)
     except DemoRankError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return shell.fail(exc, code=1)
     return 0

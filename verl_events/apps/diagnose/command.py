@@ -30,8 +30,6 @@ yet and a rank still beats), 1 a failure, a hang or an anomaly was found,
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +37,7 @@ from typing import Any
 
 from verl_events.layout import RUN_FILE
 
+from .. import shell
 from ..read.evidence import Evidence, Failure, gather
 from ..read.large_logs import FULL_READ_BYTES
 from ..read.liveness import liveness, newest
@@ -253,12 +252,12 @@ def add_command(commands: Any) -> None:
 
 def command(args: Any) -> int:
     """``verl-events diagnose RUN [--json] [--log FILE] [--read-all]``; the exit code (see the module docstring)."""
-    try:
-        diagnosis = diagnose(Path(args.run), args.log, read_all=args.read_all)
-    except DiagnoseInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for line in diagnosis.evidence.warnings:
-        print(f"warning: {line}", file=sys.stderr)
-    print(json.dumps(diagnosis.as_json(), indent=1) if args.json else render(diagnosis))
-    return 0 if diagnosis.verdict.verdict in ("healthy", "running") else 1
+    return shell.run(
+        args,
+        lambda: diagnose(Path(args.run), args.log, read_all=args.read_all),
+        DiagnoseInputError,
+        text=render,
+        as_json=Diagnosis.as_json,
+        exit_code=lambda diagnosis: 0 if diagnosis.verdict.verdict in ("healthy", "running") else 1,
+        warnings=lambda diagnosis: diagnosis.evidence.warnings,
+    )

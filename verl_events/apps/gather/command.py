@@ -20,15 +20,14 @@ holding something else, no Ray cluster at ADDRESS, no node holding RUN).
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from verl_events.layout import NODE_PLACEHOLDER
 
+from .. import shell
 from .cluster import NodeAnswer, ask_every_node
 from .folder import MANIFEST, GatheredFolder, GatherInputError, check_out, node_label
 from .node import DEFAULT_MAX_BYTES, SKIPPED_STEPS
@@ -186,17 +185,12 @@ def add_command(commands: Any) -> None:
 
 def command(args: Any) -> int:
     """``verl-events gather RUN --ray ADDRESS --out DIR``; the exit code (see the module docstring)."""
-    try:
-        manifest = gather(
-            args.run,
-            args.ray,
-            args.out,
-            everything=args.all,
-            max_bytes=int(args.max_file_mb * 2**20),
-            timeout=args.timeout,
-        )
-    except GatherInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(manifest, indent=1) if args.json else render(manifest, args.out))
-    return 1 if manifest["unreachable"] else 0
+    max_bytes = int(args.max_file_mb * 2**20)
+    return shell.run(
+        args,
+        lambda: gather(args.run, args.ray, args.out, everything=args.all, max_bytes=max_bytes, timeout=args.timeout),
+        GatherInputError,
+        text=lambda manifest: render(manifest, args.out),
+        as_json=lambda manifest: manifest,
+        exit_code=lambda manifest: 1 if manifest["unreachable"] else 0,
+    )

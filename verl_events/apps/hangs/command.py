@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import shell
 from ..read.liveness import liveness, newest
 from ..read.ranks import count_heartbeats
 from ..read.record import Evidence
 from ..tools import Holding
-from .find import HangsInputError, find_hangs
+from .find import Hangs, HangsInputError, find_hangs
 from .render import render
 
 __all__ = ["add_command", "command"]
@@ -28,19 +29,16 @@ def add_command(commands: Any) -> None:
 
 
 def command(args: Any) -> int:
-    """``verl-events hangs RUN [--json]``; the exit code (see the module docstring)."""
-    import json
-    import sys
-
-    try:
-        result = find_hangs(Path(args.run))
-    except HangsInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for line in result.warnings:
-        print(f"warning: {line}", file=sys.stderr)
-    print(json.dumps(result.as_json(), indent=1) if args.json else render(result))
-    return 1 if result.hangs or result.stalls else 0
+    """``verl-events hangs RUN [--json]``; the exit code (see the package docstring)."""
+    return shell.run(
+        args,
+        lambda: find_hangs(Path(args.run)),
+        HangsInputError,
+        text=render,
+        as_json=Hangs.as_json,
+        exit_code=lambda result: 1 if result.hangs or result.stalls else 0,
+        warnings=lambda result: result.warnings,
+    )
 
 
 def headline(evidence: Evidence, holding: Holding) -> str:

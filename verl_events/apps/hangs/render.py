@@ -8,7 +8,7 @@ from ..hang_suspect import suspect
 from ..read.liveness import Newest, liveness, newest
 from ..read.ranks import DRIVER_RANK, count_heartbeats, rank_name, ranks_phrase
 from ..read.stalls import stall_lines
-from .find import STATES, Hangs, Heartbeat, RankPosition
+from .find import STATES, HangRecord, Hangs, Heartbeat, RankPosition
 
 __all__ = ["render"]
 
@@ -49,51 +49,14 @@ def render(result: Hangs) -> str:
     lines = [f"run: {result.run} ({beating}{', run ' + ', '.join(runs) if runs else ''})"]
     stuck = result.stuck
     if stuck is None:
-        lines += stall_lines(result.stalls) or ["no deadline passed"]
-        last = newest(result.heartbeats)
-        for beat in result.heartbeats:
-            lines.append(f"  {rank_name(beat.rank)}: {_rank_state(beat, result.now, last)}")
-        if any(liveness(beat, result.now, last).stopped for beat in result.heartbeats):
-            lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
-        return "\n".join(lines)
+        return "\n".join(lines + _no_hang_lines(result))
     on = {r.rank for r in result.hangs if (r.stage, r.step) == (stuck.stage, stuck.step)}
     lines.append(
         f"HANG: step {stuck.step}, {stuck.stage} passed its deadline ({stuck.deadline_s:g} s, {stuck.deadline}) "
         f"on {ranks_phrase(on)}"
     )
     lines.append(suspect(result.ranks, stuck.stage).line)
-    owner = "the driver's" if stuck.rank == DRIVER_RANK else "the ranks'"
-    titles = {
-        "inside": f"inside {stuck.stage}",
-        "never_began": "never began it",
-        "finished": "finished it",
-        "elsewhere": f"waiting outside it (it is {owner})",
-    }
-    for state in STATES:
-        group = [p for p in result.ranks if p.state == state]
-        if state == "elsewhere" and not group:
-            continue
-        lines.append(f"{titles[state]}: {len(group)}")
-        for p in group:
-            age = f"heartbeat {result.now - p.heartbeat.time:.0f} s old{', closed' if p.heartbeat.closed else ''}"
-            if p.alive is not None and p.alive.stopped:
-                age = f"STOPPED: {p.alive.reason}"
-            if state == "inside":
-                ran = f", {p.heartbeat.time - p.since:.1f} s by its heartbeat" if p.since is not None else ""
-                lines.append(f"  {rank_name(p.rank)}: since {_clock(p.since)}{ran}, {_where(p)} ({age})")
-            elif state == "finished":
-                late = f", late: {p.late_s:.1f} s" if p.late_s is not None else ""
-                then = f"; at its deadline: {_where(p)}" if p.where is not None else ""
-                lines.append(f"  {rank_name(p.rank)}: ended step {p.step} at {_clock(p.since)}{late}{then} ({age})")
-            elif state == "elsewhere":
-                doing = f"inside {p.stage}" if p.heartbeat.open else f"between stages, last ended {p.stage}"
-                lines.append(f"  {rank_name(p.rank)}: {doing} (step {p.step}) since {_clock(p.since)} ({age})")
-            else:
-                inside = "inside" if p.where is not None or p.heartbeat.open else "last ended"
-                lines.append(
-                    f"  {rank_name(p.rank)}: {inside} {p.stage} (step {p.step}) since {_clock(p.since)}, "
-                    f"{_where(p)} ({age})"
-                )
+    lines += _ranks_by_state(result, stuck)
     others = [r for r in result.hangs if (r.stage, r.step) != (stuck.stage, stuck.step)]
     for r in others:
         lines.append(f"also past its deadline: {rank_name(r.rank)}, step {r.step} {r.stage} ({r.elapsed_s:.1f} s)")
@@ -106,3 +69,59 @@ def render(result: Hangs) -> str:
     if reports:
         lines.append(f"reports (under {result.run}): {', '.join(reports)}")
     return "\n".join(lines + stall_lines(result.stalls))
+
+
+def _no_hang_lines(result: Hangs) -> list[str]:
+    """No stage passed its deadline: the stalls (or that none did), and each rank's state."""
+    lines = stall_lines(result.stalls) or ["no deadline passed"]
+    last = newest(result.heartbeats)
+    for beat in result.heartbeats:
+        lines.append(f"  {rank_name(beat.rank)}: {_rank_state(beat, result.now, last)}")
+    if any(liveness(beat, result.now, last).stopped for beat in result.heartbeats):
+        lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
+    return lines
+
+
+def _ranks_by_state(result: Hangs, stuck: HangRecord) -> list[str]:
+    """Each rank under its state against the stuck stage: inside it, never began it, finished it,
+    waiting outside it (only when some rank is)."""
+    owner = "the driver's" if stuck.rank == DRIVER_RANK else "the ranks'"
+    titles = {
+        "inside": f"inside {stuck.stage}",
+        "never_began": "never began it",
+        "finished": "finished it",
+        "elsewhere": f"waiting outside it (it is {owner})",
+    }
+    lines = []
+    for state in STATES:
+        group = [p for p in result.ranks if p.state == state]
+        if state == "elsewhere" and not group:
+            continue
+        lines.append(f"{titles[state]}: {len(group)}")
+        lines += [f"  {rank_name(p.rank)}: {_position(p, state, result.now)}" for p in group]
+    return lines
+
+
+def _position(position: RankPosition, state: str, now: float) -> str:
+    """Where a rank is against the stuck stage, since when, and how old its heartbeat is."""
+    age = f"heartbeat {now - position.heartbeat.time:.0f} s old{', closed' if position.heartbeat.closed else ''}"
+    if position.alive is not None and position.alive.stopped:
+        age = f"STOPPED: {position.alive.reason}"
+    if state == "inside":
+        ran = (
+            f", {position.heartbeat.time - position.since:.1f} s by its heartbeat" if position.since is not None else ""
+        )
+        return f"since {_clock(position.since)}{ran}, {_where(position)} ({age})"
+    if state == "finished":
+        late = f", late: {position.late_s:.1f} s" if position.late_s is not None else ""
+        then = f"; at its deadline: {_where(position)}" if position.where is not None else ""
+        return f"ended step {position.step} at {_clock(position.since)}{late}{then} ({age})"
+    if state == "elsewhere":
+        doing = (
+            f"inside {position.stage}" if position.heartbeat.open else f"between stages, last ended {position.stage}"
+        )
+        return f"{doing} (step {position.step}) since {_clock(position.since)} ({age})"
+    inside = "inside" if position.where is not None or position.heartbeat.open else "last ended"
+    return (
+        f"{inside} {position.stage} (step {position.step}) since {_clock(position.since)}, {_where(position)} ({age})"
+    )

@@ -16,7 +16,6 @@ be written).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from verl_events.observers.mismatch import record as mismatch_record
 
+from .. import shell
 from ..read.jsonl import numbered_lines
 from ..read.record import Evidence
 from ..tools import Holding
@@ -68,34 +68,42 @@ def add_command(commands: Any) -> None:
 
 def command(args: Any) -> int:
     """``verl-events mismatch RUN [...]``; the exit code (see the module docstring)."""
+    return shell.run(
+        args,
+        lambda: _read(args),
+        MismatchInputError,
+        text=lambda read: render_layers(read, every=args.modules) if isinstance(read, LayerProfile) else render(read),
+        as_json=lambda read: json_safe(read.as_json()),
+        warnings=lambda read: read.warnings if isinstance(read, Summary) else [],
+        after=lambda read: _said_plot(args),
+    )
+
+
+def _read(args: Any) -> LayerProfile | Summary:
+    """``--layers STEP``'s profile, else the summary over the steps (its tokens decoded with
+    ``--tokenizer``); ``--plot`` drawn from it."""
     from . import plot
 
-    try:
-        _check_arguments(args)
-        if args.layers is not None:
-            rank = 0 if args.rank is None else args.rank
-            tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
-            profile = layer_profile(Path(args.run), args.layers, rank, tolerance)
-            if args.plot:
-                plot.plot_layers(profile, Path(args.plot))
-            shown, text = profile.as_json(), render_layers(profile, every=args.modules)
-        else:
-            summary = summarize(Path(args.run), top=10 if args.top is None else args.top)
-            if args.tokenizer:
-                decode(summary, args.tokenizer)
-            if args.plot:
-                plot.plot_summary(summary, Path(args.plot))
-            for line in summary.warnings:
-                print(f"warning: {line}", file=sys.stderr)
-            shown, text = summary.as_json(), render(summary)
-    except MismatchInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(json_safe(shown), indent=1) if args.json else text)
+    _check_arguments(args)
+    if args.layers is not None:
+        rank = 0 if args.rank is None else args.rank
+        tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+        profile = layer_profile(Path(args.run), args.layers, rank, tolerance)
+        if args.plot:
+            plot.plot_layers(profile, Path(args.plot))
+        return profile
+    summary = summarize(Path(args.run), top=10 if args.top is None else args.top)
+    if args.tokenizer:
+        decode(summary, args.tokenizer)
+    if args.plot:
+        plot.plot_summary(summary, Path(args.plot))
+    return summary
+
+
+def _said_plot(args: Any) -> None:
     if args.plot:
         # After the result, so it is the last line a reader sees; with --json, stdout stays JSON.
         print(f"plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
-    return 0
 
 
 def json_safe(value: Any) -> Any:

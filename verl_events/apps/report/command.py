@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from verl_events.observers import timing as timing_log
 
+from .. import shell
 from ..read.record import Evidence
 from ..tables import terminal_console
 from ..tools import Holding
 from .columnar import MEMORY_LIMIT
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
 from .overhead import TimingLogError
+from .parts import ReportParts
 from .steps import STAGE_ORDER
 from .stragglers import stragglers
-from .summary import COLUMNAR_FROM_BYTES, ENGINES, report, timing_files
+from .summary import COLUMNAR_FROM_BYTES, ENGINES, print_report, read_report, report_json, timing_files
 
 __all__ = ["add_command", "command"]
 
@@ -56,31 +58,51 @@ def add_command(commands: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Stage times, overhead and dump sizes of a run, from its timing logs: 0, or 2 for a run it cannot read."""
-    out = terminal_console(stderr=False)
-    run = Path(args.run)
-    try:
-        memory_figure = _memory_figure(run, args.memory_plot) if args.memory_plot is not None else None
-        text = report(
-            run,
-            console=out,
-            as_json_output=args.json,
-            plot=args.plot,
-            trace=args.trace,
-            quiet=args.quiet,
-            engine=args.engine,
-            duckdb_memory=args.duckdb_memory,
-        )
-        if memory_figure is not None:
-            write_figure(memory_figure, args.memory_plot)
-    except TimingLogError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if text is not None:
-        print(text)
+    run, console = Path(args.run), terminal_console(stderr=False)
+    return shell.run(
+        args,
+        lambda: _read(run, args, console),
+        TimingLogError,
+        text=lambda read: print_report(read.parts, console),
+        as_json=lambda read: report_json(run, read.parts),
+        after=lambda read: _finish(args, read.memory_figure),
+    )
+
+
+class _Read(NamedTuple):
+    """The report's parts, and the ``--memory-plot`` figure when it is still to be written."""
+
+    parts: ReportParts
+    memory_figure: Any
+
+
+def _read(run: Path, args: argparse.Namespace, console: Any) -> _Read:
+    """The report read, its ``--plot`` and ``--trace`` written; the memory figure built first, so
+    that a bad ``--memory-plot`` fails alone, and written before ``--json`` prints (the tables
+    print as they are read, the figure after them)."""
+    memory_figure = _memory_figure(run, args.memory_plot) if args.memory_plot is not None else None
+    parts = read_report(
+        run,
+        console=console,
+        plot=args.plot,
+        trace=args.trace,
+        quiet=args.quiet,
+        engine=args.engine,
+        duckdb_memory=args.duckdb_memory,
+    )
+    if memory_figure is not None and args.json:
+        write_figure(memory_figure, args.memory_plot)
+        memory_figure = None
+    return _Read(parts, memory_figure)
+
+
+def _finish(args: argparse.Namespace, memory_figure: Any) -> None:
+    """The memory figure written, if it is still to be, and each file written named on stderr."""
+    if memory_figure is not None:
+        write_figure(memory_figure, args.memory_plot)
     for flag, path in (("--plot", args.plot), (MEMORY_PLOT, args.memory_plot), ("--trace", args.trace)):
         if path is not None and not args.quiet:
             print(f"{flag}: wrote {path}", file=sys.stderr)
-    return 0
 
 
 def _memory_figure(run: Path, path: Path) -> Any:

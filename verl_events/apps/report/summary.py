@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from verl_events.layout import LATEST_LINK
 from verl_events.observers import timing as timing_log
 from verl_events.observers.msprobe import layout as msprobe_layout
 
+from .. import shell
 from . import columnar
 from .grouping import index_records
 from .headline import headline, headline_text
@@ -47,9 +47,11 @@ __all__ = [
     "ReportError",
     "ReportParts",
     "as_json",
+    "print_report",
+    "read_report",
     "record_parts",
     "report",
-    "show",
+    "report_json",
     "timing_files",
     "write_plot",
 ]
@@ -100,23 +102,25 @@ def record_parts(records: list[TimingRecord], memory: list[StageMemory]) -> Repo
     )
 
 
+def report_json(run: Path, parts: ReportParts) -> dict[str, Any]:
+    """The report as JSON data (``--json`` prints it with ``indent=1``)."""
+    return {
+        "run": str(run),
+        "headline": asdict(parts.headline),
+        "records": parts.records,
+        "ranks": parts.ranks,
+        "stage_steps": [asdict(row) for row in parts.stage_steps],
+        "overhead": [asdict(row) for row in parts.overhead],
+        "observer_hooks": [asdict(row) for row in parts.observer_hooks],
+        "stragglers": [asdict(row) for row in parts.stragglers],
+        "raised": [asdict(row) for row in parts.raised],
+        "memory": [asdict(row) for row in parts.memory],
+    }
+
+
 def as_json(run: Path, parts: ReportParts) -> str:
-    """The report as JSON."""
-    return json.dumps(
-        {
-            "run": str(run),
-            "headline": asdict(parts.headline),
-            "records": parts.records,
-            "ranks": parts.ranks,
-            "stage_steps": [asdict(row) for row in parts.stage_steps],
-            "overhead": [asdict(row) for row in parts.overhead],
-            "observer_hooks": [asdict(row) for row in parts.observer_hooks],
-            "stragglers": [asdict(row) for row in parts.stragglers],
-            "raised": [asdict(row) for row in parts.raised],
-            "memory": [asdict(row) for row in parts.memory],
-        },
-        indent=1,
-    )
+    """The report as JSON text."""
+    return json.dumps(report_json(run, parts), indent=1)
 
 
 #: The report's engines: ``records`` holds every record as a Python object; ``duckdb``
@@ -138,8 +142,31 @@ def report(
     engine: str = "auto",
     duckdb_memory: str = columnar.MEMORY_LIMIT,
 ) -> str | None:
-    """Run the report; return the JSON text when ``as_json_output``.  ``engine``: see
-    :data:`ENGINES`; ``duckdb_memory``: what DuckDB may hold (past it, it spills to disk)."""
+    """Run the report (:func:`read_report`), then print its tables on ``console``, or return
+    its JSON text when ``as_json_output``."""
+    parts = read_report(
+        run, console=console, plot=plot, trace=trace, quiet=quiet, engine=engine, duckdb_memory=duckdb_memory
+    )
+    if as_json_output:
+        return as_json(run, parts)
+    print_report(parts, console)
+    return None
+
+
+def read_report(
+    run: Path,
+    *,
+    console: Any,
+    plot: Path | None = None,
+    trace: Path | None = None,
+    quiet: bool = False,
+    engine: str = "auto",
+    duckdb_memory: str = columnar.MEMORY_LIMIT,
+) -> ReportParts:
+    """The report's parts of ``run``, its warnings printed as they are found, ``--trace`` and
+    ``--plot`` written; ReportError for a run it cannot report on.  ``engine``: see
+    :data:`ENGINES`; ``duckdb_memory``: what DuckDB may hold (past it, it spills to disk);
+    ``console`` shows the progress (none when ``quiet``)."""
     from rich.progress import Progress
 
     if not run.is_dir():
@@ -150,25 +177,30 @@ def report(
     except ValueError as exc:
         raise ReportError(f"--duckdb-memory {exc}") from exc
     size = sum(path.stat().st_size for path in files)
+    parts: ReportParts | None = None
     if _columnar(engine, size, trace):
         try:
-            return _report_columnar(run, files, size, console, as_json_output, plot, duckdb_memory, quiet)
+            parts = _report_columnar(run, files, size, console, duckdb_memory, quiet)
         except columnar.NotColumnar as exc:
-            print(f"warning: read record by record: {exc}", file=sys.stderr)
+            shell.warn(f"read record by record: {exc}")
         except columnar.EngineFailed as exc:
             raise ReportError(str(exc)) from exc
-    skipped: list[str] = []
-    with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
-        task = bar.add_task("reading timing logs", total=len(files))
-        records = read_timing_records(files, lambda: bar.advance(task), skipped)
-    # A million acyclic records: a garbage collection that walks them (the first ones after
-    # reading, and any full one) costs more than the report's own work, so they are left
-    # out of collections (frozen) until the report is done.
-    gc.freeze()
-    try:
-        return _report_records(run, records, skipped, console, as_json_output, plot, trace)
-    finally:
-        gc.unfreeze()
+    if parts is None:
+        skipped: list[str] = []
+        with Progress(console=console, transient=True, disable=quiet or len(files) < 8) as bar:
+            task = bar.add_task("reading timing logs", total=len(files))
+            records = read_timing_records(files, lambda: bar.advance(task), skipped)
+        # A million acyclic records: a garbage collection that walks them (the first ones after
+        # reading, and any full one) costs more than the report's own work, so they are left
+        # out of collections (frozen) until the report is done.
+        gc.freeze()
+        try:
+            parts = _report_records(run, records, skipped, trace)
+        finally:
+            gc.unfreeze()
+    if plot is not None:
+        write_plot(parts.overhead, _output(plot, "--plot"))
+    return parts
 
 
 def _columnar(engine: str, size: int, trace: Path | None) -> bool:
@@ -190,15 +222,8 @@ def _columnar(engine: str, size: int, trace: Path | None) -> bool:
 
 
 def _report_columnar(
-    run: Path,
-    files: list[Path],
-    size: int,
-    console: Any,
-    as_json_output: bool,
-    plot: Path | None,
-    memory_limit: str,
-    quiet: bool,
-) -> str | None:
+    run: Path, files: list[Path], size: int, console: Any, memory_limit: str, quiet: bool
+) -> ReportParts:
     skipped: list[str] = []
     memory_warnings: list[str] = []
     # A terminal shows what it waits for (tens of seconds at a thousand ranks); a pipe gets nothing.
@@ -209,29 +234,21 @@ def _report_columnar(
     ):
         parts = columnar.columnar_parts(run, files, skipped, memory_warnings, memory_limit)
     for note in skipped + mixed_runs(parts.runs) + _incomplete(run):
-        print(f"warning: {note}", file=sys.stderr)
+        shell.warn(note)
     if not parts.records:
         raise ReportError(f"{run / timing_log.TIMING_DIR} holds no stage records; nothing to report")
     for note in memory_warnings:
-        print(f"warning: {note}", file=sys.stderr)
-    return show(run, parts, console, as_json_output, plot)
+        shell.warn(note)
+    return parts
 
 
 def _incomplete(run: Path) -> list[str]:
     return [f"{path} is an incomplete msprobe session: {why}" for path, why in msprobe_layout.incomplete_sessions(run)]
 
 
-def _report_records(
-    run: Path,
-    records: list[TimingRecord],
-    skipped: list[str],
-    console: Any,
-    as_json_output: bool,
-    plot: Path | None,
-    trace: Path | None,
-) -> str | None:
+def _report_records(run: Path, records: list[TimingRecord], skipped: list[str], trace: Path | None) -> ReportParts:
     for note in skipped + mixed_runs(runs_in(records)) + _incomplete(run):
-        print(f"warning: {note}", file=sys.stderr)
+        shell.warn(note)
     if not records:
         raise ReportError(f"{run / timing_log.TIMING_DIR} holds no stage records; nothing to report")
     if trace is not None:
@@ -239,16 +256,12 @@ def _report_records(
     memory_warnings: list[str] = []
     memory = stage_memory(read_memory(run, memory_warnings), list(STAGE_ORDER))
     for note in memory_warnings:
-        print(f"warning: {note}", file=sys.stderr)
-    return show(run, record_parts(records, memory), console, as_json_output, plot)
+        shell.warn(note)
+    return record_parts(records, memory)
 
 
-def show(run: Path, parts: ReportParts, console: Any, as_json_output: bool, plot: Path | None) -> str | None:
-    """Write ``--plot``, then print the report's tables (or return its JSON)."""
-    if plot is not None:
-        write_plot(parts.overhead, _output(plot, "--plot"))
-    if as_json_output:
-        return as_json(run, parts)
+def print_report(parts: ReportParts, console: Any) -> None:
+    """The report's headline and tables on ``console``."""
     console.print(headline_text(parts.headline), highlight=False, soft_wrap=True)
     render(
         parts.stage_steps,
@@ -260,7 +273,6 @@ def show(run: Path, parts: ReportParts, console: Any, as_json_output: bool, plot
         multi_rank=len(parts.ranks) > 1,
     )
     render_memory(parts.memory, console)  # none without the memory observer's logs
-    return None
 
 
 def mixed_runs(runs: list[str]) -> list[str]:

@@ -12,18 +12,18 @@ and why.  The source's file is shown by :func:`shown_path`.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
+from .. import shell
 from ..read.record import Evidence
 from ..tables import terminal_console
 from ..tools import Holding
-from .command import Triage, TriageInputError, triage
+from .command import Anomaly, Triage, TriageInputError, triage
+from .finding import Finding
 
 STACK_FILE = msprobe_layout.STACK_FILE
 
@@ -48,31 +48,46 @@ def add_command(commands: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Name the op behind a run's first recorded anomaly."""
-    try:
-        result = triage(Path(args.run))
-    except TriageInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for kind, lines in (("warning", result.warnings), ("note", result.notes)):
-        for line in lines:
-            print(f"{kind}: {line}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(result.as_json(), indent=1))
-    else:
-        render(result, terminal_console(stderr=False))
-    return 0 if result.anomaly is None else 1
+    return shell.run(
+        args,
+        lambda: triage(Path(args.run)),
+        TriageInputError,
+        text=lambda result: render(result, terminal_console(stderr=False)),
+        as_json=Triage.as_json,
+        exit_code=lambda result: 0 if result.anomaly is None else 1,
+        warnings=lambda result: result.warnings,
+        notes=lambda result: result.notes,
+    )
+
+
+class _Lines:
+    """Labelled lines on a rich console: the label in a column of its own, the text never marked up."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def __call__(self, label: str, text: str, style: str | None = None) -> None:
+        self.console.print(f"{label:<8}{text}", markup=False, highlight=False, soft_wrap=True, style=style)
 
 
 def render(result: Triage, console: Any) -> None:
     """A few lines for the terminal."""
-
-    def say(label: str, text: str, style: str | None = None) -> None:
-        console.print(f"{label:<8}{text}", markup=False, highlight=False, soft_wrap=True, style=style)
-
     anomaly = result.anomaly
     if anomaly is None:
         console.print(result.reason, markup=False, highlight=False, soft_wrap=True)
         return
+    say = _Lines(console)
+    _say_anomaly(result, anomaly, say)
+    finding = result.finding
+    if finding is None:
+        say("no op", result.reason, "yellow")
+        return
+    _say_op(result, anomaly, finding, say)
+    _say_source(finding, say)
+
+
+def _say_anomaly(result: Triage, anomaly: Anomaly, say: _Lines) -> None:
+    """The anomaly (and how many followed), its replay, and the dump(s) searched."""
     say("anomaly", anomaly.describe(), "bold")
     if len(result.anomalies) > 1:
         later = sorted({a.record.step for a in result.anomalies[1:]}, key=lambda step: (step is None, step or 0))
@@ -94,10 +109,11 @@ def render(result: Triage, console: Any) -> None:
         say("dumps", f"healthy {result.healthy_dump.path}  ->  {kind} {result.dump.path}")
     elif result.dump is not None:
         say("dump", f"{result.dump.path}" + ("  (the replay: the anomalous step itself)" if replayed else ""))
-    finding = result.finding
-    if finding is None:
-        say("no op", result.reason, "yellow")
-        return
+
+
+def _say_op(result: Triage, anomaly: Anomaly, finding: Finding, say: _Lines) -> None:
+    """The op found: where the bad values went (after a transient replay), the first to read a
+    parameter that jumped, the first with a NaN/Inf, or the earliest that moved most."""
     if result.downstream and result.dump is not None:
         dump, spiked = result.dump, finding.factor is not None or finding.others is not None
         what = "the one that moved most" if spiked else "the first with a NaN/Inf"
@@ -124,6 +140,10 @@ def render(result: Triage, console: Any) -> None:
             else (f"the earliest move of the order of the largest, {finding.largest[0]} x{finding.largest[1]:.3g}")
         )
         say("op", f"{finding.op}  ({', '.join(finding.parts)} norm x{finding.factor:.3g}: {largest})", "bold red")
+
+
+def _say_source(finding: Finding, say: _Lines) -> None:
+    """The op's module, the parameter it read, and the user's line that called it."""
     say("module", f"{finding.module} ({finding.module_entry})" if finding.module else finding.no_module or "none")
     if finding.parameter:
         moved = "" if finding.parameter_factor is None else f" (moved x{finding.parameter_factor:.3g})"

@@ -19,8 +19,9 @@ import importlib.util
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from ..memory import read_memory
+from ..memory import StageMemory, read_memory
 from ..memory import stage_memory as record_memory
 from ..parts import ReportParts
 from ..steps import STAGE_ORDER
@@ -37,6 +38,7 @@ from .load import (
     timing_sources,
 )
 from .memory import stage_memory
+from .sources import Sources
 from .stragglers import stragglers
 
 __all__ = [
@@ -82,47 +84,16 @@ def columnar_parts(
     with tempfile.TemporaryDirectory(prefix="verl-events-report-") as scratch_name:
         scratch = Path(scratch_name)
         timing = timing_sources(files, scratch)
-        memory_problem = None
+        memory: Sources | NotColumnar | None
         try:
             memory = memory_sources(run, scratch)
         except NotColumnar as exc:
-            memory, memory_problem = None, exc
-        readable = timing.targets + (memory.targets if memory is not None else [])
+            memory = exc
+        readable = timing.targets + (memory.targets if isinstance(memory, Sources) else [])
         con = connect(scratch, readable, memory_limit)
         try:
             load_timing(con, timing, notes)
-            (records,) = con.execute("SELECT count(*) FROM stage").fetchone()
-            ranks = [rank for (rank,) in con.execute("SELECT DISTINCT rank FROM stage ORDER BY rank").fetchall()]
-            runs = [
-                run_id
-                for (run_id, _) in con.execute(
-                    "SELECT run, min(ord) AS seen FROM stage WHERE run IS NOT NULL GROUP BY run ORDER BY seen"
-                ).fetchall()
-            ]
-            if not records:
-                return ReportParts(0, [], runs, headline(con, [], runs), [], [], [], [], [], [])
-            try:
-                if memory_problem is not None:
-                    raise memory_problem
-                memory_rows = []
-                if memory is not None:
-                    load_memory(con, memory, memory_notes)
-                    memory_rows = stage_memory(con)
-            except NotColumnar as exc:
-                memory_notes[:] = [f"the memory logs are read record by record: {exc}"]
-                memory_rows = record_memory(read_memory(run, memory_notes), list(STAGE_ORDER))
-            return ReportParts(
-                records=records,
-                ranks=ranks,
-                runs=runs,
-                headline=headline(con, ranks, runs),
-                stage_steps=stage_steps(con),
-                overhead=overhead_table(con),
-                observer_hooks=observer_hooks(con, size_bytes(memory_limit)),
-                stragglers=stragglers(con),
-                raised=raised_stages(con),
-                memory=memory_rows,
-            )
+            return _figures(con, run, memory, memory_notes, memory_limit)
         except duckdb.OutOfMemoryException as exc:
             more = f"{2 * size_bytes(memory_limit) / 10**9:.3g}GB"
             raise EngineFailed(
@@ -136,3 +107,47 @@ def columnar_parts(
             ) from exc
         finally:
             con.close()
+
+
+def _figures(
+    con: Any, run: Path, memory: Sources | NotColumnar | None, memory_notes: list[str], memory_limit: str
+) -> ReportParts:
+    """The report's parts from the timing records loaded in ``con``, and the memory logs' rows."""
+    (records,) = con.execute("SELECT count(*) FROM stage").fetchone()
+    ranks = [rank for (rank,) in con.execute("SELECT DISTINCT rank FROM stage ORDER BY rank").fetchall()]
+    runs = [
+        run_id
+        for (run_id, _) in con.execute(
+            "SELECT run, min(ord) AS seen FROM stage WHERE run IS NOT NULL GROUP BY run ORDER BY seen"
+        ).fetchall()
+    ]
+    if not records:
+        return ReportParts(0, [], runs, headline(con, [], runs), [], [], [], [], [], [])
+    memory_rows = _memory_rows(con, run, memory, memory_notes)
+    return ReportParts(
+        records=records,
+        ranks=ranks,
+        runs=runs,
+        headline=headline(con, ranks, runs),
+        stage_steps=stage_steps(con),
+        overhead=overhead_table(con),
+        observer_hooks=observer_hooks(con, size_bytes(memory_limit)),
+        stragglers=stragglers(con),
+        raised=raised_stages(con),
+        memory=memory_rows,
+    )
+
+
+def _memory_rows(con: Any, run: Path, memory: Sources | NotColumnar | None, notes: list[str]) -> list[StageMemory]:
+    """The memory table's rows: aggregated by DuckDB, or read record by record when DuckDB
+    cannot take the memory logs (``memory`` is why)."""
+    try:
+        if isinstance(memory, NotColumnar):
+            raise memory
+        if memory is None:
+            return []
+        load_memory(con, memory, notes)
+        return stage_memory(con)
+    except NotColumnar as exc:
+        notes[:] = [f"the memory logs are read record by record: {exc}"]
+        return record_memory(read_memory(run, notes), list(STAGE_ORDER))

@@ -1,0 +1,87 @@
+"""The shell every ``verl-events`` command runs in: read, warn, print, exit.
+
+A command hands :func:`run` its reader (a function of no arguments that reads RUN), the
+exception that reader raises for bad input, how its result prints as text and as JSON,
+and its exit rule.  The shell, in this order:
+
+1. runs the reader;
+2. prints each of the result's ``warnings`` as ``warning: ...``, then its ``notes`` as
+   ``note: ...``, on stderr;
+3. prints the result on stdout: with ``--json``, ``json.dumps(as_json(result), indent=1)``;
+   else ``text(result)``, a string, or None when ``text`` printed the result itself (on a
+   rich console);
+4. calls ``after(result)``: what the command says last (the files it wrote);
+5. returns ``exit_code(result)``: 0, or 1 for an alarm, as the command documents.
+
+The input error, wherever it is raised, becomes one line on stderr, ``error: <sentence>``,
+and exit 2 (:func:`fail`): the sentence is the exception's, which says what was wrong and
+what to give instead.  What a command prints before it raised stays printed.
+
+A command that finds a problem as it goes (a warning in the middle of a long read, an
+error before there is anything to read) prints it with :func:`warn` and :func:`fail`, so
+that every command says ``warning:`` and ``error:`` alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+__all__ = ["fail", "run", "warn"]
+
+Result = TypeVar("Result")
+
+
+def warn(line: str) -> None:
+    """``warning: line`` on stderr."""
+    print(f"warning: {line}", file=sys.stderr)
+
+
+def fail(problem: object, code: int = 2) -> int:
+    """``error: problem`` on stderr; returns ``code`` (2, bad input, unless told)."""
+    print(f"error: {problem}", file=sys.stderr)
+    return code
+
+
+def _no_lines(result: Any) -> Iterable[str]:
+    return ()
+
+
+def _success(result: Any) -> int:
+    return 0
+
+
+def run(
+    args: argparse.Namespace,
+    read: Callable[[], Result],
+    input_error: type[Exception] | tuple[type[Exception], ...],
+    *,
+    text: Callable[[Result], str | None],
+    as_json: Callable[[Result], Any] | None = None,
+    exit_code: Callable[[Result], int] = _success,
+    warnings: Callable[[Result], Iterable[str]] = _no_lines,
+    notes: Callable[[Result], Iterable[str]] = _no_lines,
+    after: Callable[[Result], None] | None = None,
+    allow_nan: bool = True,
+) -> int:
+    """Run a command (see the module docstring); its exit code.  ``args.json`` (absent: False)
+    asks for ``as_json``; ``allow_nan=False`` makes a NaN in the JSON a ValueError, for a
+    command whose JSON never holds one."""
+    try:
+        result = read()
+        for line in warnings(result):
+            warn(line)
+        for line in notes(result):
+            print(f"note: {line}", file=sys.stderr)
+        if as_json is not None and getattr(args, "json", False):
+            print(json.dumps(as_json(result), indent=1, allow_nan=allow_nan))
+        elif (shown := text(result)) is not None:
+            print(shown)
+        if after is not None:
+            after(result)
+    except input_error as exc:
+        return fail(exc)
+    return exit_code(result)
