@@ -30,7 +30,7 @@ from typing import Any
 
 import verl_events
 from verl_events import Observer, StageEnd, StageEvent, stage
-from verl_events.events.stages import StageEvent as Event
+from verl_events import StageEvent as Event
 from verl_events.observers.memory import MemoryObserver
 
 MODES = {

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 import verl_events
-from verl_events import stage
-from verl_events.bus.weights import Payload, passing
+from verl_events import Payload, stage
+from verl_events.bus.weights import passing
 from verl_events.observers.weight_sync.canary import canary_ids, forward
 from verl_events.observers.weight_sync.fingerprint import fingerprint
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import verl_events
-from verl_events.run.identity import RUN_ID_ENV
+from verl_events.layout import RUN_ID_ENV
 from verl_events.testing import reset
 
 # The core suite runs in a bare venv (bash scripts/test-core.sh): the suites that drive

@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_events import Observer, StageEnd, StageEvent, current_installation, stage
-from verl_events.events.anomaly import AnomalyEvent, anomaly
+from verl_events import AnomalyEvent, Observer, StageEnd, StageEvent, anomaly, current_installation, stage
 from verl_events.testing import RecordingObserver
 
 if TYPE_CHECKING:

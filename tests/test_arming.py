@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 import verl_events
-from verl_events import ConfigError
-from verl_events.events.anomaly import AnomalyEvent, anomaly
+from verl_events import AnomalyEvent, ConfigError, anomaly
 
 from .support import Capturing, run_steps, run_two_gloo_ranks
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")  # the demo trains with torch and dumps with msprobe
 pytest.importorskip("msprobe")
 
-from verl_events.apps.report.overhead import read_timing_records
+from verl_events.apps.read.overhead import read_timing_records
 
 from .support import verl_events_exe
 

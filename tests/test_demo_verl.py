@@ -15,7 +15,7 @@ import yaml
 
 from verl_events.apps import cli
 from verl_events.apps.demo import verl_engine as demo_verl
-from verl_events.apps.report.overhead import read_timing_records
+from verl_events.apps.read.overhead import read_timing_records
 
 from .support import verl_events_exe
 

@@ -35,7 +35,7 @@ def test_nan_goes_into_one_element_at_the_step_and_only_once(tmp_path: Path) -> 
 
 def test_a_stage_it_corrupts_still_counts_as_unprofiled(tmp_path: Path) -> None:
     """It profiles nothing: actor_update keeps its baseline in the overhead table."""
-    from verl_events.apps.report.overhead import overhead_table, read_timing_records
+    from verl_events.apps.read.overhead import overhead_table, read_timing_records
 
     config = {"save_path": str(tmp_path), "observers": [{"name": "timing"}, fault_entry(kind="nan", step=2)]}
     with verl_events.install(config):

@@ -22,8 +22,9 @@ from verl_events import (
     anomaly,
     hang,
 )
+from verl_events.config import available_observers
 from verl_events.events.observer import HOOKS
-from verl_events.setup.registry import available_observers, check_hook_names
+from verl_events.setup.registry import check_hook_names
 from verl_events.testing import RecordingObserver
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from verl_events import VerlEventsWarning
-from verl_events.apps.report.overhead import StageOverhead, overhead_table, read_timing_records
+from verl_events.apps.read.overhead import StageOverhead, overhead_table, read_timing_records
 from verl_events.observers.timing import TimingRecord
 
 

@@ -244,7 +244,7 @@ def test_plot_without_matplotlib_names_the_extra(
 
 
 def test_the_plot_labels_each_ratio_as_the_table_prints_it(demo_runs: dict[str, Path]) -> None:
-    from verl_events.apps.report.overhead import overhead_table, read_timing_records
+    from verl_events.apps.read.overhead import overhead_table, read_timing_records
     from verl_events.apps.report.plot import TOO_FEW, overhead_figure, ratio_label
 
     rows = overhead_table(read_timing_records(demo_runs["two_ranks"]), STAGE_ROLES)
@@ -261,7 +261,7 @@ def test_the_plot_labels_each_ratio_as_the_table_prints_it(demo_runs: dict[str, 
 
 def test_a_plot_of_a_run_nothing_profiled_has_no_disk_panel(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from verl_events.apps.report.overhead import overhead_table, read_timing_records
+    from verl_events.apps.read.overhead import overhead_table, read_timing_records
     from verl_events.apps.report.plot import overhead_figure
 
     with verl_events.install({"save_path": str(tmp_path), "observers": [{"name": "timing"}]}):
@@ -301,8 +301,8 @@ def overhead_text(tmp_path: Path, width: int) -> str:
 
     from rich.console import Console
 
+    from verl_events.apps.read.overhead import overhead_table, read_timing_records
     from verl_events.apps.report import render_overhead
-    from verl_events.apps.report.overhead import overhead_table, read_timing_records
 
     write_log(tmp_path, *SPREAD_LOG)
     console = Console(file=io.StringIO(), width=width)

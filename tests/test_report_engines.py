@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from verl_events.apps.cli import main
+from verl_events.apps.read.overhead import observer_hooks as record_observer_hooks
+from verl_events.apps.read.overhead import read_timing_records
 from verl_events.apps.report.columnar.figures import observer_hooks
 from verl_events.apps.report.columnar.load import connect, load_timing, timing_sources
-from verl_events.apps.report.overhead import observer_hooks as record_observer_hooks
-from verl_events.apps.report.overhead import read_timing_records
 from verl_events.apps.report.raised import split_raised
 from verl_events.apps.report.steps import STAGE_ORDER
 from verl_events.observers.memory import record as memory_record

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_events.run.identity import RUN_FILE, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
+from verl_events.layout import RUN_FILE, SavePathTaken, claim_save_path, owner_of, refuse_other_runs, run_id
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from verl_events import ConfigError, Selection, VerlEventsWarning
-from verl_events.events.selection import parse_numbers
+from verl_events.config import parse_numbers
 
 from .support import make_event
 

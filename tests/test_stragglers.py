@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 from verl_events.apps.cli import main
+from verl_events.apps.read.overhead import read_timing_records
 from verl_events.apps.report import report
-from verl_events.apps.report.overhead import read_timing_records
 from verl_events.apps.report.stragglers import MIN_EXCESS_S, NAMED, SLOW_SCORE, StageStragglers, stragglers
 from verl_events.observers.timing import TimingRecord
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import verl_events
-from verl_events.run.identity import RUN_ID_ENV, run_id
+from verl_events.layout import RUN_ID_ENV, run_id
 from verl_events.testing import RecordingObserver, reset
 
 
@@ -28,7 +28,7 @@ def test_reset_forgets_payload_watchers_and_warnings_and_keeps_the_record_of_bli
 ) -> None:
     """What reset missed while the state was spread over module globals: a payload watcher
     a test left, a warning remembered; and what it must keep: the record of who listens."""
-    from verl_events.bus.resolve import find_rank
+    from verl_events import find_rank
     from verl_events.events.process import PROCESS
 
     class Watcher:

@@ -26,10 +26,9 @@ torch = pytest.importorskip("torch")  # triage reads real msprobe dumps of a tor
 pytest.importorskip("msprobe")
 
 import verl_events
-from verl_events import stage
+from verl_events import AnomalyEvent, stage
 from verl_events.apps.cli import main
 from verl_events.apps.triage import is_library_frame, user_frame
-from verl_events.events.anomaly import AnomalyEvent
 from verl_events.layout import RUN_ID_ENV, owner_of
 from verl_events.observers.sentinel.record import AnomalyRecord
 

@@ -16,10 +16,9 @@ import torch
 from verl import DataProto
 
 import verl_events
-from verl_events import ConfigError, emits_stage
+from verl_events import AnomalyEvent, ConfigError, anomaly, emits_stage
 from verl_events.apps.demo.options import DemoOptions
 from verl_events.apps.demo.tiny import run_rank
-from verl_events.events.anomaly import AnomalyEvent, anomaly
 from verl_events.layout import RUN_FILE, owner_of, run_id
 from verl_events.observers.sentinel import ANOMALY_LOG, SentinelObserver
 

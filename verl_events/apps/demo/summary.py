@@ -14,7 +14,7 @@ from typing import Any
 from verl_events.observers import timing as timing_log
 from verl_events.observers.msprobe import layout
 
-from ..report.overhead import TimingLogError, overhead_table, read_timing_records
+from ..read.overhead import TimingLogError, overhead_table, read_timing_records
 
 __all__ = ["has_msprobe", "print_outputs", "print_summary", "shown"]
 
@@ -58,7 +58,7 @@ def print_summary(
     ``msprobe_configured``: whether the config has an msprobe observer, so that a run
     without dumps says why: none was asked for, or it selected no stage that ran.
     """
-    from ..report import render_overhead
+    from ..overhead_table import render_overhead
 
     skipped: list[str] = []
     try:

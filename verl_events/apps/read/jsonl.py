@@ -7,7 +7,7 @@ with the format owner's parser, handing each line that is not a record to
 the reader's own ``skipped`` callback: every command says in its own words
 what an unreadable log or a bad line means to it.
 
-The timing logs are read by :func:`verl_events.apps.report.overhead.read_timing_records`
+The timing logs are read by :func:`verl_events.apps.read.overhead.read_timing_records`
 instead: a large run holds a million lines, read as bytes into records built
 without ``__init__``, and there a line that is not JSON is damage unless it
 is the last one, cut short by a crash.

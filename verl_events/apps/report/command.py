@@ -10,12 +10,12 @@ from typing import Any, NamedTuple
 from verl_events.observers import timing as timing_log
 
 from .. import shell
+from ..read.overhead import TimingLogError
 from ..read.record import Evidence
 from ..tables import terminal_console
 from ..tools import Holding
 from .columnar import MEMORY_LIMIT
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
-from .overhead import TimingLogError
 from .parts import ReportParts
 from .steps import STAGE_ORDER
 from .stragglers import stragglers

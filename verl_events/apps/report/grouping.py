@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .overhead import TimingRecord, profilers
+from ..read.overhead import TimingRecord, profilers
 
 __all__ = ["Key", "StepGroup", "index_records"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..read.overhead import TimingRecord, runs_in
 from ..read.ranks import DRIVER_RANK, trainer_ranks
-from .overhead import TimingRecord, runs_in
 
 __all__ = ["OUTSIDE_TRAINING", "Headline", "headline", "headline_text"]
 

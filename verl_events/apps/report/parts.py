@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..read.overhead import ObserverHooks, StageOverhead
 from .headline import Headline
 from .memory import StageMemory
-from .overhead import ObserverHooks, StageOverhead
 from .raised import RaisedStage
 from .steps import StageStep
 from .stragglers import StageStragglers

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .overhead import TRUSTED_MIN_N, StageOverhead, TimingLogError
+from ..read.overhead import TRUSTED_MIN_N, StageOverhead, TimingLogError
 
 __all__ = ["INSTALL_HINT", "overhead_figure", "ratio_label", "write_plot"]
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..read.overhead import TimingRecord
 from ..read.ranks import DRIVER_RANK
 from ..tables import print_table
-from .overhead import TimingRecord
 
 __all__ = ["RaisedStage", "raised_stages", "render_raised", "split_raised"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from verl_events import STAGE_ROLES
 
+from ..read.overhead import profiled_seconds
 from .grouping import Key, StepGroup
-from .overhead import profiled_seconds
 
 __all__ = ["STAGE_ORDER", "StageStep", "stage_steps"]
 

@@ -33,9 +33,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..read.overhead import TimingRecord
 from ..tables import print_table
 from .grouping import Key, StepGroup, index_records
-from .overhead import TimingRecord
 from .raised import split_raised
 
 __all__ = [

@@ -21,11 +21,7 @@ from verl_events.observers import timing as timing_log
 from verl_events.observers.msprobe import layout as msprobe_layout
 
 from .. import shell
-from . import columnar
-from .grouping import index_records
-from .headline import headline, headline_text
-from .memory import StageMemory, read_memory, render_memory, stage_memory
-from .overhead import (
+from ..read.overhead import (
     TimingLogError,
     TimingRecord,
     observer_hooks,
@@ -33,6 +29,10 @@ from .overhead import (
     read_timing_records,
     runs_in,
 )
+from . import columnar
+from .grouping import index_records
+from .headline import headline, headline_text
+from .memory import StageMemory, read_memory, render_memory, stage_memory
 from .parts import ReportParts
 from .plot import write_plot
 from .raised import raised_stages, split_raised

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from .overhead import TimingRecord
+from ..read.overhead import TimingRecord
 
 __all__ = ["Marked", "chrome_trace"]
 

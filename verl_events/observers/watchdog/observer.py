@@ -89,7 +89,7 @@ class WatchdogObserver(Observer):
     passive = True
     sees_driver = True  # a hang in generation is the driver's
     priority = 900  # outside the other observers (the timing observer is at 1000): their hooks count as the stage's
-    writes = Writes("watchdog file(s)", watchdog_files, "hangs", "verl_events.apps.hangs")
+    writes = Writes("watchdog file(s)", watchdog_files, "hangs", "verl_events.apps.hangs.command")
 
     def __init__(
         self,

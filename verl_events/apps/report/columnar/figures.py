@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...read.overhead import ObserverHooks, StageOverhead, overhead_row, summary
 from ...read.ranks import DRIVER_RANK, trainer_ranks
 from ..headline import OUTSIDE_TRAINING, Headline
-from ..overhead import ObserverHooks, StageOverhead, overhead_row, summary
 from ..raised import RaisedStage
 from ..steps import STAGE_ORDER, StageStep
 

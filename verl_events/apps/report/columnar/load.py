@@ -30,7 +30,7 @@ from typing import Any
 from verl_events.observers import timing as timing_log
 from verl_events.observers.memory import record as memory_record
 
-from ..overhead import read_timing_records
+from ...read.overhead import read_timing_records
 from .sources import NotColumnar, Sources
 
 __all__ = [
