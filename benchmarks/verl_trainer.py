@@ -62,7 +62,7 @@ DEFAULT_VARIANTS = "none,verl,ours"
 DUMPING = ("verl", "ours")
 PROFILED_STEPS = (1, 2)
 STAGES = ["actor_compute_log_prob", "ref_compute_log_prob", "actor_update"]
-STATS_L1 = Path(__file__).resolve().parents[1] / "observers" / "msprobe" / "configs" / "statistics_L1.json"
+STATS_L1 = Path(__file__).resolve().parents[1] / "verl_events/observers/msprobe/configs/statistics_L1.json"
 # verl's console logger: "step:3 - key:value - ... - timing_s/step:0.21 - ..." (a Ray prefix may precede it).
 STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)")
 TIMER = re.compile(r"\btiming_s/([a-z_]+):([0-9.eE+-]+)")

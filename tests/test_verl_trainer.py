@@ -69,7 +69,7 @@ def write_doc_config(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     config = next(b for b in doc_blocks("yaml") if "global_profiler:" in b)
     (root / "observers.yaml").write_text(on(root, config))
-    shutil.copy(REPO / "observers/msprobe/configs/statistics_L1.json", root / "dump_config.json")
+    shutil.copy(REPO / "verl_events/observers/msprobe/configs/statistics_L1.json", root / "dump_config.json")
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,7 @@ def test_verls_trainer_runs_healthy_steps_without_an_anomaly_or_a_passed_deadlin
     files = job.prepare(tmp_path_factory.mktemp("healthy-job"))
     root = tmp_path_factory.mktemp("healthy")
     config = next(b for b in doc_blocks("yaml", SENTINEL_DOC) if "# /shared/sentinel.yaml" in b)
-    shutil.copy(REPO / "observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
+    shutil.copy(REPO / "verl_events/observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
     margins_file = {"_target_": "tests.support:SentinelMarginsFile", "folder": "/shared/margins"}
     watchdog = {"name": "watchdog", "floor_s": 30, "first_s": 300}
     extra = "".join(f"  - {json.dumps(entry)}\n" for entry in (margins_file, watchdog, {"name": "mismatch"}))
@@ -335,7 +335,7 @@ def test_the_sentinel_catches_a_nan_in_the_actor_and_msprobe_dumps_the_next_step
     files = job.prepare(tmp_path_factory.mktemp("sentinel-job"))
     root = tmp_path_factory.mktemp("sentinel")
     config = next(b for b in doc_blocks("yaml", SENTINEL_DOC) if "# /shared/sentinel.yaml" in b)
-    shutil.copy(REPO / "observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
+    shutil.copy(REPO / "verl_events/observers/msprobe/configs/statistics_mix.json", root / "statistics_mix.json")
     fault = {"_target_": "verl_events.apps.inject:WeightFault", "kind": "nan", "step": 2, "stages": ["actor_update"]}
     tracker = {"name": "tracker", "backends": ["tensorboard"]}
     extra = "".join(f"  - {json.dumps(entry)}\n" for entry in (fault, tracker))
