@@ -423,7 +423,9 @@ def test_a_broken_line_is_skipped_with_a_warning(watched: Path, capsys: pytest.C
     with (watched / "mismatch.jsonl").open("a") as log:
         log.write('{"step": 4}\n')
     assert verl_events_main(["mismatch", str(watched)]) == 0
-    assert "mismatch.jsonl:4: not a mismatch record (no rank, run, stage, time); skipped" in capsys.readouterr().err
+    assert (
+        "mismatch.jsonl:4: not a mismatch record (it lacks run, stage, rank, time); skipped" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def test_a_made_up_id_is_inherited_by_the_processes_this_one_starts() -> None:
     mine = run_id()
     assert mine.startswith("run-") and run_id() == mine
     child = subprocess.run(
-        [sys.executable, "-c", "from verl_events.run.identity import run_id; print(run_id())"],
+        [sys.executable, "-c", "from verl_events.layout import run_id; print(run_id())"],
         capture_output=True,
         text=True,
         check=True,

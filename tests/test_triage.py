@@ -218,7 +218,7 @@ def test_json_has_one_shape_for_every_outcome(
         "largest",
     }
     assert found["anomaly"] == dict(
-        AnomalyRecord.from_event(loss_nan(), run=owner_of(nan_run[1]), time=1.0).to_dict(), line=1
+        AnomalyRecord.from_event(loss_nan(), run=owner_of(nan_run[1]), time=1.0).to_data(), line=1
     )
     nothing = triage_json(tmp_path, capsys, expect=0)
     assert set(nothing) == keys and nothing["op"] is None and nothing["anomaly"] is None and nothing["anomalies"] == 0

@@ -506,7 +506,7 @@ def test_weights_says_what_is_wrong_with_its_input(
     code, out, err = weights_command(save_path, capsys)
     assert code == 0
     assert "2 sync(s)" in out
-    assert f"{log}:3: not a weight-sync record (not JSON" in err
+    assert f"{log}:3: not a JSON line (" in err
 
     other = tmp_path_factory.mktemp("other")
     (other / "run.json").write_text(json.dumps({"run_id": "run-another"}))

@@ -10,7 +10,8 @@ The names here serve two audiences:
   signal with its :class:`AnomalyEvent`, the ``hang`` signal with its
   :class:`HangEvent`, the output-path helpers and the errors; and, to see
   each weight sync's tensors pass, :func:`watch_payloads` with its
-  :class:`Payload` and :class:`PayloadWatcher`.
+  :class:`Payload` and :class:`PayloadWatcher`; for a log of one's own,
+  :class:`Record` (one JSON style, one parser) and :func:`stage_header`.
 
 Tools that read or check a config import :mod:`verl_events.config`; the
 on-disk layout lives in :mod:`verl_events.layout`; verl's worker classes are
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from verl_events.events.errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
     from verl_events.events.hang import HangEvent, hang
     from verl_events.events.observer import InstallContext, Observer, Writes
+    from verl_events.events.record import Record, stage_header
     from verl_events.events.selection import Selection
     from verl_events.events.signals import stage_begin, stage_end
     from verl_events.events.stages import DRIVER_RANK, STAGE_ROLES, StageEnd, StageEvent, StageReport, rank_name
@@ -66,6 +68,8 @@ _HOMES = {
     "InstallContext": ".events.observer",
     "Observer": ".events.observer",
     "Writes": ".events.observer",
+    "Record": ".events.record",
+    "stage_header": ".events.record",
     "prepare_output_dir": ".run.paths",
     "stage_output_dir": ".run.paths",
     "add_model_paths": ".bus.resolve",
@@ -109,6 +113,7 @@ __all__ = [
     "ObserverSetupError",
     "Payload",
     "PayloadWatcher",
+    "Record",
     "Selection",
     "StageEnd",
     "StageEvent",
@@ -128,6 +133,7 @@ __all__ = [
     "stage",
     "stage_begin",
     "stage_end",
+    "stage_header",
     "stage_output_dir",
     "unwatch_payloads",
     "watch_payloads",

@@ -20,16 +20,15 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from verl_events.events.run_id import RUN_ID_ENV, run_id
 from verl_events.run.identity import (
     NODE_ENV,
     RUN_FILE,
-    RUN_ID_ENV,
     SavePathTaken,
     claim_save_path,
     node_name,
     owner_of,
     refuse_other_runs,
-    run_id,
 )
 from verl_events.run.paths import (
     LATEST_LINK,

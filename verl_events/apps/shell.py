@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["fail", "run", "warn"]
+__all__ = ["add_run_command", "fail", "run", "warn"]
 
 Result = TypeVar("Result")
 
@@ -44,6 +44,25 @@ def fail(problem: object, code: int = 2) -> int:
     """``error: problem`` on stderr; returns ``code`` (2, bad input, unless told)."""
     print(f"error: {problem}", file=sys.stderr)
     return code
+
+
+def add_run_command(
+    commands: Any,
+    name: str,
+    command: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    run: str = "the run's save_path",
+    json_help: str = "print the result as JSON",
+) -> argparse.ArgumentParser:
+    """Add ``verl-events NAME RUN [--json]`` to the subcommands, run by ``command``; the
+    parser, for the command's own options.  ``help`` is the command's line in ``--help``
+    (with its exit codes), ``run`` what RUN is."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
+    parser.add_argument("run", help=run)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.set_defaults(run_command=command)
+    return parser
 
 
 def _no_lines(result: Any) -> Iterable[str]:

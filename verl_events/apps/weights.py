@@ -34,7 +34,7 @@ from verl_events.observers import timing as timing_log
 from verl_events.observers.weight_sync import record as weight_sync_record
 
 from . import shell
-from .read.jsonl import read_log
+from .read.jsonl import read_log, read_run_log, why_not
 
 __all__ = ["NoSyncSeen", "WeightsInputError", "add_command", "command", "read_syncs"]
 
@@ -92,13 +92,8 @@ class Syncs:
 
 def read_syncs(run: Path) -> Syncs:
     """The ledger's records of this run (see the module docstring)."""
-    if not run.is_dir():
-        raise WeightsInputError(f"{run} is not a directory; give the run's save_path")
     path = weight_sync_record.weight_sync_log_path(run)
-    try:
-        log = read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WeightsInputError(f"{path} cannot be read: {exc}") from None
+    log = read_run_log(run, path, WeightsInputError)
     if not log.lines:
         _without_ledger(run)
     syncs = Syncs(run, [])
@@ -106,7 +101,7 @@ def read_syncs(run: Path) -> Syncs:
     others: set[str] = set()
 
     def skipped(number: int, exc: Exception) -> None:
-        syncs.warnings.append(f"{path}:{number}: not a weight-sync record ({exc}); skipped")
+        syncs.warnings.append(f"{path}:{number}: {why_not(exc, 'a weight-sync record')}; skipped")
 
     for number, record in log.records(weight_sync_record.SyncRecord.from_json, skipped):
         if this_run is not None and record.run != this_run:
@@ -205,14 +200,14 @@ def _receipt(receipt: dict[str, Any] | None) -> str:
 
 def add_command(commands: Any) -> None:
     """Add ``weights`` to the ``verl-events`` parser's subcommands."""
-    parser = commands.add_parser(
+    shell.add_run_command(
+        commands,
         "weights",
+        command,
         help="every weight sync: what was sent, what changed, what the engine holds, the alarms "
         "(exit 0 none, 1 an alarm, 2 bad input)",
+        run=f"the run's save_path (holding {weight_sync_record.WEIGHT_SYNC_LOG})",
     )
-    parser.add_argument("run", help=f"the run's save_path (holding {weight_sync_record.WEIGHT_SYNC_LOG})")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.set_defaults(run_command=command)
 
 
 def command(args: Any) -> int:

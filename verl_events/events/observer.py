@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from .run_id import RunIdOnce
 from .selection import ALL, Selection
 from .stages import StageEnd, StageEvent, StageReport
 
@@ -53,11 +54,14 @@ class InstallContext:
 
     ``save_path`` is the root under which observers write
     (``{save_path}/step_{N}/{stage}/...``); ``strict`` asks observers to raise
-    on problems they would otherwise only warn about.
+    on problems they would otherwise only warn about; ``run_id()`` is the run id every
+    record carries, the same for all the installation's observers (resolved at the
+    first record: see :class:`~verl_events.events.run_id.RunIdOnce`).
     """
 
     save_path: Path
     strict: bool
+    run_id: Callable[[], str] = field(default_factory=RunIdOnce)
 
 
 class Observer:

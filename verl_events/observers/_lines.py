@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
 
-__all__ = ["append_line", "json_object"]
+__all__ = ["append_line"]
 
 
 def append_line(path: Path, line: str) -> None:
@@ -18,14 +16,3 @@ def append_line(path: Path, line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
-
-
-def json_object(line: str, refused: type[ValueError]) -> dict[str, Any]:
-    """``line`` parsed as a JSON object; ``refused`` (the format owner's own error) says why not."""
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise refused(f"not JSON ({exc.msg})") from None
-    if not isinstance(data, dict):
-        raise refused("not a JSON object")
-    return data

@@ -34,7 +34,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -258,12 +258,12 @@ class TimingObserver(Observer):
         self._lock = threading.Lock()
         self._files: dict[int, IO[str]] = {}
         self._console_log: Any = None
-        self._run: str | None = None
+        self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
 
     writes = Writes("timing log(s)", timing_log_files, "report", "verl_events.apps.report.command")
 
     def setup(self, context: InstallContext) -> None:
-        self._root = context.save_path
+        self._root, self._run_id = context.save_path, context.run_id
         prepare_output_dir(context.save_path / TIMING_DIR)
         if self.console:
             self._console_log = structlog.wrap_logger(
@@ -276,10 +276,6 @@ class TimingObserver(Observer):
         # once torch.distributed is initialised, after install.
         handle = self._files.get(rank)
         if handle is None:
-            if self._run is None:
-                # The installation claimed the save_path for this run before
-                # this observer's first stage began.
-                self._run = run_id()
             # Line-buffered: each record reaches the file whole or, on a full
             # disk, raises here (readers skip a last line cut short).
             handle = self._files[rank] = timing_log_path(self._root, rank).open("a", encoding="utf-8", buffering=1)
@@ -295,7 +291,7 @@ class TimingObserver(Observer):
         with self._lock:
             handle = self._file_for(event.rank)
             record = TimingRecord(
-                run=self._run,
+                run=self._run_id(),
                 stage=event.stage,
                 role=event.role,
                 step=event.step,

@@ -34,42 +34,12 @@ import socket
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from verl_events.events.process import PROCESS
+from verl_events.events.run_id import RUN_ID_ENV, run_id, safe_in_a_file_name
 
-RUN_ID_ENV = "VERL_EVENTS_RUN_ID"
 NODE_ENV = "VERL_EVENTS_NODE"
 RUN_FILE = "run.json"
-
-
-def run_id() -> str:
-    """This process's run id (see the module docstring for the order)."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        # The job id alone repeats: every fresh local cluster numbers its first job 01000000.
-        context = ray.get_runtime_context()
-        return f"ray-{context.get_session_name()}-{context.get_job_id()}"
-    own = os.environ.get(RUN_ID_ENV)
-    if own and own != PROCESS.run_id_made:
-        return own
-    torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
-    if torchrun:
-        return f"torchrun-{torchrun}" if torchrun != "none" else f"torchrun-agent{os.getppid()}"
-    port = os.environ.get("MASTER_PORT")
-    if port:
-        # The id names a folder (save_path: .../{run}): no colon, which some
-        # filesystems refuse, nor an IPv6 address's.
-        rendezvous = _safe_in_a_file_name(f"{os.environ.get('MASTER_ADDR', '')}-{port}")
-        return f"ranks-{os.getppid()}-{rendezvous}"
-    if own:
-        return own
-    # The id made up here (step 5) is exported for child processes, but a rendezvous set up
-    # later in this process (step 4) still takes precedence: PROCESS remembers it is ours.
-    made = PROCESS.run_id_made = f"run-{uuid.uuid4().hex[:12]}"
-    os.environ[RUN_ID_ENV] = made
-    return made
 
 
 def node_name() -> str:
@@ -86,12 +56,7 @@ def node_name() -> str:
         node = str(ray.get_runtime_context().get_node_id())
         os.environ[NODE_ENV] = node
         return node
-    return os.environ.get(NODE_ENV) or _safe_in_a_file_name(socket.gethostname())
-
-
-def _safe_in_a_file_name(text: str) -> str:
-    """``text`` with every character but letters, digits, ``.``, ``_`` and ``-`` made a ``-``."""
-    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "-" for c in text)
+    return os.environ.get(NODE_ENV) or safe_in_a_file_name(socket.gethostname())
 
 
 class SavePathTaken(FileExistsError):

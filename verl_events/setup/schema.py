@@ -56,8 +56,9 @@ import yaml
 
 from verl_events.capture.arming import TRIGGER_KEYS, Trigger, parse_trigger
 from verl_events.events.errors import ConfigError, check_count
+from verl_events.events.run_id import run_id
 from verl_events.events.selection import Selection
-from verl_events.run.identity import node_name, run_id
+from verl_events.run.identity import node_name
 from verl_events.run.paths import LATEST_LINK, NODE_PLACEHOLDER, RUN_PLACEHOLDER
 
 from .from_verl import from_verl_config, is_verl_config

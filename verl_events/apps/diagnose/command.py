@@ -225,13 +225,13 @@ def render(diagnosis: Diagnosis) -> str:
 
 def add_command(commands: Any) -> None:
     """Add ``diagnose`` to the ``verl-events`` parser's subcommands."""
-    parser = commands.add_parser(
+    parser = shell.add_run_command(
+        commands,
         "diagnose",
+        command,
         help="how a run ended: the first failure (rank, step, stage, line) and its cascade, and what to run next "
         "(exit 0 healthy or running, 1 failed, hung or anomalous, 2 bad input)",
     )
-    parser.add_argument("run", help="the run's save_path")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--log",
         action="append",
@@ -247,7 +247,6 @@ def add_command(commands: Any) -> None:
         help="read every line of a large run's timing, memory and weight-sync logs (by default, past "
         f"{FULL_READ_BYTES // 2**20} MiB of one kind, only what names a failure: the ends of the logs, the alarms)",
     )
-    parser.set_defaults(run_command=command)
 
 
 def command(args: Any) -> int:

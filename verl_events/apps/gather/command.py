@@ -157,15 +157,15 @@ def _size(nbytes: int) -> str:
 
 def add_command(commands: Any) -> None:
     """Add ``gather`` to the ``verl-events`` parser's subcommands."""
-    parser = commands.add_parser(
+    parser = shell.add_run_command(
+        commands,
         "gather",
+        command,
         help="collect a run kept on each node's own disk into one folder, through Ray "
         "(exit 0 every node, 1 a node unreachable, 2 bad input)",
-    )
-    parser.add_argument(
-        "run",
-        help=f"the run's folder as every node sees it: an absolute path, {NODE_PLACEHOLDER} for the node's part "
+        run=f"the run's folder as every node sees it: an absolute path, {NODE_PLACEHOLDER} for the node's part "
         "(e.g. /local_disk/verl_events/latest)",
+        json_help="print the manifest as JSON",
     )
     parser.add_argument("--ray", required=True, metavar="ADDRESS", help="the job's Ray cluster: its head's HOST:PORT")
     parser.add_argument(
@@ -179,8 +179,6 @@ def add_command(commands: Any) -> None:
         help="without --all, a larger file is left on its node (default %(default)g)",
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the nodes (default 120)")
-    parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    parser.set_defaults(run_command=command)
 
 
 def command(args: Any) -> int:

@@ -18,14 +18,14 @@ __all__ = ["add_command", "command"]
 
 def add_command(commands: Any) -> None:
     """Add ``hangs`` to the ``verl-events`` parser's subcommands."""
-    parser = commands.add_parser(
+    shell.add_run_command(
+        commands,
         "hangs",
+        command,
         help="which rank is stuck where, from the watchdog's heartbeats and hang records "
         "(exit 0 none, 1 a deadline passed, 2 bad input)",
+        run="the run's save_path (holding the watchdog's heartbeats)",
     )
-    parser.add_argument("run", help="the run's save_path (holding the watchdog's heartbeats)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.set_defaults(run_command=command)
 
 
 def command(args: Any) -> int:

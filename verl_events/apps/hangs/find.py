@@ -96,15 +96,11 @@ class Hangs:
             "stuck": None if stuck is None else {"step": stuck.step, "stage": stuck.stage},
             "suspect": None if stuck is None else suspect(self.ranks, stuck.stage).as_json(),
             "ranks": [position.as_json(self.now) for position in self.ranks],
-            "hangs": [_record(r) for r in self.hangs],
-            "late": [_record(r) for r in self.late],
+            "hangs": [r.as_dict() for r in self.hangs],
+            "late": [r.as_dict() for r in self.late],
             "stalls": [stall_json(stall) for stall in self.stalls],
             "warnings": self.warnings,
         }
-
-
-def _record(record: HangRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in HangRecord.__dataclass_fields__}
 
 
 def find_hangs(run: Path) -> Hangs:

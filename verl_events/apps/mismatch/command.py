@@ -35,12 +35,14 @@ __all__ = ["add_command", "command"]
 
 def add_command(commands: Any) -> None:
     """Add ``mismatch`` to the ``verl-events`` parser's subcommands."""
-    parser = commands.add_parser(
+    parser = shell.add_run_command(
+        commands,
         "mismatch",
+        command,
         help="how far the trainer's log-probs are from the rollout engine's, by step, token and layer "
         "(exit 0 shown, 2 bad input)",
+        run=f"the run's save_path (holding {mismatch_record.MISMATCH_LOG})",
     )
-    parser.add_argument("run", help=f"the run's save_path (holding {mismatch_record.MISMATCH_LOG})")
     parser.add_argument(
         "--top", type=int, help="worst tokens to list (default 10; at most the observer's top_k per step and rank)"
     )
@@ -62,8 +64,6 @@ def add_command(commands: Any) -> None:
     parser.add_argument(
         "--plot", metavar="FILE", help="draw the result into FILE (.png, .svg or .pdf) and say so: 'plot: FILE'"
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.set_defaults(run_command=command)
 
 
 def command(args: Any) -> int:

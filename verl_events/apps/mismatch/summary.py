@@ -18,7 +18,7 @@ from typing import Any
 
 from verl_events.observers.mismatch import record as mismatch_record
 
-from ..read.jsonl import read_log
+from ..read.jsonl import read_run_log, why_not
 
 MismatchRecord = mismatch_record.MismatchRecord
 
@@ -59,13 +59,8 @@ class Summary:
 
 def read_records(run: Path) -> tuple[list[MismatchRecord], list[str]]:
     """The records under ``run`` and a warning per line that is not one."""
-    if not run.is_dir():
-        raise MismatchInputError(f"{run} is not a directory; give the run's save_path")
     path = mismatch_record.mismatch_log_path(run)
-    try:
-        log = read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MismatchInputError(f"{path} cannot be read: {exc}") from None
+    log = read_run_log(run, path, MismatchInputError)
     if not log.lines:
         raise MismatchInputError(
             f"{run} has no {mismatch_record.MISMATCH_LOG}: no mismatch observer watched this run; "
@@ -74,11 +69,9 @@ def read_records(run: Path) -> tuple[list[MismatchRecord], list[str]]:
     warnings: list[str] = []
 
     def skipped(number: int, exc: Exception) -> None:
-        warnings.append(f"{path}:{number}: not a mismatch record ({exc}); skipped")
+        warnings.append(f"{path}:{number}: {why_not(exc, 'a mismatch record')}; skipped")
 
-    records = [
-        record for _, record in log.records(MismatchRecord.from_json, skipped, (mismatch_record.NotAMismatchRecord,))
-    ]
+    records = [record for _, record in log.records(MismatchRecord.from_json, skipped)]
     return records, warnings
 
 

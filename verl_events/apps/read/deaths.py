@@ -53,21 +53,10 @@ def crash_records(evidence: Evidence) -> None:
                 continue
             in_stage = record.kind == "exception" or record.stage is not None
             detail = f"{record.error_type}: {record.message}" if record.kind == "exception" else str(record.signal)
+            source = relative(evidence, path)
             evidence.failures.append(
-                Failure(
-                    record.kind,
-                    record.rank,
-                    record.time,
-                    detail,
-                    record.step,
-                    record.stage,
-                    record.host,
-                    record.pid,
-                    record.where,
-                    relative(evidence, path),
-                    message=record.message,
-                    in_stage=in_stage,
-                    parent=record.parent,
+                Failure.told_by(
+                    record, record.kind, detail, source, message=record.message, in_stage=in_stage, parent=record.parent
                 )
             )
 

@@ -105,21 +105,8 @@ def _hangs(evidence: Evidence) -> None:
         else:
             waiting = f", waiting in {record.waiting_in}" if record.waiting_in else ""
             kind, detail, waiting_in = "hang", deadline + waiting, record.waiting_in
-        evidence.failures.append(
-            Failure(
-                kind,
-                record.rank,
-                record.time,
-                detail,
-                record.step,
-                record.stage,
-                record.host,
-                record.pid,
-                record.where,
-                relative(evidence, path),
-                waiting_in=waiting_in,
-            )
-        )
+        source = relative(evidence, path)
+        evidence.failures.append(Failure.told_by(record, kind, detail, source, waiting_in=waiting_in))
 
 
 def _stalls(evidence: Evidence) -> None:

@@ -15,12 +15,13 @@ is the last one, cut short by a crash.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["JsonLinesLog", "numbered_lines", "read_log"]
+__all__ = ["JsonLinesLog", "numbered_lines", "read_log", "read_run_log", "why_not"]
 
 R = TypeVar("R")
 
@@ -62,7 +63,27 @@ class JsonLinesLog:
             yield number, record
 
 
+def why_not(exc: Exception, noun: str) -> str:
+    """Why a line was skipped, in the words every reader uses: ``not a JSON line (...)``
+    (a line cut short), or ``not NOUN (...)`` with the record's own reason."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not a JSON line ({exc})"
+    return f"not {noun} ({exc})"
+
+
 def read_log(path: Path) -> JsonLinesLog:
     """``path`` read whole (see :func:`numbered_lines`); OSError and
     UnicodeDecodeError propagate."""
     return JsonLinesLog(path, numbered_lines(path))
+
+
+def read_run_log(run: Path, path: Path, input_error: type[Exception]) -> JsonLinesLog:
+    """The log ``path`` of the run folder ``run``, read whole for a command that reads
+    nothing else: ``input_error`` (the command's) when ``run`` is not a folder or the log
+    cannot be read."""
+    if not run.is_dir():
+        raise input_error(f"{run} is not a directory; give the run's save_path")
+    try:
+        return read_log(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise input_error(f"{path} cannot be read: {exc}") from None

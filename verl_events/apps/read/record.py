@@ -47,6 +47,13 @@ class Failure:
     since: float | None = None  # stall: when its idle time began
     outlived: str | None = None  # killed: the record that shows it alive after another process's death
 
+    @classmethod
+    def told_by(cls, record: Any, kind: str, detail: str, source: str, **more: Any) -> Failure:
+        """The failure a crash or hang record tells of: its rank, time, step, stage, host,
+        pid and where, with what the reader says of it."""
+        where, step, stage = record.where, record.step, record.stage
+        return cls(kind, record.rank, record.time, detail, step, stage, record.host, record.pid, where, source, **more)
+
     def as_json(self) -> dict[str, Any]:
         keys = ("rank", "host", "pid", "step", "stage", "parent", "kind", "detail", "where", "time", "source")
         return {key: getattr(self, key) for key in keys}

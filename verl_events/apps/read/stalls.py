@@ -157,11 +157,10 @@ def _key(value: object) -> object:
 
 def stall_json(stall: Stall) -> dict[str, Any]:
     """A stall for ``--json``: its line's fields, its state, what it waited on, its ``resumed`` line."""
-    fields = StallRecord.__dataclass_fields__
-    return {name: getattr(stall.record, name) for name in fields} | {
+    return stall.record.as_dict() | {
         "state": stall.state,
         "waiting_on": stall.waiting_on,
-        "resumed": None if stall.resumed is None else {name: getattr(stall.resumed, name) for name in fields},
+        "resumed": None if stall.resumed is None else stall.resumed.as_dict(),
     }
 
 

@@ -26,9 +26,14 @@ __all__ = ["add_command", "command"]
 
 def add_command(commands: Any) -> None:
     """Add ``report`` to the ``verl-events`` parser's subcommands."""
-    rep = commands.add_parser("report", help="stage times, profiling overhead and dump sizes of a run, from disk")
-    rep.add_argument("run", help=f"the run's save_path (holding {timing_log.TIMING_DIR}/rank*.jsonl)")
-    rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    rep = shell.add_run_command(
+        commands,
+        "report",
+        command,
+        help="stage times, profiling overhead and dump sizes of a run, from disk",
+        run=f"the run's save_path (holding {timing_log.TIMING_DIR}/rank*.jsonl)",
+        json_help="print JSON instead of tables",
+    )
     rep.add_argument("--plot", type=Path, help="write a PNG of stage time (profiled vs baseline) and disk per stage")
     rep.add_argument(
         MEMORY_PLOT,
@@ -53,7 +58,6 @@ def add_command(commands: Any) -> None:
         metavar="SIZE",
         help=f"what DuckDB may hold in memory, past which it spills to a temporary folder (default {MEMORY_LIMIT})",
     )
-    rep.set_defaults(run_command=command)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -51,7 +51,7 @@ from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..read.jsonl import read_log
+from ..read.jsonl import read_log, why_not
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite
@@ -99,10 +99,10 @@ class Anomaly:
 
     def as_json(self) -> dict[str, Any]:
         """The record as it was written, with its line number."""
-        return dict(self.record.to_dict(), line=self.line)
+        return dict(self.record.to_data(), line=self.line)
 
     def describe(self) -> str:
-        r = self.record.to_dict()  # value and baseline as written: "nan", not a float
+        r = self.record.to_data()  # value and baseline as written: "nan", not a float
         text = f"step {r['step']} {r['stage']} rank {r['rank']}: {r['metric']} = {r['value']} ({r['rule']}"
         text += f", baseline {r['baseline']})" if r["baseline"] is not None else ")"
         return text + (f": {r['detail']}" if r["detail"] else "")
@@ -119,8 +119,7 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
         raise TriageInputError(f"{path} cannot be read: {exc}") from exc
 
     def skip(number: int, exc: Exception) -> None:
-        said = str(exc) if isinstance(exc, NotAnAnomalyRecord) else f"not a JSON line ({exc})"
-        skipped.append(f"{path}:{number} is {said} and was skipped")
+        skipped.append(f"{path}:{number} is {why_not(exc, 'an anomaly record')} and was skipped")
 
     return [Anomaly(record, number) for number, record in log.records(AnomalyRecord.from_json, skip)]
 

@@ -36,14 +36,14 @@ _PACKAGE_ROOTS = ("site-packages", "dist-packages")
 def add_command(commands: Any) -> None:
     """Add ``triage`` to the ``verl-events`` parser's subcommands."""
     anomaly_log = anomaly_record.ANOMALY_LOG
-    tri = commands.add_parser(
+    shell.add_run_command(
+        commands,
         "triage",
+        command,
         help=f"name the op behind a run's first anomaly, from {anomaly_log} and msprobe's dumps "
         "(exit 0 none, 1 anomaly, 2 bad input)",
+        run=f"the run's save_path (holding {anomaly_log} and msprobe's dumps)",
     )
-    tri.add_argument("run", help=f"the run's save_path (holding {anomaly_log} and msprobe's dumps)")
-    tri.add_argument("--json", action="store_true", help="print the result as JSON")
-    tri.set_defaults(run_command=command)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from verl_events.layout import replayed_stage
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..read.jsonl import read_log
+from ..read.jsonl import read_log, why_not
 from .dumps import find_dumps
 
 AnomalyRecord = anomaly_record.AnomalyRecord
@@ -106,10 +106,9 @@ def replay_of(run: Path, anomaly: AnomalyRecord, warnings: list[str], notes: lis
         return None
 
     def skipped(number: int, exc: Exception) -> None:
-        warnings.append(f"{path}:{number} is {_said(exc)} and was skipped")
+        warnings.append(f"{path}:{number} is {why_not(exc, 'a replay record')} and was skipped")
 
-    # json's errors are ValueErrors
-    for number, record in log.records(ReplayRecord.from_json, skipped, (ValueError, KeyError, TypeError)):
+    for number, record in log.records(ReplayRecord.from_json, skipped):
         if (record.step, record.stage, record.rank) == (anomaly.step, anomaly.stage, anomaly.rank):
             inputs = None if record.inputs is None else run / record.inputs
             if inputs is not None and not inputs.is_file():
@@ -124,13 +123,3 @@ def replay_dumps(run: Path, anomaly: AnomalyRecord) -> list[SessionPlace]:
     dumps = [d for d in find_dumps(run) if d.step == anomaly.step and replayed_stage(d.stage) == anomaly.stage]
     own = [d for d in dumps if d.rank == anomaly.rank]
     return own or dumps
-
-
-def _said(exc: Exception) -> str:
-    """Why a line is not a replay record, in words."""
-    text = str(exc)
-    if isinstance(exc, json.JSONDecodeError):
-        return f"not a JSON line ({text})"
-    if isinstance(exc, KeyError):
-        return f"not a replay record (it has no {text})"
-    return text if text.startswith("not a replay record") else f"not a replay record ({text})"

@@ -46,12 +46,21 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import ConfigError, InstallContext, Observer, StageEnd, StageEvent, Writes, prepare_output_dir
+from verl_events import (
+    ConfigError,
+    InstallContext,
+    Observer,
+    StageEnd,
+    StageEvent,
+    Writes,
+    prepare_output_dir,
+    stage_header,
+)
 from verl_events.config import check_count
 from verl_events.layout import run_id
 
@@ -148,11 +157,11 @@ class MemoryObserver(Observer):
         self._cgroup = CgroupReader(None)
         self._lock = threading.Lock()
         self._begun: dict[int, tuple[list[int] | None, list[int] | None, list[Forecast] | None]] = {}
-        self._run: str | None = None
+        self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
         self._warned_no_reset = False
 
     def setup(self, context: InstallContext) -> None:
-        self._root = Path(context.save_path)
+        self._root, self._run_id = Path(context.save_path), context.run_id
         prepare_output_dir(self._root)
         self._cgroup = CgroupReader(find_cgroup())
         if self.record_history:
@@ -261,12 +270,8 @@ class MemoryObserver(Observer):
             )
         cgroup = self._cgroup.read()
         record = MemoryRecord(
-            run=self._run_id(),
-            step=ended.step,
-            stage=ended.stage,
-            rank=ended.rank,
+            **stage_header(ended, self._run_id),
             role=ended.role,
-            time=time.time(),
             pid=os.getpid(),
             error=type(ended.error).__name__ if ended.error is not None else None,
             host_begin_bytes=ended.host_begin[0] if ended.host_begin else None,
@@ -370,11 +375,6 @@ class MemoryObserver(Observer):
             "used": used,
             "total": total,
         }
-
-    def _run_id(self) -> str:
-        if self._run is None:
-            self._run = run_id()
-        return self._run
 
 
 def _oom(error: BaseException | None) -> dict[str, Any] | None:

@@ -34,12 +34,11 @@ with one ``write`` each.  Standard library only.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._lines import json_object
+from verl_events import Record
 
 __all__ = ["MEMORY_DIR", "MemoryRecord", "NotAMemoryRecord", "memory_files", "memory_log_path", "oom_snapshot_path"]
 
@@ -66,7 +65,7 @@ class NotAMemoryRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryRecord:
+class MemoryRecord(Record):
     """One stage on one rank (see the module docstring)."""
 
     run: str
@@ -88,18 +87,26 @@ class MemoryRecord:
     tokens: int | None = None
     forecast: list[dict[str, Any]] | None = None
 
-    def to_json(self) -> str:
-        # The fields as they are: asdict would deep-copy the nested dicts first, for the same text.
-        return json.dumps({name: getattr(self, name) for name in _FIELDS})
+    refused = NotAMemoryRecord
+    # Every field but those added later (oom, tokens, forecast).
+    required = (
+        "run",
+        "step",
+        "stage",
+        "rank",
+        "role",
+        "time",
+        "pid",
+        "error",
+        "host_begin_bytes",
+        "host_peak_bytes",
+        "host_end_bytes",
+        "host_peak",
+        "device_peak_bytes",
+        "device",
+        "cgroup",
+    )
 
     @classmethod
     def from_json(cls, line: str) -> MemoryRecord:
-        data = json_object(line, NotAMemoryRecord)
-        missing = [name for name in _FIELDS if name not in data and name not in _OPTIONAL]
-        if missing:
-            raise NotAMemoryRecord(f"no {', '.join(missing)}")
-        return cls(**{name: data[name] for name in _FIELDS if name in data})
-
-
-_FIELDS = tuple(f.name for f in fields(MemoryRecord))
-_OPTIONAL = frozenset({"oom", "tokens", "forecast"})
+        return cls.known(cls.parsed(line))

@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_events import ConfigError, InstallContext, Observer, StageEnd, Writes, prepare_output_dir
+from verl_events import ConfigError, InstallContext, Observer, StageEnd, Writes, prepare_output_dir, stage_header
 from verl_events.config import check_count, import_target, is_import_path, parse_numbers
 from verl_events.layout import run_id
 
@@ -115,10 +115,10 @@ class MismatchObserver(Observer):
         self.prefill_replays = prefill_replays
         self._prefill: Prefill | None = None
         self._root = Path()
-        self._run: str | None = None
+        self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
 
     def setup(self, context: InstallContext) -> None:
-        self._root = Path(context.save_path)
+        self._root, self._run_id = Path(context.save_path), context.run_id
         prepare_output_dir(self._root)
 
     def describe(self) -> str:
@@ -152,13 +152,7 @@ class MismatchObserver(Observer):
             self._ask_engine(event)
 
     def _record(self, event: StageEnd, **found: Any) -> MismatchRecord:
-        if self._run is None:
-            # The installation claimed the save_path for this run before this observer's first
-            # stage began; asked once (in a Ray worker it is a call into Ray's runtime context).
-            self._run = run_id()
-        return MismatchRecord(
-            run=self._run, step=event.step, stage=event.stage, rank=event.rank, time=time.time(), **found
-        )
+        return MismatchRecord(**stage_header(event, self._run_id), **found)
 
     def _ask_engine(self, event: StageEnd) -> None:
         assert event.step is not None

@@ -18,12 +18,11 @@ ranks' lines never interleave.  Standard library only.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._lines import json_object
+from verl_events import Record
 
 __all__ = [
     "ENGINE_STAGE",
@@ -62,7 +61,7 @@ class NotAMismatchRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MismatchRecord:
+class MismatchRecord(Record):
     """One step's comparison on one rank (see the module docstring)."""
 
     run: str
@@ -74,17 +73,13 @@ class MismatchRecord:
     missing: str | None = None
     weights: dict[str, int] | None = None
 
-    def to_json(self) -> str:
-        # The fields as they are: asdict would deep-copy the ~170 statistics first, for the same text.
-        return json.dumps({name: getattr(self, name) for name in _FIELDS}, allow_nan=True)
+    refused = NotAMismatchRecord
+    required = ("run", "step", "stage", "rank", "time")
+    numbers = ("stats", "weights")  # a statistic may be NaN (log-probs that are)
 
     @classmethod
     def from_json(cls, line: str) -> MismatchRecord:
-        data = json_object(line, NotAMismatchRecord)
-        names = {f.name for f in fields(cls)}
-        required = {"run", "step", "stage", "rank", "time"}
-        if missing := sorted(required - data.keys()):
-            raise NotAMismatchRecord(f"no {', '.join(missing)}")
+        data = cls.parsed(line)
         if not isinstance(data["rank"], int) or not (data["step"] is None or isinstance(data["step"], int)):
             raise NotAMismatchRecord("its step and rank are not whole numbers")
         stats = data.get("stats")
@@ -97,8 +92,7 @@ class MismatchRecord:
             and all(isinstance(v, int) and not isinstance(v, bool) for v in weights.values())
         ):
             raise NotAMismatchRecord(f"its weights are not a mapping of {', '.join(_WEIGHT_KEYS)} to whole numbers")
-        return cls(**{key: value for key, value in data.items() if key in names})
+        return cls.known(data)
 
 
 _WEIGHT_KEYS = ("trainer", "rollout_min", "rollout_max")
-_FIELDS = tuple(f.name for f in fields(MismatchRecord))

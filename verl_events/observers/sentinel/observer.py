@@ -95,11 +95,20 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from verl_events import AnomalyEvent, InstallContext, Observer, StageEnd, Writes, anomaly, prepare_output_dir
+from verl_events import (
+    AnomalyEvent,
+    InstallContext,
+    Observer,
+    StageEnd,
+    Writes,
+    anomaly,
+    prepare_output_dir,
+    stage_header,
+)
 from verl_events.config import check_count
 from verl_events.layout import run_id
 
@@ -145,7 +154,7 @@ class SentinelObserver(Observer):
         self._strict = False
         self._lock = threading.Lock()
         self._fds: dict[Path, int] = {}
-        self._run: str | None = None
+        self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
         self._history: dict[tuple[str, str], SpikeHistory] = {}  # (stage, metric) -> its spike rule's history
         self._fired: dict[str, tuple[str, int]] = {}  # metric -> ("step", N) or ("seq", N) of its last trigger
         self._names_seen: set[str] | None = set() if self.rules else None  # None: checked, or nothing to check
@@ -158,6 +167,7 @@ class SentinelObserver(Observer):
     def setup(self, context: InstallContext) -> None:
         self._root = Path(context.save_path)
         self._strict = context.strict
+        self._run_id = context.run_id
         prepare_output_dir(self._root)
 
     def describe(self) -> str:
@@ -218,11 +228,7 @@ class SentinelObserver(Observer):
         logger.warning("sentinel: step %s %s rank %d: replayed; %s", event.step, event.stage, event.rank, said)
         names = tuple(dict.fromkeys(found.metric for found in raised))
         record = ReplayRecord(
-            run=self._run or run_id(),
-            time=time.time(),
-            step=event.step,
-            stage=event.stage,
-            rank=event.rank,
+            **stage_header(event, self._run_id),
             verdict=verdict,
             anomalies=names,
             again=again,
@@ -280,11 +286,7 @@ class SentinelObserver(Observer):
             )
 
     def _append(self, found: AnomalyEvent) -> None:
-        if self._run is None:
-            # The installation claimed the save_path for this run before this
-            # observer's first stage began.
-            self._run = run_id()
-        record = AnomalyRecord.from_event(found, run=self._run, time=time.time())
+        record = AnomalyRecord.from_event(found, run=self._run_id(), time=time.time())
         self._append_line(
             anomaly_log_path(self._root), record.to_json(), f"the anomaly ({found.metric} at step {found.step})"
         )

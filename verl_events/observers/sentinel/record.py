@@ -23,13 +23,10 @@ Standard library only.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
-from verl_events import AnomalyEvent
+from verl_events import AnomalyEvent, Record
 
 __all__ = [
     "ANOMALY_LOG",
@@ -51,7 +48,6 @@ REPLAY_LOG = "replays.jsonl"
 VERDICTS = ("reproducible", "transient")
 
 _REQUIRED = ("step", "stage", "rank", "metric", "value", "rule")
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def anomaly_log_path(save_path: Path) -> Path:
@@ -79,7 +75,7 @@ class NotAnAnomalyRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AnomalyRecord(AnomalyEvent):
+class AnomalyRecord(AnomalyEvent, Record):
     """One anomaly as recorded: the :class:`~verl_events.AnomalyEvent` (its
     fields are this record's), plus the run that saw it (None in files older
     than run ids) and the Unix time it was recorded (None when unknown)."""
@@ -87,82 +83,45 @@ class AnomalyRecord(AnomalyEvent):
     run: str | None = None
     time: float | None = None
 
+    refused = NotAnAnomalyRecord
+    required = _REQUIRED
+    numbers = ("value", "baseline")
+
     @classmethod
     def from_event(cls, event: AnomalyEvent, *, run: str | None, time: float | None) -> AnomalyRecord:
         return cls(**{f.name: getattr(event, f.name) for f in fields(AnomalyEvent)}, run=run, time=time)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record as JSON-ready data, non-finite numbers as strings."""
-        data = {name: getattr(self, name) for name in _KEY_ORDER}
-        data["value"] = _encode(self.value)
-        data["baseline"] = None if self.baseline is None else _encode(self.baseline)
-        return data
-
-    def to_json(self) -> str:
-        """One line of anomalies.jsonl (no newline)."""
-        return json.dumps(self.to_dict(), allow_nan=False)
-
     @classmethod
     def from_json(cls, line: str) -> AnomalyRecord:
-        """Parse one line.  ValueError when it is not JSON; NotAnAnomalyRecord
-        (a ValueError too) when it lacks a field every reader needs, or its
-        step and rank are not integers.  Keys it does not know are ignored."""
-        data = json.loads(line)
+        """Parse one line; NotAnAnomalyRecord (a ValueError) when it is not JSON, lacks a
+        field every reader needs, or its step and rank are not integers, or its value and
+        baseline not numbers.  Keys it does not know are ignored."""
+        data = cls.parsed(line)
         if not (
-            isinstance(data, dict)
-            and all(key in data for key in _REQUIRED)
-            and isinstance(data["rank"], int)
+            isinstance(data["rank"], int)
             and isinstance(data["stage"], str)
             and (data["step"] is None or isinstance(data["step"], int))
         ):
-            raise NotAnAnomalyRecord(f"not an anomaly record (needs {', '.join(_REQUIRED)}; step, rank integers)")
+            raise NotAnAnomalyRecord("its step and rank are not integers, or its stage not a string")
         try:
-            value = _decode(data["value"])
-            baseline = None if data.get("baseline") is None else _decode(data["baseline"])
+            value = float(data["value"])
+            baseline = None if data.get("baseline") is None else float(data["baseline"])
         except (TypeError, ValueError):
-            raise NotAnAnomalyRecord("not an anomaly record (its value and baseline must be numbers)") from None
-        return cls(
-            run=data.get("run"),
-            time=data.get("time"),
-            step=data["step"],
-            stage=data["stage"],
-            rank=data["rank"],
-            metric=str(data["metric"]),
-            value=value,
-            rule=str(data["rule"]),
-            baseline=baseline,
-            detail=str(data.get("detail") or ""),
-        )
-
-
-# The line's keys: where and when first, then the event's own fields.
-_KEY_ORDER = ("run", "time", *(f.name for f in fields(AnomalyEvent)))
-
-
-def _encode(value: float) -> float | str:
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return float(value)
-
-
-def _decode(value: Any) -> float:
-    if isinstance(value, str) and value in _NON_FINITE:
-        return _NON_FINITE[value]
-    return float(value)
+            raise NotAnAnomalyRecord("its value and baseline are not numbers") from None
+        texts = {name: str(data.get(name) or "") for name in ("metric", "rule", "detail")}
+        return cls.known(data | texts | {"value": value, "baseline": baseline})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReplayRecord:
+class ReplayRecord(Record):
     """A replay's verdict on one rank: the stage's anomalies (``anomalies``:
     the metrics that raised one) showed again (``reproducible``; ``again``
     holds their values in the replay) or not (``transient``).  ``inputs`` is
     the stage's tensor inputs kept on disk, relative to save_path, or None."""
 
-    run: str | None
-    time: float | None
-    step: int | None
+    run: str | None = None
+    time: float | None = None
+    step: int | None = None
     stage: str
     rank: int
     verdict: str
@@ -170,27 +129,24 @@ class ReplayRecord:
     again: dict[str, float]
     inputs: str | None = None
 
-    def to_json(self) -> str:
-        """One line of replays.jsonl (no newline)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["anomalies"] = list(self.anomalies)
-        data["again"] = {metric: _encode(value) for metric, value in self.again.items()}
-        return json.dumps(data, allow_nan=False)
+    required = ("stage", "rank", "verdict")
+    numbers = ("again",)
 
     @classmethod
     def from_json(cls, line: str) -> ReplayRecord:
         """Parse one line; ValueError when it is not one (the message says why)."""
-        data = json.loads(line)
-        if not isinstance(data, dict) or data.get("verdict") not in VERDICTS or not isinstance(data.get("rank"), int):
-            raise ValueError(f"not a replay record (needs a verdict of {', '.join(VERDICTS)} and an integer rank)")
-        return cls(
-            run=data.get("run"),
-            time=data.get("time"),
-            step=data.get("step"),
-            stage=str(data["stage"]),
-            rank=data["rank"],
-            verdict=data["verdict"],
-            anomalies=tuple(data.get("anomalies") or ()),
-            again={str(k): _decode(v) for k, v in (data.get("again") or {}).items()},
-            inputs=data.get("inputs"),
+        data = cls.parsed(line)
+        if data["verdict"] not in VERDICTS or not isinstance(data["rank"], int):
+            raise ValueError(f"its verdict is not {' or '.join(VERDICTS)}, or its rank not an integer")
+        again = data.get("again") or {}
+        if not isinstance(again, dict) or not all(isinstance(v, (int, float)) for v in again.values()):
+            raise ValueError("its again does not map metrics to numbers")
+        anomalies = tuple(data.get("anomalies") or ())
+        return cls.known(
+            data
+            | {
+                "stage": str(data["stage"]),
+                "anomalies": anomalies,
+                "again": {str(k): float(v) for k, v in again.items()},
+            }
         )

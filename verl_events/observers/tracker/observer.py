@@ -53,7 +53,7 @@ import logging
 import re
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +141,7 @@ class TrackerObserver(Observer):
             cls(self._backend_options[name], f"option {name}")  # checks the options now, at install
         self._root = Path()
         self._strict = False
-        self._run: str | None = None
+        self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
         self._lock = threading.Lock()
         self._opened: dict[int, dict[str, Backend]] = {}
         self._steps: dict[int, _Step] = {}
@@ -164,6 +164,7 @@ class TrackerObserver(Observer):
     def setup(self, context: InstallContext) -> None:
         self._root = context.save_path
         self._strict = context.strict
+        self._run_id = context.run_id
         for name, cls in list(self.backends.items()):
             missing = cls.unavailable()
             if missing is None:
@@ -254,12 +255,10 @@ class TrackerObserver(Observer):
         if opened is None:
             # Opened on first use: the rank is only known once
             # torch.distributed is up, after install.
-            if self._run is None:
-                self._run = run_id()
             opened = self._opened[rank] = {}
             for name, cls in self.backends.items():
                 backend = cls(self._backend_options[name], f"option {name}")
-                arguments = {"run": self._run, "rank": rank, "save_path": self._root, "project": self.project}
+                arguments = {"run": self._run_id(), "rank": rank, "save_path": self._root, "project": self.project}
                 if self._call(rank, name, "open a run", backend.open, **arguments):
                     opened[name] = backend
         return opened

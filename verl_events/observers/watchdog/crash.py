@@ -42,12 +42,13 @@ signal (the watchdog removes it at close).  Standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from verl_events import Record
 
 __all__ = [
     "CRASH_DIR",
@@ -138,7 +139,7 @@ class NotACrashRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CrashRecord:
+class CrashRecord(Record):
     """One line of ``crashes/rank{R}.jsonl`` (see the module docstring).
 
     ``step``, ``stage`` and ``role`` are the stage that raised, or the
@@ -166,29 +167,23 @@ class CrashRecord:
     signal: str | None = None
     open: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> str:
-        """One line of the crash log (no newline)."""
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+    refused = NotACrashRecord
+    required = ("kind", "time", "rank")
 
     @classmethod
     def from_json(cls, line: str | bytes) -> CrashRecord:
-        """Parse one line: ValueError when it is not JSON, NotACrashRecord when it is not a record."""
-        data = json.loads(line)
-        if not isinstance(data, dict):
-            raise NotACrashRecord(f"a crash record is a JSON object, not {type(data).__name__}")
-        missing = [name for name in ("kind", "time", "rank") if name not in data]
-        if missing:
-            raise NotACrashRecord(f"a crash record needs kind, time and rank; this one lacks {', '.join(missing)}")
+        """Parse one line; NotACrashRecord (a ValueError) when it is not a crash record."""
+        data = cls.parsed(line)
         rank, time = data["rank"], data["time"]
         if data["kind"] not in CRASH_KINDS or not isinstance(rank, int) or isinstance(rank, bool):
             raise NotACrashRecord(f"a crash record has a kind of {' or '.join(CRASH_KINDS)} and an integer rank")
         if not isinstance(time, (int, float)) or isinstance(time, bool):
             raise NotACrashRecord("a crash record's time is a number (Unix seconds)")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return cls.known(data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ProcessEnd:
+class ProcessEnd(Record):
     """One line of ``crashes/ends.jsonl`` (see the module docstring)."""
 
     run: str | None
@@ -199,19 +194,15 @@ class ProcessEnd:
     how: str
     detail: str | None = None
 
-    def to_json(self) -> str:
-        """One line of the log (no newline)."""
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+    required = ("time", "pid", "how")
 
     @classmethod
     def from_json(cls, line: str | bytes) -> ProcessEnd:
-        """Parse one line: ValueError when it is not JSON or not a process's end."""
-        data = json.loads(line)
-        if not isinstance(data, dict) or not all(key in data for key in ("time", "pid", "how")):
-            raise ValueError("a process's end is a JSON object with time, pid and how")
+        """Parse one line: ValueError when it is not a process's end."""
+        data = cls.parsed(line)
         if data["how"] not in ENDINGS or not isinstance(data.get("ranks", []), list):
             raise ValueError(f"a process's end has a how of {', '.join(ENDINGS)} and a list of ranks")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return cls.known(data)
 
 
 #: How a process ended, in ``ends.jsonl``; ``abort``: the watchdog ended it (``action: abort``).

@@ -57,7 +57,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from verl_events import StageEnd
+from verl_events import StageEnd, stage_header
 from verl_events.frames import user_frame_of_traceback
 from verl_events.layout import owner_of
 
@@ -107,7 +107,7 @@ class Endings:
         table: WatchTable,
         save_path: Path,
         host: str,
-        run: Callable[[], str | None],
+        run: Callable[[], str],
         final_beat: Callable[[dict[str, Any]], None],
     ) -> None:
         self.table = table
@@ -254,14 +254,10 @@ class Endings:
             message = f"<str() of the exception failed: {type(exc).__name__}>"
         self._append(
             CrashRecord(
+                **stage_header(event, self._run),
                 kind="exception",
-                run=self._run(),
-                time=time.time(),
-                rank=event.rank,
                 pid=self.pid,
                 host=self.host,
-                step=event.step,
-                stage=event.stage,
                 role=event.role,
                 parent=event.parent,
                 error_type=type(error).__name__,

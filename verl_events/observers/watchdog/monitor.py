@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import HangEvent, StageEvent, hang
-from verl_events.layout import run_id
+from verl_events import HangEvent, StageEvent, hang, stage_header
 
 from .._lines import append_line
 from .record import (
@@ -64,7 +63,9 @@ class MonitorSettings:
 class Monitor:
     """The watchdog's thread (see the module docstring)."""
 
-    def __init__(self, table: WatchTable, settings: MonitorSettings, save_path: Path, host: str) -> None:
+    def __init__(
+        self, table: WatchTable, settings: MonitorSettings, save_path: Path, host: str, run: Callable[[], str]
+    ) -> None:
         self.table = table
         self.settings = settings
         self.save_path = save_path
@@ -76,7 +77,7 @@ class Monitor:
         self._first_rank_told = False
         self._stop = threading.Event()
         self._fire_lock = threading.Lock()  # a stage's late line waits for its hang line
-        self._run: str | None = None
+        self.run = run  # the run id (the installation's: resolved at its first record)
         self._thread = threading.Thread(target=self._loop, name="verl-events-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -165,12 +166,6 @@ class Monitor:
         """Every rank's heartbeat, closed, from a signal handler: the main thread it runs
         on may hold the table's lock, so the lock is waited for only briefly."""
         self._beat(closed=True, exit=exit, lock_wait_s=0.5)
-
-    def run(self) -> str | None:
-        """The run's id (read once: the installation claimed the save_path before any stage began)."""
-        if self._run is None:
-            self._run = run_id()
-        return self._run
 
     # -- heartbeats --------------------------------------------------------------
 
@@ -341,13 +336,9 @@ class Monitor:
         says of it, and ``found`` (what a ``hang`` line adds: thread, where, ...)."""
         event = entry.event
         return HangRecord(
+            **stage_header(event, self.run),
             kind=kind,
-            run=self.run(),
-            time=time.time(),
-            step=event.step,
-            stage=event.stage,
             role=event.role,
-            rank=event.rank,
             pid=self.pid,
             host=self.host,
             began=entry.since,

@@ -165,7 +165,7 @@ class WatchdogObserver(Observer):
         self._idle = self._table.idle = IdleWatch(
             fixed, self.start_s, self.first_s, self.floor_s, self.multiple, on=self.stall_s is not False
         )
-        monitor = self._monitor = Monitor(self._table, settings, context.save_path, host)
+        monitor = self._monitor = Monitor(self._table, settings, context.save_path, host, context.run_id)
         endings = self._endings = Endings(self._table, context.save_path, host, monitor.run, monitor.final_beat)
         monitor.on_first_rank = endings.arm
         monitor.on_abort = endings.aborted

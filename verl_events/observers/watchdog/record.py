@@ -55,10 +55,11 @@ import json
 import os
 import re
 import threading
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from verl_events import Record
 from verl_events.layout import step_dir_name
 
 from .boundary import BEGAN, BOUNDARY_SUFFIX, Boundary, boundary_path, read_boundary
@@ -163,7 +164,7 @@ class NotAHangRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HangRecord:
+class HangRecord(Record):
     """One line of ``hangs.jsonl``: a stage that passed its deadline on one
     rank (``kind="hang"``), or that stage ending after all (``"late"``).
 
@@ -199,32 +200,21 @@ class HangRecord:
     report: str | None = None
     action: str = "report"
 
-    def to_json(self) -> str:
-        """One line of hangs.jsonl (no newline)."""
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+    refused = NotAHangRecord
+    required = ("kind", "time", "step", "stage", "rank", "began", "elapsed_s", "deadline_s")
 
     @classmethod
     def from_json(cls, line: str | bytes) -> HangRecord:
-        """Parse one line.  ValueError when it is not JSON; NotAHangRecord (a
-        ValueError too) when it lacks a field or a field has the wrong type.
-        Keys it does not know are ignored."""
-        data = json.loads(line)
-        if not isinstance(data, dict):
-            raise NotAHangRecord(f"a hang record is a JSON object, not {type(data).__name__}")
-        missing = [name for name in _REQUIRED if name not in data]
-        if missing:
-            raise NotAHangRecord(f"a hang record needs {', '.join(_REQUIRED)}; this one lacks {', '.join(missing)}")
+        """Parse one line; NotAHangRecord (a ValueError) when it is not a hang record: not
+        JSON, a field missing, or a field of the wrong type.  Keys it does not know are ignored."""
+        data = cls.parsed(line)
         if (
             data["kind"] not in KINDS
             or not _is_int(data["rank"])
             or not (data["step"] is None or _is_int(data["step"]))
         ):
             raise NotAHangRecord(f"a hang record has a kind of {' or '.join(KINDS)} and integer step and rank")
-        return cls(**{name: data[name] for name in _NAMES if name in data})
-
-
-_NAMES = tuple(f.name for f in fields(HangRecord))
-_REQUIRED = ("kind", "time", "step", "stage", "rank", "began", "elapsed_s", "deadline_s")
+        return cls.known(data)
 
 
 def _is_int(value: object) -> bool:
@@ -236,7 +226,7 @@ class NotAHeartbeat(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Heartbeat:
+class Heartbeat(Record):
     """One rank's last position (see the module docstring for the fields).
 
     ``open`` items and ``last_begun`` / ``last_ended`` are dicts with
@@ -263,8 +253,7 @@ class Heartbeat:
     mtime_beats: bool = False
     from_boundary: bool = False  # set by the reader: the position is the boundary record's (newer)
 
-    def to_json(self) -> str:
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+    refused = NotAHeartbeat
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Heartbeat:
@@ -275,10 +264,7 @@ class Heartbeat:
             raise NotAHeartbeat(f"it is not JSON ({exc}); it may have been cut short") from None
         if not isinstance(data, dict) or not _is_int(data.get("rank")) or not isinstance(data.get("time"), float):
             raise NotAHeartbeat("it is not a heartbeat (needs an integer rank and a time)")
-        try:
-            return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
-        except TypeError as exc:
-            raise NotAHeartbeat(f"it is not a heartbeat ({exc})") from None
+        return cls.known(data)
 
 
 def write_heartbeat(save_path: Path, heartbeat: Heartbeat) -> None:

@@ -35,13 +35,12 @@ end); ``waiting_in`` the ``torch.distributed`` call, or ``ray.get`` /
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._lines import json_object
+from verl_events import Record
 
 __all__ = [
     "STALLS_LOG",
@@ -81,7 +80,7 @@ class NotAStallRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StallRecord:
+class StallRecord(Record):
     """One line of ``stalls.jsonl`` (see the module docstring)."""
 
     kind: str
@@ -108,17 +107,13 @@ class StallRecord:
         """What a stall and its ``resumed`` line share: the process and when its idle time began."""
         return (self.host, self.pid, self.began)
 
-    def to_json(self) -> str:
-        """One line of stalls.jsonl (no newline)."""
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, allow_nan=False)
+    refused = NotAStallRecord
+    required = ("kind", "time", "pid", "ranks", "began", "elapsed_s", "deadline_s")
 
     @classmethod
     def from_json(cls, line: str | bytes) -> StallRecord:
         """Parse one line; NotAStallRecord (a ValueError) when it is not a stall record, naming the field."""
-        data = json_object(line if isinstance(line, str) else line.decode(), NotAStallRecord)
-        missing = [name for name in _REQUIRED if name not in data]
-        if missing:
-            raise NotAStallRecord(f"a stall record needs {', '.join(_REQUIRED)}; this one lacks {', '.join(missing)}")
+        data = cls.parsed(line)
         if data["kind"] not in STALL_KINDS:
             raise NotAStallRecord(f"kind {data['kind']!r} is not one of {', '.join(STALL_KINDS)}")
         if not _is_int(data["pid"]) or not isinstance(data["ranks"], list) or not all(map(_is_int, data["ranks"])):
@@ -133,11 +128,7 @@ class StallRecord:
         for name in ("after", "next", "where"):
             if data.get(name) is not None and not isinstance(data[name], dict):
                 raise NotAStallRecord(f"{name} is an object or null")
-        return cls(**{name: data[name] for name in _NAMES if name in data})
-
-
-_NAMES = tuple(f.name for f in fields(StallRecord))
-_REQUIRED = ("kind", "time", "pid", "ranks", "began", "elapsed_s", "deadline_s")
+        return cls.known(data)
 
 
 def finite_number(value: object) -> float | None:

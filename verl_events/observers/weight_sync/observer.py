@@ -52,6 +52,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,7 +135,7 @@ class WeightSyncObserver(Observer):
         self._lock = threading.Lock()
         self._root = Path()
         self._strict = False
-        self._run: str | None = None
+        self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
         self._fingerprint: Any = None
         self._nonfinite: Any = None
         self._dtype_name: Any = None
@@ -149,6 +150,7 @@ class WeightSyncObserver(Observer):
         self._warned_no_payload = False
 
     def setup(self, context: InstallContext) -> None:
+        self._run_id = context.run_id
         from .fingerprint import dtype_name, fingerprint, nonfinite_count  # torch: only where the observer runs
 
         self._fingerprint, self._nonfinite, self._dtype_name = fingerprint, nonfinite_count, dtype_name
@@ -244,10 +246,8 @@ class WeightSyncObserver(Observer):
             )
             self._previous, self._previous_receipt, self._stepped = sent.manifest, receipt, False
             self._previous_kinds = self._previous_kinds | sent.kinds
-        if self._run is None:
-            self._run = run_id()
         record = SyncRecord(
-            run=self._run,
+            run=self._run_id(),
             step=event.step if event.step is not None else sent.last.step,
             rank=event.rank,
             time=time.time(),
@@ -387,9 +387,7 @@ class WeightSyncObserver(Observer):
             "no tensor passed a rollout adapter's update_weights or a checkpoint engine's send_weights in this "
             "process (an engine that sends from elsewhere?)"
         )
-        if self._run is None:
-            self._run = run_id()
-        record = SyncRecord.not_seen(run=self._run, step=event.step, rank=event.rank, time=time.time(), why=why)
+        record = SyncRecord.not_seen(run=self._run_id(), step=event.step, rank=event.rank, time=time.time(), why=why)
         append_line(weight_sync_log_path(self._root), record.to_json())
         if not self._warned_no_payload:
             self._warned_no_payload = True

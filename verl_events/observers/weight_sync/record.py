@@ -32,12 +32,11 @@ interleave.  Standard library only.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._lines import json_object
+from verl_events import Record
 
 __all__ = [
     "ALARM_KINDS",
@@ -97,8 +96,27 @@ class Alarm:
     detail: str
 
 
+#: The keys a line of the ledger always holds.
+_REQUIRED = (
+    "run",
+    "step",
+    "rank",
+    "time",
+    "complete",
+    "tensors",
+    "bytes",
+    "adapter",
+    "adapter_tensors",
+    "changed",
+    "unchanged",
+    "optimizer_stepped",
+    "nonfinite",
+    "receipt",
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SyncRecord:
+class SyncRecord(Record):
     """One sync on one rank (see the module docstring)."""
 
     run: str
@@ -144,15 +162,16 @@ class SyncRecord:
             payloads=0,
         )
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), allow_nan=True)
+    refused = NotASyncRecord
+    required = _REQUIRED
+    numbers = ("seconds",)
+
+    def as_dict(self) -> dict[str, Any]:
+        return Record.as_dict(self) | {"alarms": [asdict(alarm) for alarm in self.alarms]}
 
     @classmethod
     def from_json(cls, line: str) -> SyncRecord:
-        data = json_object(line, NotASyncRecord)
-        missing = [name for name in _REQUIRED if name not in data]
-        if missing:
-            raise NotASyncRecord(f"no {', '.join(missing)}")
+        data = cls.parsed(line)
         for name in ("seen_at", "unchecked"):
             if not isinstance(data.get(name), str | None):
                 raise NotASyncRecord(f"its {name} is neither text nor null")
@@ -161,12 +180,6 @@ class SyncRecord:
             raise NotASyncRecord(f"its payloads is {payloads!r}, not a count")
         try:
             alarms = [Alarm(**alarm) for alarm in data.get("alarms") or []]
-            known = {name: data[name] for name in _FIELDS if name in data and name != "alarms"}
-            return cls(alarms=alarms, **known)
         except TypeError as exc:
             raise NotASyncRecord(f"not a weight-sync record ({exc})") from None
-
-
-_FIELDS = tuple(f.name for f in fields(SyncRecord))
-_OPTIONAL = ("canary", "alarms", "seconds", "seen_at", "unchecked", "payloads")
-_REQUIRED = tuple(f.name for f in fields(SyncRecord) if f.name not in _OPTIONAL)
+        return cls.known(data | {"alarms": alarms})

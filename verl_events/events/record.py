@@ -1,0 +1,128 @@
+"""What every line an observer writes shares: one JSON style, one parser, and the header
+a record of one stage takes from its event.
+
+* **The style** (:meth:`Record.to_json`): one JSON object a line, its keys in the record's
+  field order, and standard JSON only: a number that is not finite is written as the
+  string ``"nan"``, ``"inf"`` or ``"-inf"``.  A NaN is evidence a debugging tool must keep,
+  and a bare ``NaN`` is not JSON (jq, DuckDB and browsers refuse the line).  The fields a
+  record lists in ``numbers`` hold only numbers, so there those strings are read back as
+  floats; lines of older writers, with a bare ``NaN``, still read.
+* **The parser** (:meth:`Record.parsed`, :meth:`Record.known`): a line is a JSON object
+  that holds every ``required`` key, or the record's own error (``refused``, a ValueError
+  like JSON's own) says what it is not; keys a record does not know are passed over, so a newer writer's
+  lines read.  Each record then checks its own values.
+* **The header** (:func:`stage_header`): the run id (the installation's,
+  :attr:`~verl_events.InstallContext.run_id`), the time written, and the step, stage and
+  rank of the event.
+
+The timing log's record is the one exception: a large run holds a million of its lines,
+written and read on a fast path of its own (:mod:`verl_events.observers.timing`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Protocol, TypeVar
+
+__all__ = ["Record", "finite_or_named", "named_or_finite", "stage_header"]
+
+R = TypeVar("R", bound="Record")
+
+_NAMED = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class _OneStage(Protocol):
+    """A stage on one rank: a :class:`~verl_events.StageEvent`, or what an observer keeps of one."""
+
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def stage(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+
+
+def stage_header(event: _OneStage, run_id: Callable[[], str]) -> dict[str, Any]:
+    """The fields a record of ``event``'s stage takes from it, written now: ``run``,
+    ``time``, ``step``, ``stage`` and ``rank``."""
+    return {"run": run_id(), "time": time.time(), "step": event.step, "stage": event.stage, "rank": event.rank}
+
+
+def finite_or_named(value: Any) -> Any:
+    """``value`` with every float that is not finite, at any depth, made its name
+    (``"nan"``, ``"inf"``, ``"-inf"``); tuples become lists, as JSON has them."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: finite_or_named(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_named(item) for item in value]
+    return value
+
+
+def named_or_finite(value: Any) -> Any:
+    """The reverse of :func:`finite_or_named`, for a value that holds only numbers."""
+    if isinstance(value, str) and value in _NAMED:
+        return _NAMED[value]
+    if isinstance(value, dict):
+        return {key: named_or_finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [named_or_finite(item) for item in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """The base of the observers' JSON-lines records (see the module docstring).  A record
+    is a frozen, keyword-only dataclass that sets ``refused``, ``required`` and, where a
+    field holds only numbers, ``numbers``."""
+
+    #: The error a line that is not this record raises (a ValueError of the format's own).
+    refused: ClassVar[type[ValueError]] = ValueError
+    #: The keys every line holds.
+    required: ClassVar[tuple[str, ...]] = ()
+    #: The fields that hold only numbers (at any depth): read back with named non-finite ones.
+    numbers: ClassVar[tuple[str, ...]] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name, in order, as they are (not copied)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_data(self) -> dict[str, Any]:
+        """The fields by name as they are written: non-finite numbers by name, tuples as lists."""
+        data: dict[str, Any] = finite_or_named(self.as_dict())
+        return data
+
+    def to_json(self) -> str:
+        """One line of the record's log (no newline), in the one style."""
+        return json.dumps(self.to_data(), allow_nan=False)
+
+    @classmethod
+    def parsed(cls, line: str | bytes) -> dict[str, Any]:
+        """``line`` as a JSON object holding every required key, its ``numbers`` read back.
+        A ValueError when it is not JSON (a line cut short: readers say so in their own
+        words), ``refused`` when it is JSON but not this record."""
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise cls.refused(f"a JSON {type(data).__name__}, not an object")
+        missing = [name for name in cls.required if name not in data]
+        if missing:
+            raise cls.refused(f"it lacks {', '.join(missing)}")
+        for name in cls.numbers:
+            if name in data:
+                data[name] = named_or_finite(data[name])
+        return data
+
+    @classmethod
+    def known(cls: type[R], data: dict[str, Any]) -> R:
+        """The record of ``data``'s keys that are fields (the others are passed over)."""
+        try:
+            return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        except TypeError as exc:  # a field without a default that the line lacks
+            raise cls.refused(str(exc)) from None
