@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from verl_events.capture.arming import ArmedSelection, armed_stages, check_triggers
 from verl_events.capture.replay import REPLAYABLE
-from verl_events.events.errors import check_count
+from verl_events.events.errors import check_count, read_config_text
 from verl_events.events.selection import parse_numbers
 from verl_events.setup.from_verl import from_verl_config, is_verl_config
 from verl_events.setup.install import build_observers, check_exclusive_resources, nothing_to_observe, start_run_folder
@@ -53,6 +53,7 @@ __all__ = [
     "observer_origin",
     "parse_numbers",
     "read_config",
+    "read_config_text",
     "start_run_folder",
     "writing_observers",
 ]

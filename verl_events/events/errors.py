@@ -1,9 +1,17 @@
-"""Exception and warning classes, each subclassing what a caller would catch, and the check
-of a count that many config keys share (its one sentence is a ConfigError)."""
+"""Exception and warning classes, each subclassing what a caller would catch; the check of
+a count that many config keys share, and the reading of a config file (their one sentence
+is a ConfigError)."""
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Any
+
+#: The largest config file read: far above any real one, and a bound on what a file that is
+#: not a config (a log, a device) can cost before the parser sees it.
+CONFIG_FILE_LIMIT = 4 * 2**20
 
 
 class ConfigError(ValueError):
@@ -48,3 +56,27 @@ def check_count(
         use += f", or null {null}" if null is not None else ""
         raise ConfigError(f"{key}: {value!r} is not allowed; use {use}")
     return value
+
+
+def read_config_text(path: Path, what: str) -> str:
+    """The text of the config file ``path`` (``what`` names it in the error: ``config file
+    'x.yaml'``).  ConfigError when it cannot be read, is not a regular file (a FIFO would
+    block, a device never end), is larger than :data:`CONFIG_FILE_LIMIT` or is not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ConfigError(f"{what} cannot be read: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "rb") as file:
+        mode = os.fstat(fd)
+        if not stat.S_ISREG(mode.st_mode):
+            raise ConfigError(f"{what} is not a regular file; give a YAML or JSON file")
+        if mode.st_size > CONFIG_FILE_LIMIT:
+            raise ConfigError(
+                f"{what} holds {mode.st_size} bytes, more than a config file may "
+                f"({CONFIG_FILE_LIMIT // 2**20} MiB); is it the right file?"
+            )
+        data = file.read(CONFIG_FILE_LIMIT + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} is not UTF-8 text (byte {exc.start})") from exc

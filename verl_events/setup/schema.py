@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from verl_events.capture.arming import TRIGGER_KEYS, Trigger, parse_trigger
-from verl_events.events.errors import ConfigError, check_count
+from verl_events.events.errors import ConfigError, check_count, read_config_text
 from verl_events.events.run_id import run_id
 from verl_events.events.selection import Selection
 from verl_events.run.identity import node_name
@@ -153,10 +153,7 @@ def _is_omegaconf(value: Any) -> bool:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    text = read_config_text(path, f"config file {str(path)!r}")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -127,19 +127,28 @@ logger = logging.getLogger("verl_events.batch")
 _ROLE_PREFIX = {"actor_update": "actor/", "critic_update": "critic/"}
 
 
-def extract_metrics(stage: str, result: Any, inputs: Any = None) -> dict[str, float]:
+def extract_metrics(
+    stage: str, result: Any, inputs: Any = None, reported: set[tuple[str, str]] | None = None
+) -> dict[str, float]:
     """The scalars in ``result`` (and, for the gap, ``inputs``) of one ``stage``.
 
-    Never raises: a part that cannot be read is left out (the first failure
-    of each stage and part is logged at WARNING on ``verl_events.batch``).
-    Tensors are not copied beyond the reductions.  See the module docstring
-    for the names.
+    Never raises: a part that cannot be read is left out, and logged at WARNING on
+    ``verl_events.batch`` unless its (stage, part) is in ``reported``, the caller's record
+    of failures already logged (so that a part unreadable at every step is said once).
+    Tensors are not copied beyond the reductions.  See the module docstring for the names.
     """
     # It runs at the end of every stage, just after the stage's own work has
     # pushed it out of the CPU caches: few calls, few objects, no lambdas.
     readings = Readings()
     if result is None:
         return readings.values
+    reported = set() if reported is None else reported
+
+    def _report(stage: str, part: str, exc: Exception) -> None:
+        if (stage, part) not in reported:
+            reported.add((stage, part))
+            _log_failure(stage, part, exc)
+
     out_batch: Batch | None = None
     try:
         out_batch = as_batch(result)
@@ -278,17 +287,13 @@ def _flatten(items: Any) -> list[Any]:
 
 # -- failures ----------------------------------------------------------------
 
-_reported: set[tuple[str, str]] = set()
 
-
-def _report(stage: str, part: str, exc: Exception) -> None:
-    """Log the first failure to read ``part`` at ``stage``; a reader never raises into training."""
-    if (stage, part) not in _reported:
-        _reported.add((stage, part))
-        logger.warning(
-            "could not read %s at stage %s (%s: %s); it is left out, and later failures of it are not logged",
-            part,
-            stage,
-            type(exc).__name__,
-            exc,
-        )
+def _log_failure(stage: str, part: str, exc: Exception) -> None:
+    """Log a failure to read ``part`` at ``stage``; a reader never raises into training."""
+    logger.warning(
+        "could not read %s at stage %s (%s: %s); it is left out, and later failures of it are not logged",
+        part,
+        stage,
+        type(exc).__name__,
+        exc,
+    )

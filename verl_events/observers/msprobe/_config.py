@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import ConfigError, VerlEventsWarning
-from verl_events.config import is_bare_name
+from verl_events.config import is_bare_name, read_config_text
 from verl_events.layout import STAGE_DIR_TEMPLATE
 
 from .layout import DUMP_FILE
@@ -98,10 +98,7 @@ def read_msprobe_config(config_path: str | os.PathLike[str] | None) -> MsprobeSe
     where = f"config_path {str(path)!r}"
     if path.suffix != ".json":
         raise ConfigError(f"{where}: msprobe reads only .json config files")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{where} cannot be read: {exc.strerror or exc}") from exc
+    text = read_config_text(path, where)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

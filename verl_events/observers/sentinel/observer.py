@@ -157,6 +157,7 @@ class SentinelObserver(Observer):
         self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
         self._history: dict[tuple[str, str], SpikeHistory] = {}  # (stage, metric) -> its spike rule's history
         self._fired: dict[str, tuple[str, int]] = {}  # metric -> ("step", N) or ("seq", N) of its last trigger
+        self._unreadable: set[tuple[str, str]] = set()  # (stage, part) of metrics that could not be read, logged once
         self._names_seen: set[str] | None = set() if self.rules else None  # None: checked, or nothing to check
         self._steps_seen: set[int] = set()
         # (stage, step, rank) -> the anomalies raised there, for a replay to be judged by; the newest step only.
@@ -189,7 +190,7 @@ class SentinelObserver(Observer):
         if event.replay:
             self._judge_replay(event)
             return
-        metrics = extract_metrics(event.stage, event.result, event.inputs)
+        metrics = extract_metrics(event.stage, event.result, event.inputs, self._unreadable)
         if not metrics and self._names_seen is None:
             return
         triggered: list[AnomalyEvent] = []
@@ -216,7 +217,9 @@ class SentinelObserver(Observer):
             raised = self._raised.pop((event.stage, event.step, event.rank), None)
         if raised is None:
             return  # replayed for another rank's anomaly: nothing to judge here
-        verdict, again = judge(raised, extract_metrics(event.stage, event.result, event.inputs), self.rules)
+        verdict, again = judge(
+            raised, extract_metrics(event.stage, event.result, event.inputs, self._unreadable), self.rules
+        )
         try:
             inputs = keep_inputs(self._root, event)
         except Exception as exc:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,11 +163,7 @@ def memory_sources(run: Path, scratch: Path) -> Sources | None:
 def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
     """The ``stage`` table from the timing logs; ``notes``: a sentence per log of what was
     skipped (as the record-by-record report says it)."""
-
-    def create() -> None:
-        con.execute(
-            f"""
-            CREATE OR REPLACE TABLE stage AS
+    select = f"""
             SELECT f.fidx, {_ORD.format(clock="j.end_unix")} AS ord, j.run, j.stage, j.step, j.rank,
                    coalesce(j.depth, 0) AS depth, j.elapsed_s AS elapsed, j.error, j.profiled,
                    list_concat(coalesce(j.profiled_by, []),
@@ -181,16 +176,9 @@ def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
                        OR len(map_keys(j.hook_end_s)) <> len(list_distinct(map_keys(j.hook_end_s))) AS twice,
                    coalesce(list_sum(map_values(j.hook_s)), 0.0) AS hook_total,
                    coalesce(list_sum(map_values(j.hook_end_s)), 0.0) AS hook_end,
-                   j.hook_s
-            FROM read_json(?, format = 'newline_delimited', compression = 'uncompressed', filename = true,
-                           columns = {_columns(_TIMING_COLUMNS)}) j
-            JOIN timing_files f USING (filename)
-            """,
-            [sources.names],
-        )
-
+                   j.hook_s"""
     not_records = "stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL"
-    _load(con, sources, ("stage", "timing"), create, not_records, _TIMING_COLUMNS, "stage records")
+    _load(con, sources, ("stage", "timing"), select, not_records, _TIMING_COLUMNS, "stage records")
     notes.extend(sources.notes)
     old, twice = con.execute(
         "SELECT count(*) FILTER (old OR end_unix IS NULL), count(*) FILTER (twice) FROM stage"
@@ -203,21 +191,9 @@ def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
 
 def load_memory(con: Any, sources: Sources, notes: list[str]) -> None:
     """The ``memory`` table from the memory logs (:func:`memory_sources`)."""
-
-    def create() -> None:
-        con.execute(
-            f"""
-            CREATE OR REPLACE TABLE memory AS
-            SELECT f.fidx, {_ORD.format(clock="j.time")} AS ord, j.* EXCLUDE (filename)
-            FROM read_json(?, format = 'newline_delimited', compression = 'uncompressed', filename = true,
-                           columns = {_columns(_MEMORY_COLUMNS)}) j
-            JOIN memory_files f USING (filename)
-            """,
-            [sources.names],
-        )
-
+    select = f"""SELECT f.fidx, {_ORD.format(clock="j.time")} AS ord, j.* EXCLUDE (filename)"""
     not_records = "stage IS NULL OR rank IS NULL OR time IS NULL OR pid IS NULL OR host_peak IS NULL"
-    _load(con, sources, ("memory", "memory"), create, not_records, _MEMORY_COLUMNS, "memory records")
+    _load(con, sources, ("memory", "memory"), select, not_records, _MEMORY_COLUMNS, "memory records")
     notes.extend(sources.notes)
 
 
@@ -225,21 +201,28 @@ def _load(
     con: Any,
     sources: Sources,
     names: tuple[str, str],
-    create: Callable[[], None],
+    select: str,
     not_records: str,
     columns: dict[str, str],
     noun: str,
 ) -> None:
-    """``create`` the table ``names[0]`` from the ``names[1]`` logs.  Those DuckDB cannot
-    parse, or that hold lines ``not_records`` finds, are read by their owner and copied
-    (:mod:`.sources`), and the table made again."""
+    """Make the table ``names[0]`` from the ``names[1]`` logs: ``select``'s columns of their
+    lines (``j``) and files (``f``).  Those DuckDB cannot parse, or that hold lines
+    ``not_records`` finds, are read by their owner and copied (:mod:`.sources`), and the
+    table made again."""
     import duckdb
 
     table, kind = names  # the table, and the kind of log ("timing", "memory")
+    create = f"""
+        CREATE OR REPLACE TABLE {table} AS {select}
+        FROM read_json(?, format = 'newline_delimited', compression = 'uncompressed', filename = true,
+                       columns = {_columns(columns)}) j
+        JOIN {kind}_files f USING (filename)
+        """
     for attempt in (1, 2):
         _file_table(con, f"{kind}_files", sources)
         try:
-            create()
+            con.execute(create, [sources.names])
         except (duckdb.InvalidInputException, duckdb.ConversionException) as exc:
             unread = [
                 i for i, path in enumerate(sources.names) if not sources.copied(i) and not _reads(con, path, columns)
