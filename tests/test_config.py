@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,25 @@ def test_replay_is_a_boolean_and_needs_an_armed_observer() -> None:
         load_config({"replay": True, "observers": [{"name": "sentinel"}, {"name": "msprobe"}]})
     assert load_config({"replay": False}).replay is False
     assert load_config({}).replay is None
+
+
+def test_a_config_file_that_is_not_a_small_regular_utf8_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO where the config belongs would block a reader forever; a huge file or a binary
+    one is not a config: each is one ConfigError naming the file."""
+    from verl_events.config import CONFIG_FILE_LIMIT, read_config_text
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"config file '.*fifo.yaml' is not a regular file"):
+        load_config(fifo)
+    huge = tmp_path / "huge.yaml"
+    huge.write_bytes(b"#" * (CONFIG_FILE_LIMIT + 1))
+    with pytest.raises(ConfigError, match=r"huge.yaml' holds \d+ bytes, more than a config file may"):
+        load_config(huge)
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigError, match=r"msprobe's config is not UTF-8 text \(byte 0\)"):
+        read_config_text(binary, "msprobe's config")
+    edge = tmp_path / "edge.yaml"
+    edge.write_bytes(b"#" * CONFIG_FILE_LIMIT)
+    assert len(read_config_text(edge, "edge")) == CONFIG_FILE_LIMIT  # a file of the limit itself is read whole

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from verl_events.capture.arming import ArmedSelection, armed_stages, check_triggers
 from verl_events.capture.replay import REPLAYABLE
-from verl_events.events.errors import check_count, read_config_text
+from verl_events.events.errors import CONFIG_FILE_LIMIT, check_count, read_config_text
 from verl_events.events.selection import parse_numbers
 from verl_events.setup.from_verl import from_verl_config, is_verl_config
 from verl_events.setup.install import build_observers, check_exclusive_resources, nothing_to_observe, start_run_folder
@@ -30,6 +30,7 @@ from verl_events.setup.registry import (
 from verl_events.setup.schema import Config, ObserverSpec, is_bare_name, load_config, read_config
 
 __all__ = [
+    "CONFIG_FILE_LIMIT",
     "PRESETS",
     "REPLAYABLE",
     "ArmedSelection",
