@@ -92,7 +92,7 @@ def test_the_ledgers_alarms_found_by_a_byte_search_are_those_every_line_gives(
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     monkeypatch.setattr(large_logs, "CHUNK_BYTES", 1000)  # lines cut across chunks
     evidence = Evidence(tmp_path, "r")
-    every = [(n, r) for n, r in records_of(evidence, path, weight_sync_record.SyncRecord.from_json) if r.alarms]
+    every = [(n, r) for n, r in records_of(evidence, path, weight_sync_record.SyncRecord) if r.alarms]
     found = list(
         large_logs.lines_matching(evidence, path, large_logs.ALARM_LINE, weight_sync_record.SyncRecord.from_json)
     )

@@ -271,7 +271,7 @@ def test_a_memory_log_with_a_bad_line_and_a_rank_without_a_device_figure(
     damaged.write_text("\n".join([lines[0], "{not json", '{"no": "record"}', *lines[1:]]) + "\n")
     said, result = warnings_and_json(capsys, tmp_path, "duckdb")
     assert said == warnings_and_json(capsys, tmp_path, "records")[0]
-    assert "rank1.jsonl:2: not a memory record" in said and "rank1.jsonl:3: not a memory record" in said
+    assert "rank1.jsonl:2: not a JSON line (" in said and "rank1.jsonl:3: not a memory record (it lacks" in said
     assert_engines_agree(tmp_path)
     assert result["memory"][0]["device_peak_max_mb"] == 5 * 1024  # the ranks without a figure left out
 

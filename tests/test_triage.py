@@ -407,8 +407,8 @@ def test_unreadable_lines_are_skipped_with_a_warning(tmp_path: Path, capsys: pyt
     write_anomalies(tmp_path, loss_nan(), extra='{"step": 1, "rank\n{"step": 1}\n')
     assert main(["triage", str(tmp_path)]) == 1
     captured = capsys.readouterr()
-    assert f"warning: {tmp_path / 'anomalies.jsonl'}:1 is not a JSON line" in captured.err
-    assert f"warning: {tmp_path / 'anomalies.jsonl'}:2 is not an anomaly record" in captured.err
+    assert f"warning: {tmp_path / 'anomalies.jsonl'}:1: not a JSON line (" in captured.err
+    assert f"warning: {tmp_path / 'anomalies.jsonl'}:2: not an anomaly record (" in captured.err
     assert "anomaly step 1 actor_update" in captured.out
 
 

@@ -309,8 +309,8 @@ def test_only_a_replay_of_the_anomalys_step_stage_and_rank_counts_and_bad_lines_
     result = json.loads(captured.out)
     assert result["replay"] is None
     assert result["dump"] == str(run / "step_3" / STAGE / "step0/rank0")  # as without a replay
-    assert f"{run / 'replays.jsonl'}:1 is not a JSON line" in captured.err
-    assert f"{run / 'replays.jsonl'}:2 is not a replay record (it lacks stage, rank)" in captured.err
+    assert f"{run / 'replays.jsonl'}:1: not a JSON line (" in captured.err
+    assert f"{run / 'replays.jsonl'}:2: not a replay record (it lacks stage, rank); skipped" in captured.err
 
 
 # -- docs/sentinel.md's demo commands ------------------------------------------------------

@@ -34,7 +34,7 @@ from verl_events.observers import timing as timing_log
 from verl_events.observers.weight_sync import record as weight_sync_record
 
 from . import shell
-from .read.jsonl import read_log, read_run_log, why_not
+from .read.jsonl import read_log, read_run_log, skipping
 
 __all__ = ["NoSyncSeen", "WeightsInputError", "add_command", "command", "read_syncs"]
 
@@ -100,10 +100,8 @@ def read_syncs(run: Path) -> Syncs:
     this_run = owner_of(run)
     others: set[str] = set()
 
-    def skipped(number: int, exc: Exception) -> None:
-        syncs.warnings.append(f"{path}:{number}: {why_not(exc, 'a weight-sync record')}; skipped")
-
-    for number, record in log.records(weight_sync_record.SyncRecord.from_json, skipped):
+    sync_record = weight_sync_record.SyncRecord
+    for number, record in log.records(sync_record.from_json, skipping(syncs.warnings, path, sync_record.noun)):
         if this_run is not None and record.run != this_run:
             others.add(record.run)
             syncs.warnings.append(

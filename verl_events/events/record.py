@@ -83,6 +83,8 @@ class Record:
     is a frozen, keyword-only dataclass that sets ``refused``, ``required`` and, where a
     field holds only numbers, ``numbers``."""
 
+    #: What a line of the log is called, in a reader's warning (``not a hang record (...)``).
+    noun: ClassVar[str] = "a record"
     #: The error a line that is not this record raises (a ValueError of the format's own).
     refused: ClassVar[type[ValueError]] = ValueError
     #: The keys every line holds.

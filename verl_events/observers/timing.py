@@ -39,7 +39,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import orjson
 import structlog
@@ -137,6 +137,9 @@ class TimingRecord:
     dump_bytes: int = 0
     event: str = "stage"
     timestamp: str | None = None
+
+    #: What a line is called in a reader's warning.
+    noun: ClassVar[str] = "a timing record"
 
     def to_json(self) -> str:
         """The record as one line of JSON (no newline), keys in field order."""

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,7 +13,7 @@ from verl_events.observers.watchdog import record as hang_record
 from verl_events.observers.watchdog import stall_record
 
 from ..hang_suspect import suspect
-from ..read.jsonl import read_log
+from ..read.jsonl import read_log, skipping
 from ..read.liveness import Liveness, liveness, newest
 from ..read.ranks import DRIVER_RANK, rank_name
 from ..read.stalls import Stall, read_against, stall_json
@@ -113,7 +112,7 @@ def find_hangs(run: Path) -> Hangs:
         )
     files = hang_record.heartbeat_files(run)
     warnings: list[str] = []
-    stalls = _read_records(stall_record.stalls_log_path(run), stall_record.StallRecord.from_json, warnings)
+    stalls = _read_records(stall_record.stalls_log_path(run), stall_record.StallRecord, warnings)
     if not files and not stalls:
         raise HangsInputError(
             f"{run} has no heartbeats ({hang_record.heartbeat_dir(run)}/rank*.json) and no stalls: the watchdog "
@@ -129,7 +128,7 @@ def find_hangs(run: Path) -> Hangs:
         raise HangsInputError(
             f"none of the {len(files)} heartbeat(s) under {hang_record.heartbeat_dir(run)} can be read"
         )
-    records = _read_records(hang_record.hangs_log_path(run), HangRecord.from_json, warnings)
+    records = _read_records(hang_record.hangs_log_path(run), HangRecord, warnings)
     result = Hangs(run, heartbeats, records, warnings=warnings)
     if stalls:
         result.stalls = read_against(stalls, _timing_records(run, warnings), heartbeats, records)
@@ -147,16 +146,13 @@ def _alive(position: RankPosition, state: Liveness) -> RankPosition:
     return RankPosition(**(fields | {"alive": state}))
 
 
-def _read_records(path: Path, parse: Callable[[str], R], warnings: list[str]) -> list[R]:
+def _read_records(path: Path, record_class: Any, warnings: list[str]) -> list[Any]:
+    """The records of a log hangs cannot do without: HangsInputError when it cannot be read."""
     try:
         log = read_log(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise HangsInputError(f"{path} cannot be read: {exc}") from exc
-
-    def skipped(number: int, exc: Exception) -> None:
-        warnings.append(f"{path}:{number} was skipped: {exc}")
-
-    return [record for _, record in log.records(parse, skipped)]
+    return [record for _, record in log.records(record_class.from_json, skipping(warnings, path, record_class.noun))]
 
 
 def _timing_records(run: Path, warnings: list[str]) -> list[Any]:
@@ -165,7 +161,7 @@ def _timing_records(run: Path, warnings: list[str]) -> list[Any]:
     found: list[Any] = []
     for path in timing_log.timing_log_files(run):
         try:
-            found += _read_records(path, timing_log.TimingRecord.from_json, warnings)
+            found += _read_records(path, timing_log.TimingRecord, warnings)
         except HangsInputError as exc:
             warnings.append(f"{exc}; the stalls are read without it")
     return found

@@ -18,7 +18,7 @@ from typing import Any
 
 from verl_events.observers.mismatch import record as mismatch_record
 
-from ..read.jsonl import read_run_log, why_not
+from ..read.jsonl import read_run_log, skipping
 
 MismatchRecord = mismatch_record.MismatchRecord
 
@@ -68,10 +68,9 @@ def read_records(run: Path) -> tuple[list[MismatchRecord], list[str]]:
         )
     warnings: list[str] = []
 
-    def skipped(number: int, exc: Exception) -> None:
-        warnings.append(f"{path}:{number}: {why_not(exc, 'a mismatch record')}; skipped")
-
-    records = [record for _, record in log.records(MismatchRecord.from_json, skipped)]
+    records = [
+        record for _, record in log.records(MismatchRecord.from_json, skipping(warnings, path, MismatchRecord.noun))
+    ]
     return records, warnings
 
 

@@ -47,7 +47,7 @@ def crash_records(evidence: Evidence) -> None:
     handler returned and the process's last word (``ends.jsonl``) is a normal end."""
     last_end = {end.pid: end for end in sorted(evidence.ends, key=lambda end: end.time)}
     for _, path in crash.crash_log_files(evidence.run):
-        for _, record in records_of(evidence, path, crash.CrashRecord.from_json):
+        for _, record in records_of(evidence, path, crash.CrashRecord):
             end = last_end.get(record.pid)
             if record.kind == "signal" and end is not None and end.how == "normal" and end.time > record.time:
                 continue
@@ -133,7 +133,7 @@ def process_ends(evidence: Evidence) -> None:
     again at its real end); a process without trainer ranks (``main_ppo``, verl's driver) that
     raised is a failure too: the driver's error outside its stages is known only from here."""
     path = crash.ends_log_path(evidence.run)
-    for _, end in records_of(evidence, path, crash.ProcessEnd.from_json):
+    for _, end in records_of(evidence, path, crash.ProcessEnd):
         evidence.ends.append(end)
     last = {end.pid: end for end in sorted(evidence.ends, key=lambda end: end.time)}
     for end in last.values():

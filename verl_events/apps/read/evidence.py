@@ -90,7 +90,7 @@ def _hangs(evidence: Evidence) -> None:
     """Each stage that passed its deadline: a ``hang``, or, when it ended after all (its
     ``late`` line), ``slow``: a finding, like an anomaly, and no failure."""
     path = hang_record.hangs_log_path(evidence.run)
-    records = [record for _, record in records_of(evidence, path, hang_record.HangRecord.from_json)]
+    records = [record for _, record in records_of(evidence, path, hang_record.HangRecord)]
     evidence.hangs = records
     ended = {(r.rank, r.pid, r.step, r.stage): r for r in records if r.kind == "late"}
     for record in records:
@@ -112,7 +112,7 @@ def _hangs(evidence: Evidence) -> None:
 def _stalls(evidence: Evidence) -> None:
     """Each process with no stage open past its deadline (see the module docstring)."""
     path = stall_record.stalls_log_path(evidence.run)
-    records = [record for _, record in records_of(evidence, path, stall_record.StallRecord.from_json)]
+    records = [record for _, record in records_of(evidence, path, stall_record.StallRecord)]
     evidence.stalls = read_against(records, evidence.timing, evidence.heartbeats, evidence.hangs)
     for stall in evidence.stalls:
         if stall.state == "waiting":
@@ -185,7 +185,7 @@ def _timing_records(evidence: Evidence, path: Path) -> Iterator[Any]:
     if evidence.timing_tails_of:
         yield from tail_records(evidence, path, parse)
         return
-    for _, record in records_of(evidence, path, parse):
+    for _, record in records_of(evidence, path, timing_log.TimingRecord):
         evidence.timing_records += 1
         evidence.timing.append(record)
         yield record
@@ -193,7 +193,7 @@ def _timing_records(evidence: Evidence, path: Path) -> Iterator[Any]:
 
 def _anomalies(evidence: Evidence) -> None:
     path = anomaly_record.anomaly_log_path(evidence.run)
-    for _, record in records_of(evidence, path, anomaly_record.AnomalyRecord.from_json):
+    for _, record in records_of(evidence, path, anomaly_record.AnomalyRecord):
         evidence.failures.append(
             Failure(
                 "anomaly",
@@ -214,7 +214,7 @@ def _weight_alarms(evidence: Evidence) -> None:
         evidence.read_in_part.append("weight-sync ledger: the lines with an alarm")
         records = lines_matching(evidence, path, ALARM_LINE, parse)
     else:
-        records = records_of(evidence, path, parse)
+        records = records_of(evidence, path, weight_sync_record.SyncRecord)
     for _, record in records:
         for alarm in record.alarms:
             where = f" ({alarm.layer})" if alarm.layer else ""
@@ -272,7 +272,7 @@ def _memory_records(evidence: Evidence, ranks: set[int]) -> Iterator[Any]:
         if path not in theirs:
             continue
         if whole:
-            records: Iterator[Any] = (record for _, record in records_of(evidence, path, parse))
+            records: Iterator[Any] = (record for _, record in records_of(evidence, path, memory_record.MemoryRecord))
         else:
             records = tail_records(evidence, path, parse)
         yield from (record for record in records if record.rank in ranks)

@@ -19,9 +19,9 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["JsonLinesLog", "numbered_lines", "read_log", "read_run_log", "why_not"]
+__all__ = ["JsonLinesLog", "numbered_lines", "read_log", "read_records", "read_run_log", "skipping", "why_not"]
 
 R = TypeVar("R")
 
@@ -69,6 +69,28 @@ def why_not(exc: Exception, noun: str) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"not a JSON line ({exc})"
     return f"not {noun} ({exc})"
+
+
+def skipping(warnings: list[str], path: Path, noun: str) -> Callable[[int, Exception], None]:
+    """The ``skipped`` callback of every reader: a warning a line, ``PATH:N: not NOUN (why);
+    skipped`` (:func:`why_not`)."""
+
+    def skipped(number: int, exc: Exception) -> None:
+        warnings.append(f"{path}:{number}: {why_not(exc, noun)}; skipped")
+
+    return skipped
+
+
+def read_records(path: Path, record: Any, warnings: list[str]) -> Iterator[tuple[int, Any]]:
+    """Each line of the log ``path`` that is a ``record`` (a record class: its ``from_json``
+    and ``noun``), with its line number.  A log that cannot be read is one warning and no
+    records; a line that is not a record, a warning of :func:`skipping`."""
+    try:
+        log = read_log(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        warnings.append(f"{path} cannot be read: {exc}")
+        return
+    yield from log.records(record.from_json, skipping(warnings, path, record.noun))
 
 
 def read_log(path: Path) -> JsonLinesLog:

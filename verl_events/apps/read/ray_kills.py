@@ -132,7 +132,7 @@ def _last_by_pid(evidence: Evidence) -> dict[int, Any]:
     """Each process's last memory record, by pid."""
     last: dict[int, Any] = {}
     for path in memory_record.memory_files(evidence.run):
-        for _, record in records_of(evidence, path, memory_record.MemoryRecord.from_json):
+        for _, record in records_of(evidence, path, memory_record.MemoryRecord):
             if record.pid not in last or record.time >= last[record.pid].time:
                 last[record.pid] = record
     return last

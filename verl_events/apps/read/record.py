@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from verl_events.observers.watchdog import record as hang_record
 
-from .jsonl import read_log
+from .jsonl import read_records
 
 __all__ = ["LAUNCHER_SIGNALS", "NO_RANK", "Evidence", "Failure", "records_of", "of_this_run", "relative"]
 
@@ -101,19 +101,10 @@ def of_this_run(evidence: Evidence, run: str | None, where: str) -> bool:
     return False
 
 
-def records_of(evidence: Evidence, path: Path, parse: Callable[[str], R]) -> Iterator[tuple[int, R]]:
+def records_of(evidence: Evidence, path: Path, record_class: Any) -> Iterator[tuple[int, Any]]:
     """Each record of the JSON-lines log ``path`` of this run (the shared reader,
-    :func:`~verl_events.apps.read.jsonl.read_log`), with its line number; an unreadable
+    :func:`~verl_events.apps.read.jsonl.read_records`), with its line number; an unreadable
     log, a line that is not a record and a record of another run are warnings."""
-    try:
-        log = read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        evidence.warnings.append(f"{path} cannot be read: {exc}")
-        return
-
-    def skipped(number: int, exc: Exception) -> None:
-        evidence.warnings.append(f"{path}:{number} was skipped: {exc}")
-
-    for number, record in log.records(parse, skipped):
+    for number, record in read_records(path, record_class, evidence.warnings):
         if of_this_run(evidence, getattr(record, "run", None), f"{path}:{number}"):
             yield number, record

@@ -25,7 +25,7 @@ from typing import Any
 
 from verl_events.observers.memory import record as memory_record
 
-from ..read.jsonl import read_log
+from ..read.jsonl import read_records
 from ..read.ranks import rank_name
 from ..tables import print_table
 
@@ -65,16 +65,7 @@ def read_memory(run: Path, warnings: list[str]) -> list[Any]:
     """Every memory record of ``run`` (a warning per line that is not one)."""
     records = []
     for path in memory_record.memory_files(run):
-        try:
-            log = read_log(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            warnings.append(f"{path} cannot be read: {exc}")
-            continue
-
-        def skipped(number: int, exc: Exception, path: Path = path) -> None:
-            warnings.append(f"{path}:{number}: not a memory record ({exc}); skipped")
-
-        records += [record for _, record in log.records(memory_record.MemoryRecord.from_json, skipped)]
+        records += [record for _, record in read_records(path, memory_record.MemoryRecord, warnings)]
     return records
 
 

@@ -51,7 +51,7 @@ from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..read.jsonl import read_log, why_not
+from ..read.jsonl import read_log, skipping
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite
@@ -118,9 +118,7 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
     except (OSError, UnicodeDecodeError) as exc:
         raise TriageInputError(f"{path} cannot be read: {exc}") from exc
 
-    def skip(number: int, exc: Exception) -> None:
-        skipped.append(f"{path}:{number} is {why_not(exc, 'an anomaly record')} and was skipped")
-
+    skip = skipping(skipped, path, AnomalyRecord.noun)
     return [Anomaly(record, number) for number, record in log.records(AnomalyRecord.from_json, skip)]
 
 

@@ -34,7 +34,7 @@ from verl_events.layout import replayed_stage
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..read.jsonl import read_log, why_not
+from ..read.jsonl import read_log, skipping
 from .dumps import find_dumps
 
 AnomalyRecord = anomaly_record.AnomalyRecord
@@ -105,10 +105,7 @@ def replay_of(run: Path, anomaly: AnomalyRecord, warnings: list[str], notes: lis
         warnings.append(f"{path} cannot be read ({exc}); triage goes on without the replay's verdict")
         return None
 
-    def skipped(number: int, exc: Exception) -> None:
-        warnings.append(f"{path}:{number} is {why_not(exc, 'a replay record')} and was skipped")
-
-    for number, record in log.records(ReplayRecord.from_json, skipped):
+    for number, record in log.records(ReplayRecord.from_json, skipping(warnings, path, ReplayRecord.noun)):
         if (record.step, record.stage, record.rank) == (anomaly.step, anomaly.stage, anomaly.rank):
             inputs = None if record.inputs is None else run / record.inputs
             if inputs is not None and not inputs.is_file():

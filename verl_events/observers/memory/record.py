@@ -87,6 +87,7 @@ class MemoryRecord(Record):
     tokens: int | None = None
     forecast: list[dict[str, Any]] | None = None
 
+    noun = "a memory record"
     refused = NotAMemoryRecord
     # Every field but those added later (oom, tokens, forecast).
     required = (

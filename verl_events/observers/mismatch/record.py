@@ -73,6 +73,7 @@ class MismatchRecord(Record):
     missing: str | None = None
     weights: dict[str, int] | None = None
 
+    noun = "a mismatch record"
     refused = NotAMismatchRecord
     required = ("run", "step", "stage", "rank", "time")
     numbers = ("stats", "weights")  # a statistic may be NaN (log-probs that are)

@@ -83,6 +83,7 @@ class AnomalyRecord(AnomalyEvent, Record):
     run: str | None = None
     time: float | None = None
 
+    noun = "an anomaly record"
     refused = NotAnAnomalyRecord
     required = _REQUIRED
     numbers = ("value", "baseline")
@@ -129,6 +130,7 @@ class ReplayRecord(Record):
     again: dict[str, float]
     inputs: str | None = None
 
+    noun = "a replay record"
     required = ("stage", "rank", "verdict")
     numbers = ("again",)
 

@@ -167,6 +167,7 @@ class CrashRecord(Record):
     signal: str | None = None
     open: list[dict[str, Any]] = field(default_factory=list)
 
+    noun = "a crash record"
     refused = NotACrashRecord
     required = ("kind", "time", "rank")
 
@@ -194,6 +195,7 @@ class ProcessEnd(Record):
     how: str
     detail: str | None = None
 
+    noun = "a process's end"
     required = ("time", "pid", "how")
 
     @classmethod

@@ -200,6 +200,7 @@ class HangRecord(Record):
     report: str | None = None
     action: str = "report"
 
+    noun = "a hang record"
     refused = NotAHangRecord
     required = ("kind", "time", "step", "stage", "rank", "began", "elapsed_s", "deadline_s")
 
@@ -253,6 +254,7 @@ class Heartbeat(Record):
     mtime_beats: bool = False
     from_boundary: bool = False  # set by the reader: the position is the boundary record's (newer)
 
+    noun = "a heartbeat"
     refused = NotAHeartbeat
 
     @classmethod

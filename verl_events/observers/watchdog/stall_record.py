@@ -107,6 +107,7 @@ class StallRecord(Record):
         """What a stall and its ``resumed`` line share: the process and when its idle time began."""
         return (self.host, self.pid, self.began)
 
+    noun = "a stall record"
     refused = NotAStallRecord
     required = ("kind", "time", "pid", "ranks", "began", "elapsed_s", "deadline_s")
 

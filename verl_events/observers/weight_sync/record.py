@@ -162,6 +162,7 @@ class SyncRecord(Record):
             payloads=0,
         )
 
+    noun = "a weight-sync record"
     refused = NotASyncRecord
     required = _REQUIRED
     numbers = ("seconds",)

@@ -29,6 +29,7 @@ from typing import Any
 from verl_events.observers import timing as timing_log
 from verl_events.observers.memory import record as memory_record
 
+from ...read.jsonl import read_records
 from ...read.overhead import read_timing_records
 from .sources import NotColumnar, Sources
 
@@ -261,13 +262,9 @@ def _reads(con: Any, path: str, columns: dict[str, str]) -> bool:
 
 def _memory_skips(path: Path) -> list[str]:
     """What the report's memory reader says of a log's lines that are not records."""
-    said = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-        if line.strip():
-            try:
-                memory_record.MemoryRecord.from_json(line)
-            except ValueError as exc:
-                said.append(f"{path}:{number}: not a memory record ({exc}); skipped")
+    said: list[str] = []
+    for _ in read_records(path, memory_record.MemoryRecord, said):
+        pass
     return said
 
 
