@@ -29,7 +29,10 @@ from typing import Any
 from verl_events import Writes
 from verl_events.config import writing_observers
 
-__all__ = ["Holding", "Tool", "add_commands", "command_module", "run_holds", "tools"]
+__all__ = ["Holding", "Tool", "add_commands", "command_module", "run_holds", "tools", "tools_and_problems"]
+
+#: What a tool's ``files`` is: its files under a save_path, found by a few globs.
+FileFinder = Callable[[Path], list[Path]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +72,20 @@ _FIRST = (Tool("check", "verl_events.apps.check"), Tool("demo", "verl_events.app
 _LAST = (Tool("diagnose", "verl_events.apps.diagnose"), Tool("gather", "verl_events.apps.gather.command"))
 
 
+def tools_and_problems() -> tuple[list[Tool], list[str]]:
+    """:func:`tools`, and a sentence for each observer entry point that failed to import,
+    from one loading of the entry points."""
+    found, problems = writing_observers()
+    declared = [Tool(cls.writes.command, cls.writes.module, name, cls.writes) for name, cls in found if cls.writes]
+    with_command = sorted((tool for tool in declared if tool.command is not None), key=lambda tool: str(tool.command))
+    return [*_FIRST, *with_command, *_LAST, *(tool for tool in declared if tool.command is None)], problems
+
+
 def tools() -> list[Tool]:
     """Every tool, in the order ``verl-events --help`` lists the commands; the tools without
     a command last.  An observer whose entry point fails to import is left out
-    (:func:`load_problems` says so)."""
-    found, _ = writing_observers()
-    declared = [Tool(cls.writes.command, cls.writes.module, name, cls.writes) for name, cls in found if cls.writes]
-    with_command = sorted((tool for tool in declared if tool.command is not None), key=lambda tool: str(tool.command))
-    return [*_FIRST, *with_command, *_LAST, *(tool for tool in declared if tool.command is None)]
-
-
-def load_problems() -> list[str]:
-    """A sentence for each observer entry point that failed to import."""
-    return writing_observers()[1]
+    (:func:`tools_and_problems` says so)."""
+    return tools_and_problems()[0]
 
 
 def command_module(tool: Tool) -> ModuleType:
@@ -116,11 +120,17 @@ class Holding:
         return f"{len(self.files)} {self.tool.noun}"
 
 
-def run_holds(save_path: Path) -> list[Holding]:
-    """Each tool whose observer left files under ``save_path``, with them, in
-    :func:`tools` order; a few globs, nothing read."""
+def run_holds(
+    save_path: Path, listed: list[Tool] | None = None, find: Callable[[FileFinder], list[Path]] | None = None
+) -> list[Holding]:
+    """Each tool (of ``listed``, default :func:`tools`) whose observer left files under
+    ``save_path``, with them, in that order; a few globs, nothing read.  ``find`` asks a
+    tool's ``files`` for the run's (a reader that globbed them already answers from memory)."""
     found = []
-    for tool in tools():
-        if tool.files is not None and (files := tool.files(save_path)):
+    for tool in listed if listed is not None else tools():
+        if tool.files is None:
+            continue
+        files = find(tool.files) if find is not None else tool.files(save_path)
+        if files:
             found.append(Holding(tool, files))
     return found

@@ -42,7 +42,7 @@ from ..read.evidence import Evidence, Failure, gather
 from ..read.large_logs import FULL_READ_BYTES
 from ..read.liveness import liveness, newest
 from ..read.ranks import DRIVER_RANK, GENERATION_STAGES, ranks_phrase
-from ..tools import command_module, load_problems, run_holds
+from ..tools import Tool, command_module, run_holds, tools_and_problems
 from .verdict import Verdict, judge
 
 __all__ = ["DiagnoseInputError", "Diagnosis", "add_command", "command", "diagnose", "render"]
@@ -91,9 +91,10 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
             raise DiagnoseInputError(
                 f"--log {log} {'is not a file' if log.exists() else 'does not exist'}; pass the driver's output"
             )
+    listed, problems = tools_and_problems()
     evidence = gather(run, logs, read_all=read_all)
-    evidence.warnings += load_problems()  # another package's observer that failed to import
-    tools, unseen = _tools(evidence), _unseen(evidence)
+    evidence.warnings += problems  # another package's observer that failed to import
+    tools, unseen = _tools(evidence, listed), _unseen(evidence)
     if not tools and not evidence.failures:
         if evidence.run_id is not None:  # claimed: a writing observer received a stage here
             raise DiagnoseInputError(
@@ -110,11 +111,11 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
     return Diagnosis(evidence, judge(evidence.failures, running), tools, unseen)
 
 
-def _tools(evidence: Evidence) -> list[dict[str, str | None]]:
+def _tools(evidence: Evidence, listed: list[Tool]) -> list[dict[str, str | None]]:
     """A line per tool whose files the run holds (:func:`run_holds`), with its command: the
     command module's ``headline(evidence, holding)``, else how many files of what."""
     lines = []
-    for holding in run_holds(evidence.run):
+    for holding in run_holds(evidence.run, listed, find=evidence.files):
         tool = holding.tool
         headline = getattr(command_module(tool), "headline", None) if tool.command is not None else None
         summary = headline(evidence, holding) if headline is not None else holding.describe()

@@ -198,7 +198,7 @@ def outlived(evidence: Evidence) -> None:
 
 
 def read_heartbeats(evidence: Evidence) -> None:
-    for path in hang_record.heartbeat_files(evidence.run):
+    for path in evidence.files(hang_record.heartbeat_files):
         try:
             beat = hang_record.read_heartbeat(path)
         except (hang_record.NotAHeartbeat, OSError) as exc:

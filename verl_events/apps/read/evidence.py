@@ -143,7 +143,7 @@ def _timing(evidence: Evidence) -> None:
     """Stages that raised, from the timing logs, where no crash record says so already."""
     recorded = {(f.rank, f.step, f.stage) for f in evidence.failures if f.kind == "exception"}
     found: dict[tuple[int, int | None, str | None, str | None], Any] = {}
-    files = timing_log.timing_log_files(evidence.run)
+    files = evidence.files(timing_log.timing_log_files)
     driver = timing_log.timing_log_path(evidence.run, DRIVER_RANK)
     evidence.timing_driver = driver in files
     evidence.timing_ranks = len(files) - evidence.timing_driver
@@ -260,7 +260,7 @@ def _stages_that_raised(evidence: Evidence, ranks: set[int]) -> dict[tuple[int, 
 def _memory_records(evidence: Evidence, ranks: set[int]) -> Iterator[Any]:
     """The memory observer's records of ``ranks``, read from their own logs: every record,
     or those near each log's end when the memory logs are large (:mod:`.large_logs`)."""
-    files = memory_record.memory_files(evidence.run)
+    files = evidence.files(memory_record.memory_files)
     whole = evidence.read_all or total_bytes(files) <= large_logs.FULL_READ_BYTES
     if not whole and ranks:
         evidence.read_in_part.append(

@@ -131,7 +131,7 @@ def _in_log(evidence: Evidence, path: Path) -> list[_Seen]:
 def _last_by_pid(evidence: Evidence) -> dict[int, Any]:
     """Each process's last memory record, by pid."""
     last: dict[int, Any] = {}
-    for path in memory_record.memory_files(evidence.run):
+    for path in evidence.files(memory_record.memory_files):
         for _, record in records_of(evidence, path, memory_record.MemoryRecord):
             if record.pid not in last or record.time >= last[record.pid].time:
                 last[record.pid] = record

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from verl_events.observers.watchdog import record as hang_record
 
@@ -14,7 +14,6 @@ from .jsonl import read_records
 
 __all__ = ["LAUNCHER_SIGNALS", "NO_RANK", "Evidence", "Failure", "records_of", "of_this_run", "relative"]
 
-R = TypeVar("R")
 
 #: Signals a launcher sends to end a job's processes.
 LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
@@ -83,6 +82,14 @@ class Evidence:
     read_in_part: list[str] = field(default_factory=list)  # the logs read in part, with how
     warnings: list[str] = field(default_factory=list)
     now: float = field(default_factory=time.time)
+    found: dict[Callable[[Path], list[Path]], list[Path]] = field(default_factory=dict, repr=False)
+
+    def files(self, finder: Callable[[Path], list[Path]]) -> list[Path]:
+        """``finder(run)``: a kind of file under the run, globbed once however many readers
+        (and the tool lines of diagnose) ask."""
+        if finder not in self.found:
+            self.found[finder] = finder(self.run)
+        return self.found[finder]
 
 
 def relative(evidence: Evidence, path: Path) -> str:
