@@ -36,9 +36,17 @@ WANDB_DIR = "wandb"
 
 def tracker_files(save_path: Path) -> list[Path]:
     """Every rank's TensorBoard folder and every W&B run under ``save_path``, in their default places."""
-    return sorted(tensorboard_dir(save_path, 0).parent.glob("rank*")) + sorted(
-        (Path(save_path) / WANDB_DIR).glob("*run-*")
-    )
+    return tensorboard_runs(save_path) + wandb_runs(save_path)
+
+
+def tensorboard_runs(save_path: Path) -> list[Path]:
+    """Every rank's TensorBoard folder under ``save_path`` (the default place)."""
+    return sorted(tensorboard_dir(save_path, 0).parent.glob("rank*"))
+
+
+def wandb_runs(save_path: Path) -> list[Path]:
+    """Every W&B run under ``save_path`` (the default place)."""
+    return sorted((Path(save_path) / WANDB_DIR).glob("*run-*"))
 
 
 def tensorboard_dir(save_path: Path, rank: int) -> Path:

@@ -70,7 +70,7 @@ from verl_events import (
 )
 from verl_events.layout import run_id
 
-from .backends import BACKENDS, WANDB_DIR, Backend, tensorboard_dir, tracker_files
+from .backends import BACKENDS, Backend, tensorboard_runs, tracker_files, wandb_runs
 
 __all__ = ["TrackerObserver"]
 
@@ -152,9 +152,9 @@ class TrackerObserver(Observer):
         """The TensorBoard and W&B folders this tracker writes under ``save_path``."""
         found: list[Path] = []
         if "tensorboard" in self.backends and not (self._backend_options["tensorboard"] or {}).get("log_dir"):
-            found += sorted(tensorboard_dir(save_path, 0).parent.glob("rank*"))
+            found += tensorboard_runs(save_path)
         if "wandb" in self.backends and "dir" not in (self._backend_options["wandb"] or {}):
-            found += sorted((Path(save_path) / WANDB_DIR).glob("*run-*"))
+            found += wandb_runs(save_path)
         return found
 
     def unavailable(self) -> str | None:
