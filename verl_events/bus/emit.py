@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import logging
 from collections.abc import Callable
 from time import perf_counter
@@ -30,6 +29,7 @@ from typing import Any, ParamSpec, TypeVar
 from verl_events.capture.replay import active as active_replay_plan
 from verl_events.capture.replay import replayable as replayable_stage
 from verl_events.events.listened import listeners as _listeners
+from verl_events.events.process import PROCESS
 from verl_events.events.signals import stage_begin, stage_end
 from verl_events.events.stages import DRIVER_RANK, EMPTY_META, STAGE_ROLES, StageEnd, StageEvent, check_stage_name
 
@@ -41,8 +41,6 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 logger = logging.getLogger("verl_events")
-
-_seq = itertools.count(1)  # next() on a count is atomic under the GIL
 
 
 def _new_event(
@@ -68,7 +66,7 @@ def _new_event(
         meta=MappingProxyType(meta) if meta else EMPTY_META,
         depth=len(stack),
         parent=stack[-1].stage if stack else None,
-        seq=next(_seq),
+        seq=next(PROCESS.seq),
         model_paths=model_paths,
     )
 
@@ -144,7 +142,7 @@ def _replay(event: StageEvent, fn: Callable[..., Any], args: tuple[Any, ...], kw
     raises is logged, never raised."""
     logger.info("replaying stage %r of step %s on rank %d for the armed observers", event.stage, event.step, event.rank)
     try:
-        _run(dataclasses.replace(event, seq=next(_seq), replay=True), fn, args, kwargs)
+        _run(dataclasses.replace(event, seq=next(PROCESS.seq), replay=True), fn, args, kwargs)
     except Exception as exc:
         logger.error(
             "the replay of stage %r (step %s, rank %d) raised %s: %s; training goes on with the stage's own result",

@@ -12,8 +12,10 @@ lock for all would tie set-up (which starts threads) to every other thread's boo
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,9 @@ class ProcessState:
     installation: Any = None
     #: verl_events.capture.replay: the installed ReplayPlan, or None.
     replay: Any = None
+    #: verl_events.bus.emit: each stage event's number, unique in the process (next() on a
+    #: count is atomic under the GIL); never reset, so numbers never repeat.
+    seq: Iterator[int] = field(default_factory=lambda: itertools.count(1), repr=False)
     #: verl_events.bus.resolve: the step set_step announced.
     announced_step: int | None = None
     #: verl_events.bus.resolve: add_model_paths' paths, by role (None: every role).
