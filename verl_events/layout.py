@@ -13,6 +13,10 @@ A run owns its save_path (:mod:`verl_events.run.identity`): install refuses a
 save_path holding another run's files (what each observer lists in
 :meth:`~verl_events.Observer.outputs`), and the installation claims it,
 once, before the first stage any writing observer receives.
+
+Every reader opens a run's files through :func:`open_regular` and :func:`read_regular`
+(:mod:`verl_events.run.files`): regular files only, checked without blocking, whole files
+read within a stated bound (:data:`LOG_READ_LIMIT`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import warnings
 from typing import Any
 
 from verl_events.events.run_id import RUN_ID_ENV, run_id
+from verl_events.run.files import LOG_READ_LIMIT, RunFileRefused, open_regular, read_regular
 from verl_events.run.identity import (
     NODE_ENV,
     RUN_FILE,
@@ -51,19 +56,23 @@ from verl_events.setup.moved import NOT_MOVED, moved_name
 
 __all__ = [
     "LATEST_LINK",
+    "LOG_READ_LIMIT",
     "NODE_ENV",
     "NODE_PLACEHOLDER",
     "REPLAY_SUFFIX",
     "RUN_FILE",
     "RUN_PLACEHOLDER",
     "RUN_ID_ENV",
+    "RunFileRefused",
     "STAGE_DIR_TEMPLATE",
     "STEP_DIR_GLOB",
     "SavePathTaken",
     "claim_save_path",
     "node_name",
+    "open_regular",
     "owner_of",
     "prepare_output_dir",
+    "read_regular",
     "refuse_other_runs",
     "replay_dir_name",
     "replayed_stage",

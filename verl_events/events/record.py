@@ -105,12 +105,21 @@ class Record:
         """One line of the record's log (no newline), in the one style."""
         return json.dumps(self.to_data(), allow_nan=False)
 
+    @staticmethod
+    def loads(line: str | bytes) -> Any:
+        """``json.loads(line)``, with JSON nested deeper than Python's parser follows (a
+        crafted line) a ValueError like any other line that is not JSON, not a RecursionError."""
+        try:
+            return json.loads(line)
+        except RecursionError:
+            raise ValueError("its JSON is nested too deep to read") from None
+
     @classmethod
     def parsed(cls, line: str | bytes) -> dict[str, Any]:
         """``line`` as a JSON object holding every required key, its ``numbers`` read back.
         A ValueError when it is not JSON (a line cut short: readers say so in their own
         words), ``refused`` when it is JSON but not this record."""
-        data = json.loads(line)
+        data = cls.loads(line)
         if not isinstance(data, dict):
             raise cls.refused(f"a JSON {type(data).__name__}, not an object")
         missing = [name for name in cls.required if name not in data]

@@ -29,7 +29,6 @@ read by tools that run far from the training.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import threading
@@ -44,7 +43,7 @@ from typing import IO, Any, ClassVar
 import orjson
 import structlog
 
-from verl_events import InstallContext, Observer, StageReport, Writes, prepare_output_dir, stage_output_dir
+from verl_events import InstallContext, Observer, Record, StageReport, Writes, prepare_output_dir, stage_output_dir
 from verl_events.layout import run_id
 
 __all__ = [
@@ -215,7 +214,7 @@ def _loads(line: str | bytes) -> Any:
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
-        return json.loads(line)
+        return Record.loads(line)
 
 
 #: The longest exception message a record keeps.

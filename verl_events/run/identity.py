@@ -38,8 +38,12 @@ from pathlib import Path
 
 from verl_events.events.run_id import RUN_ID_ENV, run_id, safe_in_a_file_name
 
+from .files import read_regular
+
 NODE_ENV = "VERL_EVENTS_NODE"
 RUN_FILE = "run.json"
+#: The most read of run.json: it names a run in a few dozen bytes.
+RUN_FILE_READ_LIMIT = 2**16
 
 
 def node_name() -> str:
@@ -66,8 +70,8 @@ class SavePathTaken(FileExistsError):
 def owner_of(save_path: Path) -> str | None:
     """The run named by ``{save_path}/run.json``; None when there is none or it is unreadable."""
     try:
-        owner = json.loads((save_path / RUN_FILE).read_text(encoding="utf-8")).get("run_id")
-    except (OSError, ValueError, AttributeError):
+        owner = json.loads(read_regular(save_path / RUN_FILE, RUN_FILE_READ_LIMIT)).get("run_id")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return owner if isinstance(owner, str) else None
 

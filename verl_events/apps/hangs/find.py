@@ -126,7 +126,8 @@ def find_hangs(run: Path) -> Hangs:
             warnings.append(f"{path} was skipped: {exc}")
     if files and not heartbeats and not stalls:
         raise HangsInputError(
-            f"none of the {len(files)} heartbeat(s) under {hang_record.heartbeat_dir(run)} can be read"
+            f"none of the {len(files)} heartbeat(s) under {hang_record.heartbeat_dir(run)} can be read "
+            f"(the first: {warnings[0]})"
         )
     records = _read_records(hang_record.hangs_log_path(run), HangRecord, warnings)
     result = Hangs(run, heartbeats, records, warnings=warnings)

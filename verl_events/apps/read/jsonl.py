@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from verl_events.layout import read_regular
+
 __all__ = ["JsonLinesLog", "numbered_lines", "read_log", "read_records", "read_run_log", "skipping", "why_not"]
 
 R = TypeVar("R")
@@ -31,7 +33,7 @@ def numbered_lines(path: Path) -> list[tuple[int, str]]:
     when there is no file.  OSError and UnicodeDecodeError propagate: each
     reader says in its own words what an unreadable log means to it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")
     except FileNotFoundError:
         return []
     return [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from verl_events.layout import open_regular
+
 from .record import Evidence, of_this_run
 
 __all__ = [
@@ -68,7 +70,7 @@ def tail_records(evidence: Evidence, path: Path, parse: Callable[[str], R]) -> I
     line there, cut by where the tail begins, is left out unless the tail is the whole file.
     A line that is not a record, and a file that cannot be read, are warnings."""
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             size = handle.seek(0, os.SEEK_END)
             start = max(0, size - TAIL_BYTES)
             handle.seek(start)
@@ -97,7 +99,7 @@ def lines_matching(
     """The records of the lines of ``path`` that ``pattern`` finds, with their line numbers,
     in file order: a byte search, :data:`CHUNK_BYTES` at a time, with no line parsed but those."""
     try:
-        handle = path.open("rb")
+        handle = open_regular(path)
     except FileNotFoundError:
         return
     except OSError as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_events import VerlEventsWarning
+from verl_events.layout import read_regular
 from verl_events.observers import timing as timing_log
 
 # The timing log's names, as its owner defines them.
@@ -69,7 +70,10 @@ def read_timing_records(
     gc.disable()
     try:
         for path in files:
-            _read_one(path, records, notes)
+            try:
+                _read_one(path, records, notes)
+            except OSError as exc:  # a FIFO or a device where a log belongs, a log that vanished
+                notes.append(f"{path} cannot be read: {exc}; skipped")
             advance()
     finally:
         if collecting:
@@ -83,8 +87,7 @@ def read_timing_records(
 
 
 def _read_one(path: Path, records: list[TimingRecord], notes: list[str]) -> None:
-    with path.open("rb") as handle:
-        lines = handle.read().split(b"\n")
+    lines = read_regular(path).split(b"\n")
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     parse = TimingRecord.from_json
     append = records.append

@@ -31,11 +31,13 @@ any other SIGKILL do not carry the report's words.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from verl_events.layout import open_regular
 from verl_events.observers.memory import record as memory_record
 from verl_events.observers.memory.oom import RAY_REPORT_WORDS, RayKilledWorker, RayMemoryKill, ray_memory_kills
 
@@ -114,7 +116,7 @@ def _in_log(evidence: Evidence, path: Path) -> list[_Seen]:
     and only the lines after a report's first are kept."""
     blocks: list[list[str]] = []
     try:
-        with path.open(encoding="utf-8", errors="replace") as log:
+        with io.TextIOWrapper(open_regular(path), encoding="utf-8", errors="replace") as log:
             for line in log:
                 if RAY_REPORT_WORDS in line:
                     blocks.append([line])

@@ -27,7 +27,6 @@ after it when the stage raised; readers say "incomplete" for such a session.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
@@ -35,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events.layout import stage_dirs, step_of
+from verl_events import Record
+from verl_events.layout import read_regular, stage_dirs, step_of
 
 __all__ = [
     "CONSTRUCT_FILE",
@@ -245,7 +245,7 @@ def read_dump(path: Path) -> dict[str, Any]:
     execution order.  msprobe writes bare NaN/Infinity, which Python's json
     reads.  NotADump (a ValueError) when the file is missing or not a dump."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))["data"]
+        data = Record.loads(read_regular(path))["data"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise NotADump(f"{path} is not a readable msprobe {DUMP_FILE}: {exc}") from exc
     if not isinstance(data, dict):
@@ -274,7 +274,7 @@ def _json_object(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; empty when it is missing or not one
     (msprobe writes no stack.json or construct.json with ``extra_info: false``)."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = Record.loads(read_regular(path))
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import Record
+from verl_events.layout import read_regular
 
 __all__ = [
     "CRASH_DIR",
@@ -238,10 +239,14 @@ _THREAD = re.compile(r"^((?:Current thread|Thread) 0x[0-9a-fA-F]+.*?|Stack)(?: \
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
 
 
+#: The most read of a fatal dump: faulthandler writes at most 100 threads of 100 frames.
+FATAL_READ_LIMIT = 16 * 2**20
+
+
 def read_fatal(path: Path) -> FatalDump | None:
     """A fatal dump, or None when the file is empty (no fatal signal).
     OSError when it cannot be read; ValueError when it is not faulthandler's text."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_regular(path, FATAL_READ_LIMIT).decode("utf-8", errors="replace")
     if not text.strip():
         return None
     error: str | None = None

@@ -51,7 +51,6 @@ disk that filled up) raises :class:`NotAHeartbeat`.  Standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -60,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import Record
-from verl_events.layout import step_dir_name
+from verl_events.layout import open_regular, step_dir_name
 
 from .boundary import BEGAN, BOUNDARY_SUFFIX, Boundary, boundary_path, read_boundary
 from .crash import crash_log_files, ends_log_path, fatal_files
@@ -261,7 +260,7 @@ class Heartbeat(Record):
     def from_json(cls, text: str | bytes) -> Heartbeat:
         """Parse a heartbeat file's text; NotAHeartbeat when it is not one."""
         try:
-            data = json.loads(text)
+            data = cls.loads(text)
         except ValueError as exc:
             raise NotAHeartbeat(f"it is not JSON ({exc}); it may have been cut short") from None
         if not isinstance(data, dict) or not _is_int(data.get("rank")) or not isinstance(data.get("time"), float):
@@ -284,16 +283,23 @@ def touch_heartbeat(save_path: Path, rank: int, when: float) -> None:
     os.utime(heartbeat_path(save_path, rank), (when, when))
 
 
+#: The most read of a heartbeat file: a heartbeat is a few hundred bytes, a few open stages.
+HEARTBEAT_READ_LIMIT = 2**20
+
+
 def read_heartbeat(path: Path) -> Heartbeat:
     """A heartbeat file, read; NotAHeartbeat when it is cut short or not one, OSError when unreadable.
     Its ``time`` is when the rank last beat: the file's mtime when that is later and the
     heartbeat says its liveness beat sets the mtime (``mtime_beats``, not ``closed``).  Where the
     rank's boundary record (:mod:`.boundary`) is newer than the heartbeat, its position is the
     record's, and ``from_boundary`` says so."""
-    with open(path, "rb") as file:
+    with open_regular(path) as file:
         # Of the file read, whatever replaces it meanwhile; and fresh on NFS, which revalidates at open.
         touched = os.fstat(file.fileno()).st_mtime
-        beat = Heartbeat.from_json(file.read())
+        text = file.read(HEARTBEAT_READ_LIMIT + 1)
+    if len(text) > HEARTBEAT_READ_LIMIT:
+        raise NotAHeartbeat(f"it holds more than {HEARTBEAT_READ_LIMIT} bytes; a heartbeat is a few hundred")
+    beat = Heartbeat.from_json(text)
     if beat.mtime_beats and not beat.closed and touched > beat.time:
         beat = replace(beat, time=touched)
     return with_boundary(beat, read_boundary(boundary_path(path)))

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_events.layout import read_regular
+
 __all__ = ["NotColumnar", "Sources", "check_plain"]
 
 #: The end of a log read to see whether its last line is whole.
@@ -107,7 +109,7 @@ class Sources:
         copies.mkdir(parents=True, exist_ok=True)
         copy = copies / f"{index}.jsonl"
         with copy.open("w", encoding="utf-8") as out:
-            for line in path.read_text(encoding="utf-8").split("\n"):
+            for line in read_regular(path).decode("utf-8").split("\n"):
                 if line.strip() and _parses(line, self.parse):
                     out.write(line + "\n")
         self.paths[index] = copy

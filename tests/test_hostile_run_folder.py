@@ -1,0 +1,166 @@
+"""Run folders damaged or crafted after the run: every reader opens regular files only, never
+blocks on a FIFO nor reads a device without end, and skips a line nested too deep like any
+other line that is not a record.  Each run is written by the library's own observers (timing,
+watchdog, sentinel, memory); then its files are replaced.  Every reader runs through the CLI's
+``main``; a thread opens each FIFO for writing after a deadline, so that a reader that blocked
+on one would come back (with an end of file) and fail the test by its time instead of hanging
+the suite."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import verl_events
+from verl_events.apps.cli import main
+
+#: Each reader of a run folder, as a user runs it.
+READERS = (
+    ("diagnose",),
+    ("hangs",),
+    ("report", "--engine", "records"),
+    ("triage",),
+    ("weights",),
+    ("mismatch",),
+)
+#: The files a run of these observers leaves that the readers read, and two logs of other
+#: observers a crafted folder may hold.
+FILES = (
+    "timing/rank0.jsonl",
+    "heartbeats/rank0.json",
+    "crashes/ends.jsonl",
+    "anomalies.jsonl",
+    "memory/rank0.jsonl",
+    "run.json",
+    "weight_sync.jsonl",
+    "mismatch.jsonl",
+)
+#: Far beyond what any reader needs on this run; a reader blocked on a FIFO is released then.
+DEADLINE_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of two steps, a NaN at step 2's actor_update."""
+    run = tmp_path_factory.mktemp("written") / "run"
+    observers = [{"name": "timing"}, {"name": "watchdog"}, {"name": "sentinel"}, {"name": "memory"}]
+    with verl_events.install({"save_path": str(run), "observers": observers}):
+        for step in (1, 2):
+            with verl_events.stage("actor_compute_log_prob", step=step):
+                pass
+            update = verl_events.stage("actor_update", step=step)
+            with update:
+                update.set_result({"actor/pg_loss": math.nan if step == 2 else 0.3})
+    assert all((run / name).is_file() for name in FILES[:6])
+    return run
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True)
+    return copy
+
+
+@contextmanager
+def released_after(fifos: list[Path], seconds: float) -> Iterator[None]:
+    """After ``seconds``, and then every tenth of a second, open each FIFO for writing and
+    close it: a reader blocked in its open or read gets an end of file."""
+    done = threading.Event()
+
+    def release() -> None:
+        if done.wait(seconds):
+            return
+        while not done.wait(0.1):
+            for fifo in fifos:
+                try:
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass  # no reader has it open
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def run_readers(run: Path, capsys: pytest.CaptureFixture[str], fifos: list[Path] = ()) -> dict[str, str]:
+    """Each reader's stderr, by command; each ends in time, with exit 0, 1 or 2 and no traceback."""
+    said = {}
+    for reader in READERS:
+        with released_after(list(fifos), DEADLINE_S):
+            began = time.monotonic()
+            code = main([reader[0], str(run), *reader[1:]])
+            took = time.monotonic() - began
+        out, err = capsys.readouterr()
+        assert took < DEADLINE_S, f"{reader} blocked for {took:.0f} s"
+        assert code in (0, 1, 2), (reader, code)
+        assert "Traceback" not in out + err, (reader, err)
+        said[" ".join(reader)] = err
+    return said
+
+
+def test_a_fifo_where_a_file_belongs_is_one_warning_naming_it_and_no_reader_blocks(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_of(written, tmp_path)
+    fifos = []
+    for name in FILES:
+        (run / name).unlink(missing_ok=True)
+        os.mkfifo(run / name)
+        fifos.append(run / name)
+    said = run_readers(run, capsys, fifos)
+    # diagnose names each FIFO it reads as what it is (the memory logs it reads only for a death).
+    read_by_diagnose = ("timing/rank0.jsonl", "heartbeats/rank0.json", "crashes/ends.jsonl", "anomalies.jsonl")
+    for name in (*read_by_diagnose, "weight_sync.jsonl"):
+        assert f"{run / name} " in said["diagnose"], said["diagnose"]
+    assert said["diagnose"].count("it is a FIFO, not a regular file") == 5
+    assert f"{run / 'timing/rank0.jsonl'} cannot be read: it is a FIFO" in said["report --engine records"]
+    assert f"{run / 'anomalies.jsonl'} cannot be read: it is a FIFO" in said["triage"]
+    assert f"{run / 'weight_sync.jsonl'} cannot be read: it is a FIFO" in said["weights"]
+    assert f"{run / 'mismatch.jsonl'} cannot be read: it is a FIFO" in said["mismatch"]
+
+
+def test_a_link_to_a_device_is_refused_without_reading_it(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_of(written, tmp_path)
+    for name in ("timing/rank0.jsonl", "anomalies.jsonl", "memory/rank0.jsonl", "heartbeats/rank0.json"):
+        (run / name).unlink()
+        (run / name).symlink_to("/dev/zero")
+    said = run_readers(run, capsys)
+    assert f"{run / 'timing/rank0.jsonl'} cannot be read: it is a character device" in said["diagnose"]
+    assert f"{run / 'anomalies.jsonl'} cannot be read: it is a character device" in said["triage"]
+    assert f"(the first: {run / 'heartbeats/rank0.json'} was skipped: it is a character device" in said["hangs"]
+
+
+def test_a_line_nested_too_deep_is_skipped_like_any_line_that_is_not_a_record(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_of(written, tmp_path)
+    deep = "[" * 100_000 + "]" * 100_000
+    line = {}  # the number of the deep line in each log
+    for name in ("anomalies.jsonl", "memory/rank0.jsonl", "crashes/ends.jsonl"):
+        line[name] = len((run / name).read_text().splitlines()) + 1
+        with (run / name).open("a") as log:
+            log.write(deep + "\n")
+    (run / "heartbeats/rank0.json").write_text(deep)
+    said = run_readers(run, capsys)
+    too_deep = "(its JSON is nested too deep to read); skipped"
+    assert f"anomalies.jsonl:{line['anomalies.jsonl']}: not an anomaly record {too_deep}" in said["triage"]
+    assert "rank0.json was skipped: it is not JSON (its JSON is nested too deep to read)" in said["diagnose"]
+    assert (
+        f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl']}: not a process's end {too_deep}" in said["diagnose"]
+    )
+    memory = f"{run / 'memory/rank0.jsonl'}:{line['memory/rank0.jsonl']}: not a memory record {too_deep}"
+    assert memory in said["report --engine records"]
