@@ -8,6 +8,7 @@ the suite."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -164,3 +165,39 @@ def test_a_line_nested_too_deep_is_skipped_like_any_line_that_is_not_a_record(
     )
     memory = f"{run / 'memory/rank0.jsonl'}:{line['memory/rank0.jsonl']}: not a memory record {too_deep}"
     assert memory in said["report --engine records"]
+
+
+def test_values_of_the_wrong_type_or_out_of_range_are_skipped_naming_the_field(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step as text, a NaN time, a pid no process has, a step past 64 bits, a negative
+    duration: each line is skipped with a warning naming its file, line and field."""
+    run = copy_of(written, tmp_path)
+    anomaly = json.loads((run / "anomalies.jsonl").read_text().splitlines()[0])
+    end = json.loads((run / "crashes/ends.jsonl").read_text().splitlines()[0])
+    memory = json.loads((run / "memory/rank0.jsonl").read_text().splitlines()[0])
+    crafted = {
+        "anomalies.jsonl": [anomaly | {"step": "3"}, anomaly | {"rank": 2**70}],
+        "crashes/ends.jsonl": [end | {"pid": 0}, end | {"time": math.nan}],
+        "memory/rank0.jsonl": [memory | {"host_peak_bytes": -1}, memory | {"rank": "0"}],
+    }
+    line = {}
+    for name, records in crafted.items():
+        line[name] = len((run / name).read_text().splitlines()) + 1
+        with (run / name).open("a") as log:
+            log.writelines(json.dumps(record) + "\n" for record in records)  # NaN as Python's json writes it
+    beat = json.loads((run / "heartbeats/rank0.json").read_text())
+    (run / "heartbeats/rank0.json").write_text(json.dumps(beat | {"pid": 2**70}))
+    said = run_readers(run, capsys)
+    at = {name: f"{run / name}:{line[name]}" for name in crafted}
+    assert f"{at['anomalies.jsonl']}: not an anomaly record (its step is '3', not" in said["triage"]
+    second = f"{run / 'anomalies.jsonl'}:{line['anomalies.jsonl'] + 1}"
+    assert f"{second}: not an anomaly record (its rank is {2**70}, not an integer)" in said["triage"]
+    assert f"{at['crashes/ends.jsonl']}: not a process's end (its pid is 0, which no process has)" in said["diagnose"]
+    nan_time = f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl'] + 1}: not a process's end (its time is nan"
+    assert nan_time in said["diagnose"]
+    assert (
+        f"{at['memory/rank0.jsonl']}: not a memory record (its host_peak_bytes is -1, below 0)"
+        in said["report --engine records"]
+    )
+    assert f"rank0.json was skipped: its pid is {2**70}, not an integer" in said["diagnose"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -18,7 +19,13 @@ import verl_events
 from verl_events import ConfigError, HangEvent, hang
 from verl_events.observers import WatchdogObserver
 from verl_events.observers.watchdog import ABORT_EXIT_CODE, HangRecord, Heartbeat
-from verl_events.observers.watchdog.record import heartbeat_path, read_heartbeat, report_files, write_heartbeat
+from verl_events.observers.watchdog.record import (
+    NotAHeartbeat,
+    heartbeat_path,
+    read_heartbeat,
+    report_files,
+    write_heartbeat,
+)
 
 
 def config(save_path: Path, **options: object) -> dict[str, object]:
@@ -235,7 +242,13 @@ def test_a_boundary_record_moves_a_heartbeat_only_where_both_are_the_watchdogs(t
     path.write_text(json.dumps(beat))
     read = read_heartbeat(path)
     assert read.from_boundary and [(o["stage"], o["step"]) for o in read.open] == [("actor_update", 2)]
-    for damaged in ({"last_begun": {"stage": "x", "time": "yesterday"}}, {"open": ["x"]}, {"begun": "4"}):
+    path.write_text(json.dumps(beat | {"last_begun": {"stage": "x", "time": "yesterday"}}))
+    assert not read_heartbeat(path).from_boundary  # a position it cannot order is left aside
+    # Fields of the wrong type make it no heartbeat: one sentence naming the field, never a traceback.
+    for damaged, said in (
+        ({"open": ["x"]}, "its open is ['x'], not a list, each an object"),
+        ({"begun": "4"}, "its begun is '4'"),
+    ):
         path.write_text(json.dumps(beat | damaged))
-        read = read_heartbeat(path)
-        assert not read.from_boundary, damaged
+        with pytest.raises(NotAHeartbeat, match=re.escape(said)):
+            read_heartbeat(path)

@@ -8,9 +8,12 @@ a record of one stage takes from its event.
   record lists in ``numbers`` hold only numbers, so there those strings are read back as
   floats; lines of older writers, with a bare ``NaN``, still read.
 * **The parser** (:meth:`Record.parsed`, :meth:`Record.known`): a line is a JSON object
-  that holds every ``required`` key, or the record's own error (``refused``, a ValueError
-  like JSON's own) says what it is not; keys a record does not know are passed over, so a newer writer's
-  lines read.  Each record then checks its own values.
+  that holds every ``required`` key, each value of the type its field declares, or the
+  record's own error (``refused``, a ValueError like JSON's own) says what it is not.  A
+  number is finite unless the field is one of ``numbers``, an integer fits in 64 bits, a
+  field of ``not_negative`` is not below 0 and a ``pid`` is at least 1: a line another
+  process (or person) wrote never brings a NaN, an overflow or a phantom process into a
+  figure.  Keys a record does not know are passed over, so a newer writer's lines read.
 * **The header** (:func:`stage_header`): the run id (the installation's,
   :attr:`~verl_events.InstallContext.run_id`), the time written, and the step, stage and
   rank of the event.
@@ -21,9 +24,12 @@ written and read on a fast path of its own (:mod:`verl_events.observers.timing`)
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -91,6 +97,8 @@ class Record:
     required: ClassVar[tuple[str, ...]] = ()
     #: The fields that hold only numbers (at any depth): read back with named non-finite ones.
     numbers: ClassVar[tuple[str, ...]] = ()
+    #: The number fields that are never below 0 (durations, sizes, counts).
+    not_negative: ClassVar[tuple[str, ...]] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, in order, as they are (not copied)."""
@@ -132,8 +140,79 @@ class Record:
 
     @classmethod
     def known(cls: type[R], data: dict[str, Any]) -> R:
-        """The record of ``data``'s keys that are fields (the others are passed over)."""
+        """The record of ``data``'s keys that are fields (the others are passed over), each
+        value checked against its field (see the module docstring)."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        hints = _hints(typing.cast(Any, cls))
+        for name, value in values.items():
+            if (problem := _problem(cls, name, value, hints[name])) is not None:
+                raise cls.refused(problem)
         try:
-            return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+            return cls(**values)
         except TypeError as exc:  # a field without a default that the line lacks
             raise cls.refused(str(exc)) from None
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    """Each field's type, resolved once per record class."""
+    return typing.get_type_hints(cls)
+
+
+def _problem(cls: type[Record], name: str, value: Any, hint: Any) -> str | None:
+    """What is wrong with ``value`` for the field ``name`` of ``cls``, or None."""
+    if not _fits(value, hint, finite=name not in cls.numbers):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return f"its {name} is {shown}, not {_said(hint)}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if name in cls.not_negative and value < 0:
+            return f"its {name} is {value!r}, below 0"
+        if name == "pid" and value < 1:
+            return f"its pid is {value!r}, which no process has"
+    return None
+
+
+#: The largest integer a field holds: 64 bits, what every consumer (DuckDB, a pid, a step) takes.
+_INT_LIMIT = 2**63
+
+
+def _fits(value: Any, hint: Any, *, finite: bool = True) -> bool:
+    """Whether ``value``, read from JSON, is of the type ``hint`` (the forms records use)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (types.UnionType, typing.Union):
+        return any(_fits(value, arg, finite=finite) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool) and -_INT_LIMIT <= value < _INT_LIMIT
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return -_INT_LIMIT <= value < _INT_LIMIT if isinstance(value, int) else not finite or math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_fits(item, args[0], finite=finite) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            isinstance(key, str) and _fits(item, args[1], finite=finite) for key, item in value.items()
+        )
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _said(hint: Any) -> str:
+    """A field's type in words, for the error."""
+    words = {int: "an integer", float: "a finite number", str: "text", bool: "true or false", type(None): "null"}
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_said(arg) for arg in args)
+    if origin in (list, tuple):
+        return f"a list, each {_said(args[0])}"
+    if origin is dict:
+        return "an object" if args[1] is Any else f"an object, each value {_said(args[1])}"
+    return words.get(hint, getattr(hint, "__name__", str(hint)))

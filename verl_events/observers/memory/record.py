@@ -88,6 +88,7 @@ class MemoryRecord(Record):
     forecast: list[dict[str, Any]] | None = None
 
     noun = "a memory record"
+    not_negative = ("host_begin_bytes", "host_peak_bytes", "host_end_bytes", "device_peak_bytes", "tokens")
     refused = NotAMemoryRecord
     # Every field but those added later (oom, tokens, forecast).
     required = (

@@ -98,12 +98,6 @@ class AnomalyRecord(AnomalyEvent, Record):
         field every reader needs, or its step and rank are not integers, or its value and
         baseline not numbers.  Keys it does not know are ignored."""
         data = cls.parsed(line)
-        if not (
-            isinstance(data["rank"], int)
-            and isinstance(data["stage"], str)
-            and (data["step"] is None or isinstance(data["step"], int))
-        ):
-            raise NotAnAnomalyRecord("its step and rank are not integers, or its stage not a string")
         try:
             value = float(data["value"])
             baseline = None if data.get("baseline") is None else float(data["baseline"])

@@ -200,6 +200,7 @@ class HangRecord(Record):
     action: str = "report"
 
     noun = "a hang record"
+    not_negative = ("elapsed_s", "deadline_s", "begun")
     refused = NotAHangRecord
     required = ("kind", "time", "step", "stage", "rank", "began", "elapsed_s", "deadline_s")
 
@@ -254,6 +255,7 @@ class Heartbeat(Record):
     from_boundary: bool = False  # set by the reader: the position is the boundary record's (newer)
 
     noun = "a heartbeat"
+    not_negative = ("begun", "liveness_s")
     refused = NotAHeartbeat
 
     @classmethod

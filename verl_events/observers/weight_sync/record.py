@@ -163,6 +163,7 @@ class SyncRecord(Record):
         )
 
     noun = "a weight-sync record"
+    not_negative = ("tensors", "bytes", "adapter_tensors", "changed", "payloads")
     refused = NotASyncRecord
     required = _REQUIRED
     numbers = ("seconds",)
