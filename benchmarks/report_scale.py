@@ -80,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 10, 100, 1000])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--engine", choices=("auto", "records", "duckdb"), default="auto", help="the report's engine")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="report_scale_") as scratch:
@@ -87,7 +88,7 @@ def main() -> None:
             run = Path(scratch) / f"ranks{ranks}"
             records = write_run(run, ranks, args.steps)
             started, cpu = time.perf_counter(), time.process_time()
-            text = report(run, console=Console(file=io.StringIO()), as_json_output=True, quiet=True)
+            text = report(run, console=Console(file=io.StringIO()), as_json_output=True, quiet=True, engine=args.engine)
             seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
             assert text is not None and json.loads(text)["records"] == records
             results.append((ranks, records, seconds, cpu))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
@@ -253,10 +252,9 @@ def test_a_line_of_an_older_writer_reads_with_the_defaults_and_ignores_unknown_k
         {},
         None,
     )
-    # Python's json, which older writers used, writes a bare NaN.
-    assert math.isnan(
-        TimingRecord.from_json('{"stage": "a", "step": null, "rank": 0, "elapsed_s": NaN, "profiled": false}').elapsed_s
-    )
+    # Python's json, which older writers used, writes a bare NaN: it parses, and a NaN is no duration.
+    with pytest.raises(NotATimingRecord, match=r"its elapsed_s is nan, not a number of seconds"):
+        TimingRecord.from_json('{"stage": "a", "step": null, "rank": 0, "elapsed_s": NaN, "profiled": false}')
 
 
 def test_json_that_is_not_a_stage_record_is_refused_saying_what_it_lacks() -> None:

@@ -46,6 +46,8 @@ import structlog
 from verl_events import InstallContext, Observer, Record, StageReport, Writes, prepare_output_dir, stage_output_dir
 from verl_events.layout import run_id
 
+from ._timing_values import WANTED, wrong_value
+
 __all__ = [
     "TIMING_DIR",
     "NotATimingRecord",
@@ -161,6 +163,10 @@ class TimingRecord:
             )
         if data.keys() != _FIELDS:
             data = _completed(data, line)
+        if (wrong := wrong_value(data)) is not None:
+            shown = repr(data[wrong])
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise NotATimingRecord(f"its {wrong} is {shown}, {WANTED[wrong]}")
         for name in _SEQUENCE_FIELDS:
             value = data[name]
             if type(value) is list:

@@ -178,7 +178,12 @@ def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
                    coalesce(list_sum(map_values(j.hook_s)), 0.0) AS hook_total,
                    coalesce(list_sum(map_values(j.hook_end_s)), 0.0) AS hook_end,
                    j.hook_s"""
-    not_records = "stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL"
+    # Values no figure may use, as the owner's reader refuses them (timing.py, _wrong).
+    not_records = (
+        "stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL OR NOT (elapsed BETWEEN 0 AND 1e12) "
+        "OR NOT (overhead BETWEEN 0 AND 1e12) OR dump_bytes < 0 OR depth < 0 "
+        "OR NOT (coalesce(end_unix, 0) BETWEEN 0 AND 1e12)"
+    )
     _load(con, sources, ("stage", "timing"), select, not_records, _TIMING_COLUMNS, "stage records")
     notes.extend(sources.notes)
     old, twice = con.execute(
@@ -246,13 +251,16 @@ def _load(
 
 
 def _reads(con: Any, path: str, columns: dict[str, str]) -> bool:
-    """Whether DuckDB parses the log ``path`` (its columns only, as the table reads it)."""
+    """Whether DuckDB parses the log ``path`` (its columns only, as the table reads it).  Each
+    column is hashed: a bare ``count(*)`` would not convert the values, and not fail on one
+    of the wrong type."""
     import duckdb
 
+    every_column = ", ".join(f'sum(hash("{name}"))' for name in columns)
     try:
         con.execute(
-            "SELECT count(*) FROM read_json(?, format = 'newline_delimited', compression = 'uncompressed', "
-            f"columns = {_columns(columns)})",
+            f"SELECT count(*), {every_column} FROM read_json(?, format = 'newline_delimited', "
+            f"compression = 'uncompressed', columns = {_columns(columns)})",
             [path],
         ).fetchone()
     except (duckdb.InvalidInputException, duckdb.ConversionException):
