@@ -307,19 +307,27 @@ def test_engine_output_is_the_json_and_the_tables(tmp_path: Path) -> None:
     [
         {"elapsed_s": "fast"},
         {"elapsed_s": -1.0},
+        {"step": "3"},
+        {"stage": {"name": "actor_update"}},
         {"rank": 2**70},
         {"hook_s": [1, 2]},
         {"dump_bytes": -5},
     ],
-    ids=["elapsed-text", "elapsed-negative", "rank-past-64-bits", "hook_s-list", "bytes-negative"],
+    ids=[
+        "elapsed-text",
+        "elapsed-negative",
+        "step-text",
+        "stage-object",
+        "rank-past-64-bits",
+        "hook_s-list",
+        "bytes-negative",
+    ],
 )
 def test_a_line_whose_values_are_of_the_wrong_type_or_range_is_skipped_alike(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: dict[str, Any]
 ) -> None:
     """Another writer's (or a hand's) values are checked before any figure uses them: the
-    line is skipped, with the same sentence from both engines, and the others are reported.
-    (A number written as text, ``"step": "3"``, is not here: DuckDB converts it, the records
-    engine skips the line; the engines do not agree on it yet.)"""
+    line is skipped, with the same sentence from both engines, and the others are reported."""
     bad = json.dumps(json.loads(line(2)) | damage)
     one_log(tmp_path, line(1) + "\n", bad + "\n", line(3) + "\n")
     said, result = warnings_and_json(capsys, tmp_path, "duckdb")

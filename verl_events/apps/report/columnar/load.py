@@ -56,9 +56,11 @@ _ORD = "f.fidx::HUGEINT * 100000000000000000 + round({clock} * 1000000)::HUGEINT
 
 _TIMING_COLUMNS = {
     "run": "VARCHAR",
-    "stage": "VARCHAR",
-    "step": "BIGINT",
-    "rank": "BIGINT",
+    # Read as JSON and converted in the query, so that a value of another type (a step
+    # written as text, a stage as an object) is seen, not converted as DuckDB would.
+    "stage": "JSON",
+    "step": "JSON",
+    "rank": "JSON",
     "depth": "BIGINT",
     "elapsed_s": "DOUBLE",
     "error": "VARCHAR",
@@ -165,7 +167,10 @@ def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
     """The ``stage`` table from the timing logs; ``notes``: a sentence per log of what was
     skipped (as the record-by-record report says it)."""
     select = f"""
-            SELECT f.fidx, {_ORD.format(clock="j.end_unix")} AS ord, j.run, j.stage, j.step, j.rank,
+            SELECT f.fidx, {_ORD.format(clock="j.end_unix")} AS ord, j.run,
+                   json_extract_string(j.stage, '$') AS stage, json_type(j.stage) AS stage_type,
+                   TRY_CAST(j.step AS BIGINT) AS step, json_type(j.step) AS step_type,
+                   TRY_CAST(j.rank AS BIGINT) AS rank, json_type(j.rank) AS rank_type,
                    coalesce(j.depth, 0) AS depth, j.elapsed_s AS elapsed, j.error, j.profiled,
                    list_concat(coalesce(j.profiled_by, []),
                                list_transform(coalesce(j.enclosed_by, []), lambda name: name || ' (around)'))
@@ -182,7 +187,9 @@ def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
     not_records = (
         "stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL OR NOT (elapsed BETWEEN 0 AND 1e12) "
         "OR NOT (overhead BETWEEN 0 AND 1e12) OR dump_bytes < 0 OR depth < 0 "
-        "OR NOT (coalesce(end_unix, 0) BETWEEN 0 AND 1e12)"
+        "OR NOT (coalesce(end_unix, 0) BETWEEN 0 AND 1e12) OR stage_type <> 'VARCHAR' "
+        "OR rank_type NOT IN ('BIGINT', 'UBIGINT') "
+        "OR (step_type IS NOT NULL AND (step IS NULL OR step_type NOT IN ('BIGINT', 'UBIGINT')))"
     )
     _load(con, sources, ("stage", "timing"), select, not_records, _TIMING_COLUMNS, "stage records")
     notes.extend(sources.notes)
