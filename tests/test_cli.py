@@ -235,3 +235,32 @@ def test_a_folder_of_runs_is_refused_naming_its_latest_run(
     err = capsys.readouterr().err
     assert "holds runs, one folder each (save_path: .../{run}), not a run" in err
     assert f"verl-events {command} {tmp_path / 'latest'}" in err
+
+
+@pytest.mark.parametrize("save_path", ["/", "/proc", "/proc/self/verl", "/etc"])
+def test_check_warns_about_a_save_path_in_a_system_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], save_path: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {save_path}\nobservers:\n  - name: recording\n")
+    assert main(["check", str(config)]) == 0
+    said = capsys.readouterr().err
+    assert f"warning: save_path '{save_path}' is the system folder" in said and "choose a folder of your own" in said
+
+
+def test_check_warns_about_a_save_path_that_is_a_file_and_says_target_code_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"save_path: {a_file}\nobservers:\n  - _target_: verl_events.testing:RecordingObserver\n")
+    assert main(["check", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert f"warning: save_path '{a_file}' is an existing file; observers write a folder there" in err
+    assert "note: the _target_ observers were imported and built to check them: their modules' code ran here" in out
+    assert a_file.read_text() == "mine"
+    config.write_text(f"save_path: {tmp_path / 'out'}\nobservers:\n  - name: recording\n")
+    assert main(["check", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "_target_" not in out and "warning" not in err  # a plain config: neither

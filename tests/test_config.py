@@ -221,3 +221,37 @@ def test_a_config_file_that_is_not_a_small_regular_utf8_file_is_refused_without_
     edge = tmp_path / "edge.yaml"
     edge.write_bytes(b"#" * CONFIG_FILE_LIMIT)
     assert len(read_config_text(edge, "edge")) == CONFIG_FILE_LIMIT  # a file of the limit itself is read whole
+
+
+def billion_laughs(levels: int = 9) -> str:
+    """A few lines of YAML whose aliases expand to 9**levels values."""
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9)}]" for n in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_yaml_aliases_that_expand_past_the_limit_are_refused_in_a_file_and_an_override(tmp_path: Path) -> None:
+    """An alias bomb (nine lines, 387 million values once expanded) is refused at once, with one
+    sentence, wherever YAML is read: the config file, and a command-line override."""
+    from verl_events.apps.cli import main
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("save_path: outputs/x\nobservers: []\n" + billion_laughs())
+    with pytest.raises(ConfigError, match=r"config file '.*bomb.yaml': its YAML aliases expand to more than 100000"):
+        load_config(bomb)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("save_path: outputs/x\nobservers:\n  - name: timing\n")
+    flow = "{" + billion_laughs().replace("\n", ", ").rstrip(", ") + "}"
+    with pytest.raises(ConfigError, match=r"override 'observers.0.steps=.*': its YAML aliases expand"):
+        load_config(plain, [f"observers.0.steps={flow}"])
+    looped = tmp_path / "looped.yaml"
+    looped.write_text("save_path: outputs/x\nobservers: &self [*self]\n")
+    with pytest.raises(ConfigError, match=r"expand to more than 100000 values \(or refer to themselves\)"):
+        load_config(looped)
+    assert main(["check", str(bomb)]) == 2
+    shared = tmp_path / "shared.yaml"  # aliases as a real config uses them stay fine
+    shared.write_text(
+        "save_path: outputs/x\nobservers:\n  - name: timing\n    steps: &steps [1, 2]\n"
+        "  - name: sentinel\n    steps: *steps\n"
+    )
+    assert [spec.selection.steps for spec in load_config(shared).observers] == [frozenset({1, 2})] * 2

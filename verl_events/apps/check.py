@@ -100,6 +100,32 @@ def _print_checked(checked: _Checked, source: str) -> None:
     per_run = config.latest is not None
     for note in save_path_notes(save_path, per_run=per_run) if save_path is not None else []:
         print(f"note: {note}")
+    for problem in save_path_problems(config.save_path):
+        shell.warn(problem)
+    if any(spec.target is not None for spec in checked.specs):
+        print(
+            "note: the _target_ observers were imported and built to check them: their modules' code ran here, "
+            "as it runs at install (check a config from someone else as you would run its code)"
+        )
+
+
+#: Folders of the system, where a run's files never belong.
+SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/run", "/sbin", "/sys", "/usr", "/var")
+
+
+def save_path_problems(save_path: Path) -> list[str]:
+    """A sentence for a save_path no run should write into: an existing file, or a system
+    folder (or a folder inside /proc, /sys or /dev)."""
+    resolved = save_path.resolve()
+    if resolved.exists() and not resolved.is_dir():
+        return [f"save_path {str(save_path)!r} is an existing file; observers write a folder there: choose a folder"]
+    inside = resolved.parents[-2] if len(resolved.parents) > 1 else resolved  # its top-level folder
+    if str(resolved) in SYSTEM_FOLDERS or str(inside) in ("/proc", "/sys", "/dev"):
+        return [
+            f"save_path {str(save_path)!r} is the system folder {str(resolved)!r}; observers would write into it: "
+            "choose a folder of your own"
+        ]
+    return []
 
 
 def _print_replay(config: Config, built: list[Observer]) -> None:

@@ -152,10 +152,50 @@ def _is_omegaconf(value: Any) -> bool:
     return type(value).__module__.startswith("omegaconf")
 
 
+#: The most values a config may hold once YAML's aliases are expanded: real configs hold a
+#: few hundred; a few lines of aliases can expand to billions (an "alias bomb"), which every
+#: later walk over the config would follow.
+CONFIG_VALUE_LIMIT = 100_000
+
+
+def load_yaml(text: str, what: str) -> Any:
+    """``text`` parsed as YAML (safe: no Python objects), refused with ConfigError naming
+    ``what`` when its aliases expand past :data:`CONFIG_VALUE_LIMIT` values, refer to
+    themselves, or it nests deeper than the parser follows.  yaml.YAMLError propagates."""
+    try:
+        data = yaml.safe_load(text)
+        values = _expanded_values(data, {})
+    except RecursionError:
+        raise ConfigError(f"{what} is nested too deep to read") from None
+    if values > CONFIG_VALUE_LIMIT:
+        raise ConfigError(
+            f"{what}: its YAML aliases expand to more than {CONFIG_VALUE_LIMIT} values (or refer to "
+            "themselves); a config holds a few hundred. Write the values out, or use fewer aliases"
+        )
+    return data
+
+
+def _expanded_values(value: Any, sizes: dict[int, int]) -> int:
+    """How many values ``value`` holds with every alias expanded, counted without expanding
+    it: a part that several aliases share is sized once (``sizes``, by id) and counted at
+    each use; a part that holds itself counts as past the limit."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    known = sizes.get(id(value))
+    if known is not None:
+        return known
+    sizes[id(value)] = CONFIG_VALUE_LIMIT + 1  # seen again while being sized: it holds itself
+    total = 1
+    for item in value.values() if isinstance(value, dict) else value:
+        total = min(total + _expanded_values(item, sizes), CONFIG_VALUE_LIMIT + 1)
+    sizes[id(value)] = total
+    return total
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     text = read_config_text(path, f"config file {str(path)!r}")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, f"config file {str(path)!r}")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -181,7 +221,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not key=value, e.g. observers.0.steps=[1,2]")
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text, f"override {item!r}")
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: the value {text!r} is not valid YAML") from exc
         try:
