@@ -201,3 +201,24 @@ def test_values_of_the_wrong_type_or_out_of_range_are_skipped_naming_the_field(
         in said["report --engine records"]
     )
     assert f"rank0.json was skipped: its pid is {2**70}, not an integer" in said["diagnose"]
+
+
+@pytest.mark.parametrize("pid", [1, 2**40], ids=["pid-1", "pid-past-the-kernels"])
+def test_a_heartbeat_whose_pid_cannot_be_its_ranks_process_is_never_running(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], pid: int
+) -> None:
+    """A heartbeat left open an hour ago, naming pid 1 (always some process on a host) or a
+    pid no kernel hands out, with no start time to tell its process: the rank is not alive."""
+    run = copy_of(written, tmp_path)
+    beat = json.loads((run / "heartbeats/rank0.json").read_text())
+    hour_ago = time.time() - 3600
+    beat |= {"pid": pid, "started": None, "closed": False, "exit": None, "time": hour_ago, "mtime_beats": False}
+    beat["liveness_s"] = None  # as an older writer's: no liveness beat to judge its age by
+    (run / "heartbeats/rank0.json").write_text(json.dumps(beat))
+    (run / "heartbeats/rank0.boundary").unlink()
+    (run / "crashes/ends.jsonl").unlink()  # no word of how it ended
+    main(["diagnose", str(run), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    (watchdog,) = [tool["summary"] for tool in result["tools"] if tool["tool"] == "watchdog"]
+    assert result["verdict"] != "running" and "alive" not in watchdog, result
+    run_readers(run, capsys)  # and no reader gives a traceback

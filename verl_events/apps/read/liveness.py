@@ -87,6 +87,7 @@ def liveness(beat: Heartbeat, now: float, newest: Newest | None = None, host: st
         return Liveness("closed", f"closed ({how}{': ' + detail if detail else ''})" if how else "closed")
     age = now - beat.time
     here = beat.host is not None and beat.host == (host or socket.gethostname())
+    alive = None
     if here and beat.pid is not None:
         alive = hang_record.process_alive(beat.pid, beat.started)
         if alive is False:
@@ -100,6 +101,12 @@ def liveness(beat: Heartbeat, now: float, newest: Newest | None = None, host: st
             )
     if beat.liveness_s is None and not here:
         return Liveness("unknown", "its heartbeat predates the liveness beat and its host is not this one")
+    if beat.liveness_s is None and alive is None:
+        return Liveness(
+            "unknown",
+            f"its heartbeat predates the liveness beat, and process {beat.pid} cannot be told from another "
+            "that has its pid now (no start time)",
+        )
     return Liveness("alive", f"heartbeat {age:.0f} s old")
 
 

@@ -374,11 +374,14 @@ def process_start_time(pid: int) -> float | None:
 
 def process_alive(pid: int, started: float | None) -> bool | None:
     """Whether process ``pid`` of this host still runs: False when no process
-    has that pid, it is a zombie, or one started at another time has it (the
-    pid was reused); None when this cannot be told (not permitted to look)."""
+    has that pid (or none can: a pid past what the kernel hands out), it is a
+    zombie, or one started at another time has it (the pid was reused); None
+    when this cannot be told: not permitted to look, or no start time to tell
+    the rank's process from another that has its pid now (a heartbeat of an
+    older writer, or one a hand wrote: pid 1 is always some process)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return None
@@ -390,6 +393,6 @@ def process_alive(pid: int, started: float | None) -> bool | None:
     except (OSError, IndexError):
         pass
     if started is None:
-        return True
+        return None
     now = process_start_time(pid)
     return now is None or abs(now - started) < 2.0
