@@ -335,3 +335,17 @@ def test_a_line_whose_values_are_of_the_wrong_type_or_range_is_skipped_alike(
     assert "1 line(s) are not stage records of the timing observer and were skipped" in said
     assert result["records"] == 2
     assert_engines_agree(tmp_path)
+
+
+def test_a_memory_log_line_of_bytes_that_are_not_utf8_is_one_skipped_line_for_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mixed_run(tmp_path)
+    log = memory_record.memory_log_path(tmp_path, 1)
+    lines = len(log.read_text().splitlines())
+    with log.open("ab") as out:
+        out.write(b'\xff\xfe{"stage": "x"}\n')
+    said, result = warnings_and_json(capsys, tmp_path, "duckdb")
+    assert said == warnings_and_json(capsys, tmp_path, "records")[0]
+    assert f"rank1.jsonl:{lines + 1}: not a JSON line (" in said and "Traceback" not in said
+    assert_engines_agree(tmp_path)

@@ -30,10 +30,12 @@ R = TypeVar("R")
 
 def numbered_lines(path: Path) -> list[tuple[int, str]]:
     """The non-blank lines of ``path`` with their 1-based line numbers; none
-    when there is no file.  OSError and UnicodeDecodeError propagate: each
-    reader says in its own words what an unreadable log means to it."""
+    when there is no file.  OSError propagates (a file that is not a regular one
+    among them): each reader says in its own words what an unreadable log means
+    to it.  Bytes that are not UTF-8 become U+FFFD, so that such a line is one
+    line that is not a record, not a log that cannot be read."""
     try:
-        text = read_regular(path).decode("utf-8")
+        text = read_regular(path).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return []
     return [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]

@@ -109,7 +109,7 @@ class Sources:
         copies.mkdir(parents=True, exist_ok=True)
         copy = copies / f"{index}.jsonl"
         with copy.open("w", encoding="utf-8") as out:
-            for line in read_regular(path).decode("utf-8").split("\n"):
+            for line in read_regular(path).decode("utf-8", errors="replace").split("\n"):
                 if line.strip() and _parses(line, self.parse):
                     out.write(line + "\n")
         self.paths[index] = copy
