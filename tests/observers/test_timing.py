@@ -33,10 +33,13 @@ def test_one_line_per_stage_with_times_hooks_and_active_observers(tmp_path: Path
             {"_target_": "tests.observers.test_timing:SlowBegin", "steps": [2]},
         ],
     }
+    whole = []  # each stage's time as the caller sees it: its body and every hook
     with verl_events.install(config):
         for step in (1, 2):
+            began = time.perf_counter()
             with stage("critic_update", step=step, batch=4):
                 time.sleep(0.005)
+            whole.append(time.perf_counter() - began)
     first, second = read_lines(tmp_path / "timing/rank0.jsonl")
     assert (first["stage"], first["role"], first["step"], first["rank"], first["world_size"]) == (
         "critic_update",
@@ -50,7 +53,10 @@ def test_one_line_per_stage_with_times_hooks_and_active_observers(tmp_path: Path
     hook_s = second["hook_s"]
     assert isinstance(hook_s, dict) and hook_s["tests.observers.test_timing:SlowBegin"] >= 0.01
     assert second["overhead_s"] == hook_s["tests.observers.test_timing:SlowBegin"]
-    assert 0.005 <= float(second["elapsed_s"]) < 0.01  # type: ignore[arg-type]
+    # The body alone: at least its sleep, and the hook's time is not in it (both fit in the
+    # caller's time only as two separate parts), however busy the machine is.
+    elapsed = float(second["elapsed_s"])  # type: ignore[arg-type]
+    assert 0.005 <= elapsed and elapsed + hook_s["tests.observers.test_timing:SlowBegin"] <= whole[1]
     assert second["error"] is None and "timestamp" in second
 
 
