@@ -18,9 +18,9 @@ from typing import BinaryIO
 
 __all__ = ["LOG_READ_LIMIT", "RunFileRefused", "open_regular", "read_regular"]
 
-#: The most a reader reads of one log whole (1 GiB): far past any log a run writes per rank,
-#: and a bound on what a crafted or damaged file can cost.  The timing logs of a large run
-#: are streamed, and diagnose reads only the ends of large logs unless asked.
+#: The most a reader reads of one log whole (1 GiB): far past any log a run writes per rank
+#: (a rank's timing log holds about 500 bytes a stage), and a bound on what a crafted or
+#: damaged file can cost.  diagnose reads only the ends of large logs unless asked.
 LOG_READ_LIMIT = 2**30
 
 _KINDS = (

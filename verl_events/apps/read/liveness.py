@@ -104,8 +104,8 @@ def liveness(beat: Heartbeat, now: float, newest: Newest | None = None, host: st
     if beat.liveness_s is None and alive is None:
         return Liveness(
             "unknown",
-            f"its heartbeat predates the liveness beat, and process {beat.pid} cannot be told from another "
-            "that has its pid now (no start time)",
+            "its heartbeat predates the liveness beat, and its process cannot be told from another that "
+            "has its pid now (no start time)",
         )
     return Liveness("alive", f"heartbeat {age:.0f} s old")
 
