@@ -122,7 +122,7 @@ def _without_ledger(run: Path) -> None:
     for path in logs:
         try:
             records = read_log(path).records(timing_log.TimingRecord.from_json, lambda number, exc: None)
-        except (OSError, UnicodeDecodeError):
+        except OSError:
             continue
         for _, record in records:
             watched = isinstance(record.observers, (list, tuple)) and OBSERVER in record.observers

@@ -151,7 +151,7 @@ def _read_records(path: Path, record_class: Any, warnings: list[str]) -> list[An
     """The records of a log hangs cannot do without: HangsInputError when it cannot be read."""
     try:
         log = read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise HangsInputError(f"{path} cannot be read: {exc}") from exc
     return [record for _, record in log.records(record_class.from_json, skipping(warnings, path, record_class.noun))]
 

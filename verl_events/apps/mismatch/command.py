@@ -355,6 +355,6 @@ def headline(evidence: Evidence, holding: Holding) -> str:
     """The mismatch log's line in ``verl-events diagnose``: how many lines."""
     try:
         lines = len(numbered_lines(mismatch_record.mismatch_log_path(evidence.run)))
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         return holding.describe()
     return f"{lines} mismatch line(s)"

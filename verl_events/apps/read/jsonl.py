@@ -91,15 +91,14 @@ def read_records(path: Path, record: Any, warnings: list[str]) -> Iterator[tuple
     records; a line that is not a record, a warning of :func:`skipping`."""
     try:
         log = read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         warnings.append(f"{path} cannot be read: {exc}")
         return
     yield from log.records(record.from_json, skipping(warnings, path, record.noun))
 
 
 def read_log(path: Path) -> JsonLinesLog:
-    """``path`` read whole (see :func:`numbered_lines`); OSError and
-    UnicodeDecodeError propagate."""
+    """``path`` read whole (see :func:`numbered_lines`); OSError propagates."""
     return JsonLinesLog(path, numbered_lines(path))
 
 
@@ -111,5 +110,5 @@ def read_run_log(run: Path, path: Path, input_error: type[Exception]) -> JsonLin
         raise input_error(f"{run} is not a directory; give the run's save_path")
     try:
         return read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise input_error(f"{path} cannot be read: {exc}") from None

@@ -115,7 +115,7 @@ def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
     path = anomaly_log_path(run)
     try:
         log = read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise TriageInputError(f"{path} cannot be read: {exc}") from exc
 
     skip = skipping(skipped, path, AnomalyRecord.noun)

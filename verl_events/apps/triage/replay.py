@@ -101,7 +101,7 @@ def replay_of(run: Path, anomaly: AnomalyRecord, warnings: list[str], notes: lis
     path = replay_log_path(run)
     try:
         log = read_log(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         warnings.append(f"{path} cannot be read ({exc}); triage goes on without the replay's verdict")
         return None
 
