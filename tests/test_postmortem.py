@@ -135,6 +135,8 @@ def test_a_rank_killed_with_sigkill_is_first_although_it_wrote_nothing(tmp_path:
     assert code == 1
     first = assert_first(result, 1, "killed")
     assert "is gone" in first["detail"]
+    # Killed a second into the stage, with a beat every 0.5 s: placed inside it, never "as it began".
+    assert "s into the stage, at " in first["detail"] and "as the stage began" not in first["detail"], first
     assert_rank_0_followed(result)
     hangs = subprocess.run([verl_events_exe(), "hangs", str(tmp_path / "run")], capture_output=True, text=True)
     rank_1 = next(line for line in hangs.stdout.splitlines() if line.strip().startswith("rank 1:"))
@@ -292,3 +294,5 @@ def test_a_rank_killed_as_a_stage_begins_is_placed_in_that_stage_by_its_boundary
         "actor_update",
     )
     assert "stage-boundary record, newer than its last heartbeat" in first["detail"], first
+    assert "killed as the stage began (within 2 s of it: no beat after its beginning" in first["detail"], first
+    assert "killed as the stage began" in text

@@ -2,12 +2,15 @@
 Ray, FSDP2 on gloo, on CPU, two FSDP ranks (``trainer.n_gpus_per_node=2``) — with the always-on
 set switched on through ``VERL_EVENTS_CONFIG`` (docs/postmortem.md).
 
-Two trainer runs of two steps each (step 1 healthy, the failure in step 2), about a minute or
+Three trainer runs of two steps each (step 1 healthy, the failure in step 2), about a minute or
 two each on 2 cores:
 
 - **killed**: rank 1's process SIGKILLs itself as step 2's ``actor_update`` begins
   (tests.support:Killer); the driver fails with Ray's ``ActorDiedError``, which names no rank.
-  Diagnose must name rank 1, step 2, the stage and ``killed``, and the other rank as cascade.
+  Diagnose must name rank 1, step 2, the stage and ``killed``, say it was killed as the stage
+  began, and name the other rank as cascade.
+- **killed later**: the same, 3 s into the stage, after beats from inside it: placed in the same
+  stage, with how far into it, and never "as the stage began".
 - **raised**: a forward hook on rank 0's actor model raises inside step 2's update
   (tests.support:Raiser); the driver fails with Ray's ``RayTaskError``.  Diagnose must name
   rank 0, the stage (``train_batch``, verl's mini-batch stage nested in ``actor_update``), the
@@ -78,6 +81,12 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 @pytest.fixture(scope="module")
+def killed_later(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    fault = {"_target_": "tests.support:Killer", "step": 2, "rank": 1, "seconds": 3, "stages": ["actor_update"]}
+    return run_with(tmp_path_factory.mktemp("killed_later"), fault)
+
+
+@pytest.fixture(scope="module")
 def raised(tmp_path_factory: pytest.TempPathFactory) -> Run:
     fault = {"_target_": "tests.support:Raiser", "step": 2, "rank": 0, "message": MESSAGE, "stages": ["actor_update"]}
     return run_with(tmp_path_factory.mktemp("raised"), fault)
@@ -122,6 +131,16 @@ def test_diagnose_names_the_killed_rank_its_step_and_stage_and_the_rest_is_casca
     assert "is gone" in first["detail"] and first["pid"] is not None and first["host"] is not None, text
     # Read from rank 1's own heartbeat, not from the driver's ActorDiedError.
     assert first["source"] == "heartbeats/rank1.json", text
+    assert "killed as the stage began (within " in first["detail"], text
+    assert_the_rest_follows(result, 1, "rank 1's death")
+
+
+def test_a_rank_killed_3_s_into_step_2s_update_is_placed_in_it_with_how_far_in(killed_later: Run) -> None:
+    assert killed_later.code != 0 and "ActorDiedError" in killed_later.log, killed_later.log[-6000:]
+    code, result, text = diagnose(killed_later)
+    first = result["first"]
+    assert (first["rank"], first["step"], first["stage"], first["kind"]) == (1, 2, "actor_update", "killed"), text
+    assert "s into the stage, at " in first["detail"] and "as the stage began" not in first["detail"], text
     assert_the_rest_follows(result, 1, "rank 1's death")
 
 

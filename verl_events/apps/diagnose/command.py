@@ -146,7 +146,7 @@ def _clock(unix: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
 
 
-_SHOWN = 200  # characters of a failure's detail shown in text
+_SHOWN = 260  # characters of a failure's detail shown in text
 #: What to read when the driver's wait for generation fails: verl logs each prompt that
 #: failed in generation, and goes on.
 GENERATION_NOTE = (

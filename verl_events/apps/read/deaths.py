@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import linecache
+import math
 import re
 import time
 from typing import Any
@@ -30,6 +31,8 @@ _RAISED_IN = re.compile(r"RayTaskError\((\w+)\): ray::[\w.]+\(\) \(pid=(\d+)\b")
 #: What a task raises when another actor's process died.
 _ACTOR_DEATHS = ("ActorDiedError", "RayActorError", "WorkerCrashedError")
 _DEATH_KINDS = ("killed", "signal", "oom")
+#: A last beat this close to a stage's beginning is that beginning (clock reads a few µs apart).
+_SAME_MOMENT_S = 0.001
 
 __all__ = [
     "crash_records",
@@ -220,7 +223,7 @@ def stopped_ranks(evidence: Evidence) -> None:
         source = relative(evidence, hang_record.heartbeat_path(evidence.run, beat.rank))
         exit = beat.exit or {}
         if state.stopped:
-            detail = f"stopped beating at {_clock(beat.time)}{_within(beat)} without closing: {state.reason}"
+            detail = f"{_stopped(beat)} without closing: {state.reason}"
             if beat.from_boundary:
                 # Which evidence placed it: a boundary crossed after its last heartbeat was written.
                 detail += "; where: its stage-boundary record, newer than its last heartbeat"
@@ -243,6 +246,23 @@ def _position(beat: Heartbeat) -> tuple[int | None, str | None]:
     """The innermost open stage, else the last one that ended."""
     last = beat.open[-1] if beat.open else (beat.last_ended or {})
     return last.get("step"), last.get("stage")
+
+
+def _stopped(beat: Heartbeat) -> str:
+    """When the rank stopped beating and, in a stage, how far into it: no earlier than its last
+    beat, no later than a liveness beat after it.  A last sign of life that is the stage's own
+    beginning (its boundary record) means it died as the stage began."""
+    since = beat.open[-1].get("since") if beat.open else None
+    known = isinstance(since, (int, float)) and not isinstance(since, bool) and math.isfinite(since)
+    if not known or not beat.liveness_s or since > beat.time:
+        return f"stopped beating at {_clock(beat.time)}{_within(beat)}"
+    into = beat.time - since
+    if into < _SAME_MOMENT_S:
+        return (
+            f"killed as the stage began (within {beat.liveness_s:g} s of it: "
+            f"no beat after its beginning at {_clock(beat.time)})"
+        )
+    return f"stopped beating {into:.1f} s into the stage, at {_clock(beat.time)}{_within(beat)}"
 
 
 def _within(beat: Heartbeat) -> str:
