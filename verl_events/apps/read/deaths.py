@@ -253,8 +253,9 @@ def _stopped(beat: Heartbeat) -> str:
     beat, no later than a liveness beat after it.  A last sign of life that is the stage's own
     beginning (its boundary record) means it died as the stage began."""
     since = beat.open[-1].get("since") if beat.open else None
-    known = isinstance(since, (int, float)) and not isinstance(since, bool) and math.isfinite(since)
-    if not known or not beat.liveness_s or since > beat.time:
+    if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
+        since = None  # another writer's heartbeat, or none open: how far in is not known
+    if since is None or not beat.liveness_s or since > beat.time:
         return f"stopped beating at {_clock(beat.time)}{_within(beat)}"
     into = beat.time - since
     if into < _SAME_MOMENT_S:
