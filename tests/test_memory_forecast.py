@@ -55,6 +55,38 @@ def test_token_counts_read_verls_layouts() -> None:
     assert token_counts(3.0) is None
 
 
+def test_what_is_left_is_read_again_only_when_the_expectation_comes_near_it_or_the_read_is_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading what is left (a cgroup's files, /proc/meminfo) is most of a stage's forecast cost:
+    it is read again only within half of the last figure, or a second after it."""
+    from verl_events.observers.memory import forecast as forecast_module
+
+    step = forecast_module.StepForecast()
+    for tokens, grew in ((100, 10_000), (100, 1_000), (200, 2_000)):  # the first is warm-up
+        step.learn("actor_update", 0, tokens, {"host": grew})
+    step.step_tokens("actor_update", 7, 0, {"attention_mask": torch.ones(1, 200)}, None)
+    reads: list[int] = []
+    left = {"bytes": 10_000}
+
+    def host_room() -> forecast_module.Headroom:
+        reads.append(left["bytes"])
+        return forecast_module.Headroom(left["bytes"], "MemAvailable")
+
+    clock = [1000.0]
+    monkeypatch.setattr(forecast_module.time, "monotonic", lambda: clock[0])
+    assert step.check("actor_update", 7, 0, host_room, lambda: None) == [] and reads == [10_000]
+    clock[0] += 0.5  # 2,000 expected, under half of the 10,000 left half a second ago: not read
+    assert step.check("actor_update", 7, 0, host_room, lambda: None) == [] and reads == [10_000]
+    clock[0] += 0.6  # past a second: read again, and what is left fell below the expectation
+    left["bytes"] = 1_500
+    (warning,) = step.check("actor_update", 7, 0, host_room, lambda: None)
+    assert reads == [10_000, 1_500] and warning.headroom.bytes == 1_500
+    clock[0] += 0.1  # 2,000 is past half of the 1,500 just read: read at every stage now
+    step.check("actor_update", 7, 0, host_room, lambda: None)
+    assert reads == [10_000, 1_500, 1_500]
+
+
 def test_the_line_leaves_out_warm_up_and_never_expects_less_than_was_seen() -> None:
     forecaster = Forecaster()
     forecaster.learn(0, "actor_update", 100, {"host": 10_000})  # warm-up: left out

@@ -32,8 +32,16 @@ def test_always_on_expands_to_timing_watchdog_sentinel_mismatch_and_memory_with_
     assert names(config) == ALWAYS_ON
     assert config.preset == "always_on"
     for spec in config.observers:
-        assert spec.preset == "always_on" and spec.enabled and not spec.options and spec.trigger is None
+        assert spec.preset == "always_on" and spec.enabled and spec.trigger is None
+        # Each with its defaults, but the memory observer, which samples its peaks on its own thread.
+        assert dict(spec.options) == ({"peak": "sampled"} if spec.name == "memory" else {}), spec
         assert spec.selection.steps is None and spec.selection.stages is None  # every stage of every step
+
+
+def test_a_memory_entry_beside_the_preset_can_ask_for_exact_peaks_again() -> None:
+    config = load_config({"preset": "always_on", "observers": [{"name": "memory", "peak": "reset"}]})
+    assert names(config) == ALWAYS_ON
+    assert dict(config.observers[-1].options) == {"peak": "reset"}
 
 
 def test_the_name_alone_is_the_preset_where_a_config_file_is_expected() -> None:
@@ -66,7 +74,7 @@ def test_an_entry_named_like_a_preset_observer_changes_that_observer_in_place() 
     assert dict(sentinel.options) == {"rules": {"actor/grad_norm": {"spike": True}}}
     assert mismatch.enabled is False
     assert timing.where == "preset always_on's observers[0]" and not timing.options
-    assert memory.where == "preset always_on's observers[4]" and not memory.options
+    assert memory.where == "preset always_on's observers[4]" and dict(memory.options) == {"peak": "sampled"}
 
 
 def test_other_entries_run_beside_the_preset_after_its_observers() -> None:

@@ -9,9 +9,10 @@ read is None; an unlimited limit is None too.  Standard library only.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .kernel_file import KernelFile
 
 __all__ = ["CgroupMemory", "CgroupReader", "find_cgroup", "read_cgroup"]
 
@@ -62,31 +63,26 @@ def read_cgroup(found: tuple[int, Path] | None) -> CgroupMemory | None:
 
 
 class CgroupReader:
-    """The cgroup's three files, kept open and read again at offset 0 (a cgroup file's
-    content is made anew at each read from its start): a fraction of opening them."""
+    """The cgroup's three files, kept open and read again at offset 0 (:mod:`.kernel_file`):
+    a cgroup file's content is made anew at each read from its start."""
 
     def __init__(self, found: tuple[int, Path] | None) -> None:
         self.found = found
-        self._pid = -1
-        self._fds: list[int] = []
+        if found is None:
+            self._files: list[KernelFile] = []
+        else:
+            version, folder = found
+            self._files = [KernelFile(folder / name) for name in (_V2_FILES if version == 2 else _V1_FILES)]
 
     def read(self) -> CgroupMemory | None:
         if self.found is None:
             return None
-        version, folder = self.found
-        if self._pid != os.getpid():
-            self.close()
-            self._pid = os.getpid()
-            names = _V2_FILES if version == 2 else _V1_FILES
-            self._fds = [_open(folder / name) for name in names]
-        limit, usage, events = (_pread(fd) for fd in self._fds)
-        return CgroupMemory(version, _limit(limit), _number(usage), _field(events, "oom_kill"))
+        limit, usage, events = (_text(file.read(4096)) for file in self._files)
+        return CgroupMemory(self.found[0], _limit(limit), _number(usage), _field(events, "oom_kill"))
 
     def close(self) -> None:
-        for fd in self._fds:
-            if fd >= 0:
-                os.close(fd)
-        self._fds = []
+        for file in self._files:
+            file.close()
 
 
 #: (limit, usage, the file holding oom_kill) of each version.
@@ -94,20 +90,8 @@ _V2_FILES = ("memory.max", "memory.current", "memory.events")
 _V1_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control")
 
 
-def _open(path: Path) -> int:
-    try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return -1
-
-
-def _pread(fd: int) -> str | None:
-    if fd < 0:
-        return None
-    try:
-        return os.pread(fd, 4096, 0).decode()
-    except OSError:
-        return None
+def _text(content: bytes | None) -> str | None:
+    return None if content is None else content.decode(errors="replace")
 
 
 def _number(text: str | None) -> int | None:

@@ -30,6 +30,10 @@ therefore not forecast itself), the expected growth is compared with what is lef
   ``MemAvailable``.  The smallest is the headroom.
 * device: its total less its used bytes (every process's).
 
+What is left is read when the expectation needs it, and not again for
+:data:`ROOM_FRESH_S` while the expectations stay at most :data:`ROOM_MARGIN` of
+it (a warning is then missed only if what is left halves within that second).
+
 A warning is one :class:`Forecast`: logged, sent as an anomaly (so it can arm a
 capture before the stage fails), and kept in the stage's memory record.  It fires
 only when the expectation exceeds the headroom; a healthy run far from its limits
@@ -45,6 +49,7 @@ import logging
 import os
 import resource
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +58,9 @@ from typing import Any
 from verl_events import AnomalyEvent, anomaly
 
 from ..batch import token_counts
+from .kernel_file import KernelFile
 
-__all__ = ["Forecast", "Forecaster", "Headroom", "StepForecast", "host_headroom", "warn"]
+__all__ = ["Forecast", "Forecaster", "Headroom", "HostRoom", "StepForecast", "warn"]
 
 logger = logging.getLogger("verl_events.memory")
 
@@ -146,6 +152,12 @@ class Forecaster:
         return max(int(line), floor), largest[0], largest[1]
 
 
+#: What is left is read again at most this long after the last read, unless the expectation is
+#: far below it (:data:`ROOM_MARGIN`): to miss a warning, what is left must halve in that time.
+ROOM_FRESH_S = 1.0
+ROOM_MARGIN = 0.5
+
+
 class StepForecast:
     """The observer's side of the forecast: each rank's step tokens, what each stage grew
     by, and the warnings for a stage about to begin.  Thread-safe."""
@@ -154,6 +166,7 @@ class StepForecast:
         self._lock = threading.Lock()
         self._forecaster = Forecaster()
         self._step_tokens: dict[int, tuple[int, int]] = {}  # rank -> (step, its tokens)
+        self._rooms: dict[str, tuple[float, Headroom]] = {}  # kind -> (monotonic, what was left then)
         self._failure_logged = False
 
     def check(
@@ -175,12 +188,25 @@ class StepForecast:
         found: list[Forecast] = []
         for kind, room in (("host", host_room), ("device", device_room)):
             expectation = expected[kind]
-            if expectation is None:
+            if expectation is None or self._far_below(kind, expectation[0]):
                 continue
             headroom = room()
+            if headroom is not None:
+                self._rooms[kind] = (time.monotonic(), headroom)
             if headroom is not None and expectation[0] > headroom.bytes:
                 found.append(Forecast(stage, kind, tokens, expectation[0], headroom, expectation[1], expectation[2]))
         return found
+
+    def _far_below(self, kind: str, expected_bytes: int) -> bool:
+        """Whether ``expected_bytes`` is at most :data:`ROOM_MARGIN` of what was left at a read
+        less than :data:`ROOM_FRESH_S` ago: what is left is then not read again (reading it is
+        most of a stage's forecast cost: a cgroup's files, ``/proc/meminfo``)."""
+        read = self._rooms.get(kind)
+        return (
+            read is not None
+            and time.monotonic() - read[0] < ROOM_FRESH_S
+            and expected_bytes <= read[1].bytes * ROOM_MARGIN
+        )
 
     def step_tokens(self, stage: str, step: int | None, rank: int, inputs: Any, result: Any) -> int | None:
         """The tokens of ``step`` on ``rank``, counted from this stage's ``inputs`` or
@@ -236,35 +262,44 @@ def warn(found: list[Forecast], step: int, rank: int) -> None:
             logger.exception("memory: a receiver of the anomaly signal failed for the forecast of %s", warning.stage)
 
 
-def host_headroom(cgroup_limit: int | None, cgroup_usage: int | None) -> Headroom | None:
-    """The smallest of the host's headrooms (see the module docstring), or None when none is known."""
-    found: list[Headroom] = []
-    if cgroup_limit is not None and cgroup_usage is not None:
-        found.append(Headroom(cgroup_limit - cgroup_usage, "cgroup"))
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    size = _address_space()
-    if soft != resource.RLIM_INFINITY and size is not None:
-        found.append(Headroom(soft - size, "RLIMIT_AS"))
-    available = _mem_available()
-    if available is not None:
-        found.append(Headroom(available, "MemAvailable"))
-    return min(found, key=lambda h: h.bytes) if found else None
+class HostRoom:
+    """The smallest of the host's headrooms (see the module docstring), or None when none is
+    known; its ``/proc`` files kept open (:mod:`.kernel_file`)."""
 
+    def __init__(self) -> None:
+        self._statm = KernelFile(Path("/proc/self/statm"))
+        self._meminfo = KernelFile(Path("/proc/meminfo"))
 
-def _address_space() -> int | None:
-    """The process's size (VmSize) in bytes, from ``/proc/self/statm``."""
-    try:
-        return int(Path("/proc/self/statm").read_bytes().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
+    def headroom(self, cgroup_limit: int | None, cgroup_usage: int | None) -> Headroom | None:
+        found: list[Headroom] = []
+        if cgroup_limit is not None and cgroup_usage is not None:
+            found.append(Headroom(cgroup_limit - cgroup_usage, "cgroup"))
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        size = self._address_space() if soft != resource.RLIM_INFINITY else None
+        if size is not None:
+            found.append(Headroom(soft - size, "RLIMIT_AS"))
+        available = self._mem_available()
+        if available is not None:
+            found.append(Headroom(available, "MemAvailable"))
+        return min(found, key=lambda h: h.bytes) if found else None
 
+    def close(self) -> None:
+        self._statm.close()
+        self._meminfo.close()
 
-def _mem_available() -> int | None:
-    try:
-        text = Path("/proc/meminfo").read_bytes()
-        return int(text[text.index(b"MemAvailable:") + 13 :].split(None, 1)[0]) * 1024
-    except (OSError, ValueError):
-        return None
+    def _address_space(self) -> int | None:
+        """The process's size (VmSize) in bytes, from ``/proc/self/statm``."""
+        try:
+            return int((self._statm.read(256) or b"").split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, IndexError):
+            return None
+
+    def _mem_available(self) -> int | None:
+        text = self._meminfo.read(16384) or b""
+        try:
+            return int(text[text.index(b"MemAvailable:") + 13 :].split(None, 1)[0]) * 1024
+        except (ValueError, IndexError):
+            return None
 
 
 def _size(n: int) -> str:

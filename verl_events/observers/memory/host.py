@@ -19,6 +19,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .kernel_file import KernelFile
+
 __all__ = ["HostGauge", "read_status"]
 
 _STATUS = Path("/proc/self/status")
@@ -43,53 +45,21 @@ def _parse(status: bytes) -> tuple[int, int] | None:
 
 
 class HostGauge:
-    """Resident bytes and their peak (a :class:`~.peaks.Gauge`).
-
-    The two files stay open: a read at offset 0 of an open ``/proc`` file gives its
-    content anew, at a third of the cost of opening it each time.  ``/proc/self`` is the
-    process that opened it, so a forked child opens its own."""
+    """Resident bytes and their peak (a :class:`~.peaks.Gauge`), from the two files kept
+    open (:mod:`.kernel_file`)."""
 
     def __init__(self) -> None:
-        self._pid = -1
-        self._status = self._clear_refs = -1
+        self._status = KernelFile(_STATUS)
+        self._clear_refs = KernelFile(_CLEAR_REFS, os.O_WRONLY)
 
     def read(self) -> tuple[Sequence[int], Sequence[int]] | None:
-        self._open()
-        if self._status < 0:
-            return None
-        try:
-            status = _parse(os.pread(self._status, 8192, 0))
-        except OSError:
-            return None
+        text = self._status.read()
+        status = None if text is None else _parse(text)
         return None if status is None else ((status[0],), (status[1],))
 
     def reset(self) -> bool:
-        self._open()
-        if self._clear_refs < 0:
-            return False
-        try:
-            os.write(self._clear_refs, b"5")
-        except OSError:
-            return False
-        return True
+        return self._clear_refs.write(b"5")
 
     def close(self) -> None:
-        for fd in (self._status, self._clear_refs):
-            if fd >= 0:
-                os.close(fd)
-        self._pid, self._status, self._clear_refs = -1, -1, -1
-
-    def _open(self) -> None:
-        if self._pid == os.getpid():
-            return
-        self.close()  # a forked child: the parent's descriptors read the parent
-        self._pid = os.getpid()
-        self._status = _open(_STATUS, os.O_RDONLY)
-        self._clear_refs = _open(_CLEAR_REFS, os.O_WRONLY)
-
-
-def _open(path: Path, flags: int) -> int:
-    try:
-        return os.open(path, flags | os.O_CLOEXEC)
-    except OSError:
-        return -1
+        self._status.close()
+        self._clear_refs.close()

@@ -66,7 +66,7 @@ from verl_events.layout import run_id
 
 from .cgroup import CgroupReader, find_cgroup
 from .device import DeviceGauge, device_module
-from .forecast import Forecast, Headroom, StepForecast, host_headroom, warn
+from .forecast import Forecast, Headroom, HostRoom, StepForecast, warn
 from .history import History, cuda_oom_attacher
 from .host import HostGauge
 from .oom import out_of_memory
@@ -155,6 +155,7 @@ class MemoryObserver(Observer):
         self._device_kind: str | None = None
         self._device_checked = False
         self._cgroup = CgroupReader(None)
+        self._room = HostRoom()
         self._lock = threading.Lock()
         self._begun: dict[int, tuple[list[int] | None, list[int] | None, list[Forecast] | None]] = {}
         self._run_id: Callable[[], str] = run_id  # until setup hands over the installation's
@@ -306,7 +307,7 @@ class MemoryObserver(Observer):
 
     def _host_room(self) -> Headroom | None:
         now = self._cgroup.read()
-        return host_headroom(now.limit_bytes if now else None, now.usage_bytes if now else None)
+        return self._room.headroom(now.limit_bytes if now else None, now.usage_bytes if now else None)
 
     def _device_room(self) -> Headroom | None:
         gauge = self._device_gauge()
@@ -338,6 +339,7 @@ class MemoryObserver(Observer):
             self._logs.clear()
         self._gauge.close()
         self._cgroup.close()
+        self._room.close()
         if self._history is not None:
             self._history.stop()
             self._history = None
