@@ -182,6 +182,14 @@ def end_processes(processes: list[subprocess.Popen[str]]) -> None:
         process.communicate(timeout=30)
 
 
+def run_as_printed(output: str, after: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The command ``output`` prints after ``after`` (to the end of its line), run as a user
+    pastes it into the shell the output was printed in: from ``cwd``, with this process's PATH."""
+    line = next(line for line in output.splitlines() if after in line)
+    command = line.split(after, 1)[1].strip()
+    return subprocess.run(shlex.split(command), cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
 def verl_events_exe() -> str:
     """The ``verl-events`` command installed next to this interpreter."""
     exe = shutil.which("verl-events", path=str(Path(sys.executable).parent))

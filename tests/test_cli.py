@@ -225,16 +225,20 @@ def test_check_shows_a_folder_per_run_as_written_and_where_latest_points(
 
 
 @pytest.mark.parametrize("command", ["triage", "report"])
-def test_a_folder_of_runs_is_refused_naming_its_latest_run(
+def test_a_folder_of_runs_is_read_through_its_latest_run_and_says_so(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Not "no anomalies" (which would read as a healthy run): the runs are one level down."""
+    """The runs are one level down: each command reads the newest, and what it says is of that
+    run (here an empty one), never of the folder above it."""
     (tmp_path / "run-a").mkdir()
     (tmp_path / "latest").symlink_to("run-a")
-    assert main([command, str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "holds runs, one folder each (save_path: .../{run}), not a run" in err
-    assert f"verl-events {command} {tmp_path / 'latest'}" in err
+    code = main([command, str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert f"note: {tmp_path} holds runs, a folder each; reading the newest, {tmp_path / 'latest'}" in err
+    if command == "report":
+        assert code == 2 and f"error: {tmp_path / 'latest'} has no timing logs" in err, err
+    else:
+        assert code == 0 and f"no anomalies recorded in {tmp_path / 'latest'}/anomalies.jsonl" in out.lower(), out
 
 
 @pytest.mark.parametrize("save_path", ["/", "/proc", "/proc/self/verl", "/etc"])
@@ -264,3 +268,32 @@ def test_check_warns_about_a_save_path_that_is_a_file_and_says_target_code_ran(
     assert main(["check", str(config)]) == 0
     out, err = capsys.readouterr()
     assert "_target_" not in out and "warning" not in err  # a plain config: neither
+
+
+def test_verl_events_alone_says_what_to_keep_on_and_what_to_run_first(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "VERL_EVENTS_CONFIG=always_on python3 -m verl.trainer.main_ppo" in out
+    assert "verl-events diagnose outputs/profile/latest" in out
+
+
+def test_a_folder_of_runs_is_read_through_its_latest_link_and_the_note_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``diagnose outputs/demo`` (the parent of ``latest``) reads the newest run, not nothing."""
+    import verl_events
+
+    config = {"save_path": str(tmp_path / "runs/{run}"), "observers": [{"name": "timing"}]}
+    with verl_events.install(config):
+        with verl_events.stage("actor_update", step=1):
+            pass
+    latest = tmp_path / "runs/latest"
+    assert latest.is_symlink()
+    for command in (["diagnose"], ["report"], ["hangs"]):
+        code = main([*command, str(tmp_path / "runs")])
+        captured = capsys.readouterr()
+        assert f"note: {tmp_path / 'runs'} holds runs, a folder each; reading the newest, {latest}" in captured.err
+        if command == ["diagnose"]:
+            assert code == 0 and "verdict: healthy" in captured.out, captured
+        if command == ["report"]:
+            assert code == 0 and "actor_update" in captured.out, captured

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,7 @@ pytest.importorskip("msprobe")
 
 from verl_events.apps.read.overhead import read_timing_records
 
-from .support import verl_events_exe
+from .support import run_as_printed, verl_events_exe
 
 pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
 
@@ -73,7 +74,11 @@ def test_a_config_file_replaces_the_default_observers(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert dumps(out) == ["step_2/critic_update/step0/rank0/dump.json"]
     assert "1 msprobe dump.json file under run: step_2/critic_update/step0/rank0/dump.json" in result.stderr
-    assert "see it again with: verl-events report run\n" in result.stderr
+    # No timing observer, so no report to see it again: the closing line's command is the
+    # diagnosis, and it runs as printed, from the shell the demo ran in.
+    again = run_as_printed(result.stderr, "read it again with: ", tmp_path)
+    assert again.returncode == 0 and "verdict: healthy" in again.stdout and "msprobe" in again.stdout, again
+    assert " diagnose run\n" in result.stderr and " report " not in result.stderr
     assert str(tmp_path) not in result.stderr
 
 
@@ -152,3 +157,26 @@ def test_a_demo_whose_msprobe_observer_selected_nothing_says_so(tmp_path: Path) 
     result = verl_events_cli("demo", "--steps", "1", "--config", str(config), "--save-path", str(out))
     assert result.returncode == 0, result.stderr
     assert f"no msprobe dumps under {out}: the msprobe observer selected no stage that ran" in result.stderr
+
+
+@pytest.mark.parametrize("config", [None, "always_on"])
+def test_every_command_diagnose_suggests_runs_as_printed(config: str | None, tmp_path: Path) -> None:
+    """The commands beside each tool's line (compare on a run's dumps, mismatch where nothing
+    was compared) run when pasted: an answer (0) or an alarm (1), never bad input (2)."""
+    args = ["demo", "--steps", "3", "--save-path", "run", *(["--config", config] if config else [])]
+    assert verl_events_cli(*args, cwd=tmp_path).returncode == 0
+    diagnosis = verl_events_cli("diagnose", "run", "--json", cwd=tmp_path)
+    assert diagnosis.returncode == 0, diagnosis.stderr
+    tools = json.loads(diagnosis.stdout)["tools"]
+    suggested = [tool["command"] for tool in tools if tool["command"] is not None]
+    assert any(" report " in command for command in suggested), tools
+    if config is None:  # the default demo dumps two steps: compare them
+        assert "verl-events compare run --stage actor_compute_log_prob --rank 0 --step 1 --vs-step 2" in suggested
+    else:  # the tiny engine has no rollout log-probs: mismatch has nothing to show, and says why
+        (line,) = [tool for tool in tools if tool["tool"] == "mismatch"]
+        assert line["command"] is None and "none compared" in line["summary"], line
+    for command in suggested:
+        pasted = subprocess.run(
+            [verl_events_exe(), *shlex.split(command)[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert pasted.returncode in (0, 1), f"{command!r} exited {pasted.returncode}: {pasted.stderr}"

@@ -17,7 +17,7 @@ from verl_events.apps import cli
 from verl_events.apps.demo import verl_engine as demo_verl
 from verl_events.apps.read.overhead import read_timing_records
 
-from .support import verl_events_exe
+from .support import run_as_printed, verl_events_exe
 
 pytestmark = pytest.mark.slow  # processes, demos or builds: skipped by -m 'not slow'
 
@@ -42,7 +42,9 @@ def test_the_verl_engine_runs_verls_trainer_with_three_tools_stacked(tmp_path: P
     shown = f"outputs/verl-demo/{out.name}"  # paths under the working directory are shown relative to it
     assert "Stage overhead" in result.stderr and "ratio" in result.stderr
     assert f"6 msprobe dump.json files under {shown} (first: step_1/" in result.stderr
-    assert f"see it again with: verl-events report {shown}\n" in result.stderr
+    assert f" report {shown}\n" in result.stderr
+    again = run_as_printed(result.stderr, "see it again with: ", tmp_path)  # runs as printed
+    assert again.returncode == 0 and "actor_update" in again.stdout, again.stderr
     dumps = sorted(str(p.relative_to(out)) for p in out.rglob("dump.json"))
     assert dumps == sorted(f"step_{s}/{stage}/step0/rank0/dump.json" for s in (1, 2) for stage in ACTOR_REF)
     assert not list(out.glob("step_3/**/dump.json"))

@@ -39,7 +39,23 @@ def _version() -> str:
         return "(not installed)"
 
 
+#: What ``verl-events`` alone prints: what to keep on, and what to run first when a run fails.
+START = """\
+verl-events: the stage, rank and line where a verl run went wrong.
+
+Keep the always-on set on (a folder per run under outputs/profile/, the newest is latest):
+  VERL_EVENTS_CONFIG=always_on python3 -m verl.trainer.main_ppo ...
+
+When a run failed, hung or went wrong, start here:
+  verl-events diagnose outputs/profile/latest
+
+Every command: verl-events --help; one command's options: verl-events COMMAND --help."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if not (sys.argv[1:] if argv is None else argv):
+        print(START)
+        return 0
     args = build_parser().parse_args(argv)
     try:
         return int(args.run_command(args))

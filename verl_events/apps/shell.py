@@ -28,9 +28,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["add_run_command", "fail", "run", "warn"]
+from verl_events.layout import LATEST_LINK
+
+__all__ = ["add_run_command", "fail", "run", "run_or_its_newest", "warn"]
 
 Result = TypeVar("Result")
 
@@ -59,10 +62,20 @@ def add_run_command(
     parser, for the command's own options.  ``help`` is the command's line in ``--help``
     (with its exit codes), ``run`` what RUN is."""
     parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
-    parser.add_argument("run", help=run)
+    parser.add_argument("run", type=run_or_its_newest, help=f"{run} (a folder of runs: its newest, {LATEST_LINK})")
     parser.add_argument("--json", action="store_true", help=json_help)
     parser.set_defaults(run_command=command)
     return parser
+
+
+def run_or_its_newest(value: str) -> str:
+    """RUN as given; for a folder of runs (``save_path: .../{run}``, which holds their
+    ``latest`` link and is no run itself), its newest run, said in a note."""
+    latest = Path(value) / LATEST_LINK
+    if latest.is_symlink() and latest.is_dir():
+        print(f"note: {value} holds runs, a folder each; reading the newest, {latest}", file=sys.stderr)
+        return str(latest)
+    return value
 
 
 def _no_lines(result: Any) -> Iterable[str]:

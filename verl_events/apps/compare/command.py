@@ -98,6 +98,28 @@ def _compared(args: argparse.Namespace) -> Comparison:
 
 
 def headline(evidence: Evidence, holding: Holding) -> str:
-    """msprobe's line in ``verl-events diagnose``: its dumps, and those cut off mid-stage."""
+    """msprobe's line in ``verl-events diagnose``: its dumps, and those cut off mid-stage;
+    with one dump alone, that a comparison needs another run's."""
     cut = msprobe_layout.incomplete_sessions(evidence.run)
-    return f"{holding.describe()}{f', {len(cut)} incomplete (cut off mid-stage)' if cut else ''}"
+    alone = "; one dump: compare it with another run's (verl-events compare --help)" if not _pair(evidence) else ""
+    return f"{holding.describe()}{f', {len(cut)} incomplete (cut off mid-stage)' if cut else ''}{alone}"
+
+
+def suggestion(evidence: Evidence, holding: Holding) -> str | None:
+    """The comparison to run within this run, as diagnose prints it: a stage's first two dumped
+    steps, else its first two ranks; None when the run holds one dump alone."""
+    pair = _pair(evidence)
+    return None if pair is None else f"verl-events compare {evidence.run} {pair}"
+
+
+def _pair(evidence: Evidence) -> str | None:
+    places = [p for p in msprobe_layout.session_places(evidence.run) if p.call == 0]
+    for place in places:
+        steps = sorted({p.step for p in places if p.stage == place.stage and p.rank == place.rank})
+        if len(steps) > 1:
+            return f"--stage {place.stage} --rank {place.rank} --step {steps[0]} --vs-step {steps[1]}"
+    for place in places:
+        ranks = sorted({p.rank for p in places if p.stage == place.stage and p.step == place.step})
+        if len(ranks) > 1:
+            return f"--stage {place.stage} --step {place.step} --rank {ranks[0]} --vs-rank {ranks[1]}"
+    return None

@@ -7,6 +7,8 @@ user would type them.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -85,7 +87,28 @@ def print_summary(
     if written is not None:
         print_outputs(save_path, written, console)
     # soft_wrap: a path or a command cut in two by the console's width cannot be copied.
-    console.print(f"demo finished in {seconds:.1f} s; see it again with: verl-events report {where}", soft_wrap=True)
+    console.print(f"demo finished in {seconds:.1f} s{_again(save_path, where)}", soft_wrap=True)
+
+
+def _again(save_path: Path, where: str) -> str:
+    """How to read the run again, as it runs when pasted in this shell: the report of its
+    timing logs, else its diagnosis; nothing for a run that wrote nothing."""
+    if timing_log.timing_log_files(save_path):
+        return f"; see it again with: {this_command()} report {where}"
+    if save_path.is_dir() and any(save_path.iterdir()):
+        return f"; read it again with: {this_command()} diagnose {where}"
+    return f"; nothing was written under {where}"
+
+
+def this_command() -> str:
+    """``verl-events`` as this shell finds it: its name where the shell's PATH leads to this
+    installation's, else its path (``.venv/bin/verl-events`` after ``bash scripts/demo.sh``,
+    whose environment is not the shell's)."""
+    here = Path(sys.executable).parent / "verl-events"
+    found = shutil.which("verl-events")
+    if found is not None and Path(found).resolve() == here.resolve():
+        return "verl-events"
+    return shown(here) if here.exists() else "verl-events"
 
 
 def print_outputs(save_path: Path, written: Iterable[tuple[str, Sequence[Path]]], console: Any) -> None:

@@ -42,7 +42,7 @@ from ..read.evidence import Evidence, Failure, gather
 from ..read.large_logs import FULL_READ_BYTES
 from ..read.liveness import liveness, newest
 from ..read.ranks import DRIVER_RANK, GENERATION_STAGES, ranks_phrase
-from ..tools import Tool, command_module, run_holds, tools_and_problems
+from ..tools import Holding, Tool, command_module, run_holds, tools_and_problems
 from .verdict import Verdict, judge
 
 __all__ = ["DiagnoseInputError", "Diagnosis", "add_command", "command", "diagnose", "render"]
@@ -117,11 +117,24 @@ def _tools(evidence: Evidence, listed: list[Tool]) -> list[dict[str, str | None]
     lines = []
     for holding in run_holds(evidence.run, listed, find=evidence.files):
         tool = holding.tool
-        headline = getattr(command_module(tool), "headline", None) if tool.command is not None else None
+        module = command_module(tool) if tool.command is not None else None
+        headline = getattr(module, "headline", None)
         summary = headline(evidence, holding) if headline is not None else holding.describe()
-        command = f"verl-events {tool.command} {evidence.run}" if tool.command is not None else None
-        lines.append({"tool": tool.name, "summary": summary, "command": command})
+        lines.append({"tool": tool.name, "summary": summary, "command": _command(evidence, holding, module)})
     return lines
+
+
+def _command(evidence: Evidence, holding: Holding, module: Any) -> str | None:
+    """The command that reads the tool's files, as it runs when pasted: the command module's
+    ``suggestion(evidence, holding)`` (None: none runs on this run alone), else ``COMMAND RUN``."""
+    if module is None:
+        return None
+    suggestion = getattr(module, "suggestion", None)
+    return (
+        suggestion(evidence, holding)
+        if suggestion is not None
+        else f"verl-events {holding.tool.command} {evidence.run}"
+    )
 
 
 def _unseen(evidence: Evidence) -> list[str]:

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from verl_events.observers.mismatch import record as mismatch_record
+from verl_events.observers.mismatch.record import MismatchRecord
 
 from .. import shell
 from ..read.jsonl import numbered_lines
 from ..read.record import Evidence
 from ..tools import Holding
 from .layers import DEFAULT_TOLERANCE, LayerProfile, layer_profile
-from .summary import MismatchInputError, Summary, summarize
+from .summary import MismatchInputError, Summary, read_records, summarize
 
 __all__ = ["add_command", "command"]
 
@@ -352,9 +353,26 @@ def render_layers(profile: LayerProfile, *, every: bool = False) -> str:
 
 
 def headline(evidence: Evidence, holding: Holding) -> str:
-    """The mismatch log's line in ``verl-events diagnose``: how many lines."""
+    """The mismatch log's line in ``verl-events diagnose``: how many lines, and when none of
+    them compared anything, why (``verl-events mismatch`` then has nothing to show)."""
     try:
         lines = len(numbered_lines(mismatch_record.mismatch_log_path(evidence.run)))
     except OSError:
         return holding.describe()
+    if suggestion(evidence, holding) is None:
+        missing = sorted({record.missing for record in _records(evidence) if record.missing})
+        return f"{lines} mismatch line(s), none compared: {'; '.join(missing) or 'no usable record'}"
     return f"{lines} mismatch line(s)"
+
+
+def suggestion(evidence: Evidence, holding: Holding) -> str | None:
+    """``verl-events mismatch RUN``, when a line of the run compared tokens; else None."""
+    compared = any(record.stats is not None for record in _records(evidence))
+    return f"verl-events mismatch {evidence.run}" if compared else None
+
+
+def _records(evidence: Evidence) -> list[MismatchRecord]:
+    try:
+        return read_records(evidence.run)[0]
+    except (MismatchInputError, OSError):
+        return []
