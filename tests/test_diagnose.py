@@ -282,3 +282,43 @@ def test_a_run_whose_ranks_still_beat_is_running(tmp_path: Path, capsys: pytest.
     assert code == 0 and result["verdict"] == "running" and result["first"] is None
     code, result, _ = as_json(capsys, tmp_path)
     assert code == 0 and result["verdict"] == "healthy"  # closed now
+
+
+def test_a_thousand_ranks_cascade_fits_on_one_screen_with_the_anomaly_before_the_first_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1,024 ranks (one process plays them all, each with its own records): at step 3 rank 7's
+    loss goes NaN, at step 4 its update raises, and the other 1,023 ranks' all-reduce raises
+    "Connection closed by peer" after it.  The text folds the 1,023 alike into one line and
+    names the NaN beside the first failure; --json keeps every item."""
+    ranks = 1024
+    config = {"save_path": str(tmp_path), "observers": [{"name": "sentinel"}, {"name": "watchdog"}]}
+    with verl_events.install(config):
+        for step in (1, 2, 3, 4):
+            # Rank 7 first at step 4: its peers' collective fails after it.
+            for rank in sorted(range(ranks), key=lambda r: (step == 4 and r != 7, r)):
+                update = verl_events.stage("actor_update", step=step, rank=rank)
+                try:
+                    with update:
+                        update.set_result({"actor/pg_loss": math.nan if (step, rank) == (3, 7) else 0.3})
+                        if step == 4 and rank == 7:
+                            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+                        if step == 4:
+                            raise RuntimeError(f"[gloo] Connection closed by peer [10.0.0.{rank % 250}]:{20000 + rank}")
+                except RuntimeError:
+                    pass
+    code, result, _ = as_json(capsys, tmp_path)
+    assert diagnose(capsys, tmp_path)[0] == code == 1 and result["verdict"] == "failed"
+    text = diagnose(capsys, tmp_path)[1]
+    assert (result["first"]["rank"], result["first"]["step"], result["first"]["kind"]) == (7, 4, "exception")
+    assert len(result["cascade"]) >= ranks - 1  # --json keeps each
+    assert (result["before"]["rank"], result["before"]["step"], result["before"]["kind"]) == (7, 3, "anomaly")
+    lines = text.splitlines()
+    assert len(lines) <= 40, text
+    assert "before it on the same rank: step 3, actor_update: anomaly: actor/pg_loss is nan" in text
+    assert "ranks 0-6, 8-1023: step 4, actor_update: exception: RuntimeError: [gloo] Connection closed" in text
+    assert "(1023 alike)" in text and any("verl-events triage" in line for line in lines), text
+    # hangs folds its ranks too: one line for the 1,024 alike.
+    assert main(["hangs", str(tmp_path)]) == 0
+    hangs = capsys.readouterr().out
+    assert len(hangs.splitlines()) <= 5 and "ranks 0-1023: closed (normal)" in hangs and "(1024 alike" in hangs

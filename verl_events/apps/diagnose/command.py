@@ -30,6 +30,7 @@ yet and a rank still beats), 1 a failure, a hang or an anomaly was found,
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +42,7 @@ from .. import shell
 from ..read.evidence import Evidence, Failure, gather
 from ..read.large_logs import FULL_READ_BYTES
 from ..read.liveness import liveness, newest
-from ..read.ranks import DRIVER_RANK, GENERATION_STAGES, ranks_phrase
+from ..read.ranks import DRIVER_RANK, FOLDED, GENERATION_STAGES, number_ranges, rank_list, ranks_phrase
 from ..tools import Holding, Tool, command_module, run_holds, tools_and_problems
 from .verdict import Verdict, judge
 
@@ -70,6 +71,7 @@ class Diagnosis:
             "verdict": self.verdict.verdict,
             "first": None if first is None else first.as_json(),
             "cascade": [failure.as_json() | {"why": why} for failure, why in self.verdict.cascade],
+            "before": None if self.verdict.before is None else self.verdict.before.as_json(),
             "tools": self.tools,
             "unseen": self.unseen,
             "teardown": [failure.as_json() for failure in self.evidence.teardown],
@@ -160,6 +162,7 @@ def _clock(unix: float) -> str:
 
 
 _SHOWN = 260  # characters of a failure's detail shown in text
+_NUMBERS = re.compile(r"\d+")
 #: What to read when the driver's wait for generation fails: verl logs each prompt that
 #: failed in generation, and goes on.
 GENERATION_NOTE = (
@@ -178,28 +181,69 @@ def _who(rank: int) -> str:
     return "a process without a rank (main_ppo, a launcher)"
 
 
-def _failure_lines(failure: Failure, indent: str) -> list[str]:
+def _at(failure: Failure, steps: str | None = None) -> str:
+    """Where the failure was: its step (or ``steps``, of several alike) and stage."""
+    step = steps or f"step {failure.step}"
     if not failure.stage:
-        at = "outside any stage"
-    elif failure.in_stage is None:
-        at = f"after step {failure.step}'s {failure.stage}, where since unknown"
-    elif failure.in_stage:
-        at = f"step {failure.step}, {failure.stage}" + (f" (in {failure.parent})" if failure.parent else "")
-    else:
-        at = f"between stages, after step {failure.step}'s {failure.stage}"
+        return "outside any stage"
+    if failure.in_stage is None:
+        return f"after {step}'s {failure.stage}, where since unknown"
+    if failure.in_stage:
+        return f"{step}, {failure.stage}" + (f" (in {failure.parent})" if failure.parent else "")
+    return f"between stages, after {step}'s {failure.stage}"
+
+
+def _shown(detail: str) -> str:
+    """A failure's detail on one line of at most :data:`_SHOWN` characters (--json keeps it whole)."""
+    line = detail.strip().split("\n")[0]
+    return line[: _SHOWN - 1] + "…" if len(line) > _SHOWN or line != detail.strip() else line
+
+
+def _failure_lines(failure: Failure, indent: str) -> list[str]:
     host = f" on {failure.host}" if failure.host else ""
     pid = f", pid {failure.pid}" if failure.pid else ""
-    rank = _who(failure.rank)
-    detail = failure.detail.strip().split("\n")[0]  # --json keeps it whole
-    if len(detail) > _SHOWN or detail != failure.detail.strip():
-        detail = detail[: _SHOWN - 1] + "…"
-    lines = [f"{indent}{rank}{host}{pid}: {at}: {failure.kind}: {detail}"]
+    lines = [f"{indent}{_who(failure.rank)}{host}{pid}: {_at(failure)}: {failure.kind}: {_shown(failure.detail)}"]
     where = failure.where
     if where is not None:
         code = f": {where['code']}" if where.get("code") else ""
         lines.append(f"{indent}  at {where['file']}:{where['line']} in {where['function']}{code}")
     lines.append(f"{indent}  when {_clock(failure.time)} (from {failure.source})")
     return lines
+
+
+def _cascade_lines(cascade: list[tuple[Failure, str]]) -> list[str]:
+    """The cascade in its order, alike items folded into one where the first of them stood:
+    three or more of the same kind, stage, reason and detail (its numbers aside: ports,
+    counts) on other ranks or steps, as one line with their ranges."""
+    alike: dict[tuple[Any, ...], list[Failure]] = {}
+    keys = []
+    for failure, why in cascade:
+        key = (failure.kind, failure.stage, failure.in_stage, why, _NUMBERS.sub("#", _shown(failure.detail)))
+        alike.setdefault(key, []).append(failure)
+        keys.append(key)
+    lines = []
+    for (failure, why), key in zip(cascade, keys, strict=True):
+        group = alike[key]
+        if len(group) < FOLDED:
+            lines += _failure_lines(failure, "  ")
+        elif failure is group[0]:
+            lines += _folded_lines(group)
+        else:
+            continue
+        lines.append(f"    why: {why}")
+    return lines
+
+
+def _folded_lines(group: list[Failure]) -> list[str]:
+    first, last = group[0], group[-1]
+    steps = sorted({f.step for f in group if f.step is not None})
+    at = _at(first, f"step {steps[0]}" if len(steps) == 1 else f"steps {number_ranges(steps)}")
+    since, until = _clock(first.time), _clock(last.time)
+    until = until.split(" ", 1)[1] if until.split(" ")[0] == since.split(" ")[0] else until  # the same day
+    return [
+        f"  {rank_list({f.rank for f in group})}: {at}: {first.kind}: {_shown(first.detail)} ({len(group)} alike)",
+        f"    when {since} to {until} (from {first.source}, …)",
+    ]
 
 
 def render(diagnosis: Diagnosis) -> str:
@@ -211,11 +255,13 @@ def render(diagnosis: Diagnosis) -> str:
         lines += _failure_lines(verdict.first, "  ")
         if verdict.first.rank == DRIVER_RANK and verdict.first.stage in GENERATION_STAGES:
             lines.append(f"  the driver waits there for {GENERATION_NOTE}")
+    if verdict.before is not None:
+        before = verdict.before
+        lines.append(f"  before it on the same rank: {_at(before)}: {before.kind}: {_shown(before.detail)}")
+        lines.append(f"    when {_clock(before.time)} (from {before.source})")
     if verdict.cascade:
         lines.append(f"then ({len(verdict.cascade)}):")
-        for failure, why in verdict.cascade:
-            lines += _failure_lines(failure, "  ")
-            lines.append(f"    why: {why}")
+        lines += _cascade_lines(verdict.cascade)
     if diagnosis.tools:
         lines.append("the run also holds:")
         width = max(len(str(t["tool"])) for t in diagnosis.tools)

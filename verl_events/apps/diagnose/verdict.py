@@ -72,6 +72,9 @@ class Verdict:
     verdict: str
     first: Failure | None
     cascade: list[tuple[Failure, str]] = field(default_factory=list)
+    #: The last finding (anomaly, slow stage) on the first failure's rank before it: what
+    #: may have foretold it (a NaN a step before a crash).
+    before: Failure | None = None
 
 
 def _peer_words(failure: Failure) -> str | None:
@@ -121,7 +124,8 @@ def judge(failures: list[Failure], running: bool = False) -> Verdict:
     # (``action: abort``), and the launcher's signals to the others, make a hung run.
     verdict = "failed" if any(f.kind in _DEATHS for f in causes or [first]) else "hung"
     cascade = [(f, _why(f, first)) for f in fatal if f is not first]
-    return Verdict(verdict, first, cascade)
+    before = [a for a in anomalies if a.rank == first.rank and a.time <= first.time]
+    return Verdict(verdict, first, cascade, before[-1] if before else None)
 
 
 _NOUNS = {

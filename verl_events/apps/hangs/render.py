@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from ..hang_suspect import suspect
 from ..read.liveness import Newest, liveness, newest
-from ..read.ranks import DRIVER_RANK, count_heartbeats, rank_name, ranks_phrase
+from ..read.ranks import DRIVER_RANK, count_heartbeats, fold_alike, rank_name, ranks_phrase
 from ..read.stalls import stall_lines
 from .find import STATES, HangRecord, Hangs, Heartbeat, RankPosition
 
@@ -75,8 +75,8 @@ def _no_hang_lines(result: Hangs) -> list[str]:
     """No stage passed its deadline: the stalls (or that none did), and each rank's state."""
     lines = stall_lines(result.stalls) or ["no deadline passed"]
     last = newest(result.heartbeats)
-    for beat in result.heartbeats:
-        lines.append(f"  {rank_name(beat.rank)}: {_rank_state(beat, result.now, last)}")
+    states = ((beat.rank, _rank_state(beat, result.now, last)) for beat in result.heartbeats)
+    lines += [f"  {line}" for line in fold_alike(states)]
     if any(liveness(beat, result.now, last).stopped for beat in result.heartbeats):
         lines.append(f"a rank stopped: verl-events diagnose {result.run} says how and what followed")
     return lines
@@ -98,7 +98,7 @@ def _ranks_by_state(result: Hangs, stuck: HangRecord) -> list[str]:
         if state == "elsewhere" and not group:
             continue
         lines.append(f"{titles[state]}: {len(group)}")
-        lines += [f"  {rank_name(p.rank)}: {_position(p, state, result.now)}" for p in group]
+        lines += [f"  {line}" for line in fold_alike((p.rank, _position(p, state, result.now)) for p in group)]
     return lines
 
 

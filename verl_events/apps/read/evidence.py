@@ -54,7 +54,7 @@ from verl_events.observers.weight_sync import record as weight_sync_record
 from . import large_logs
 from .deaths import crash_records, fatal_dumps, outlived, process_ends, read_heartbeats, stopped_ranks, teardown
 from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
-from .ranks import DRIVER_RANK
+from .ranks import DRIVER_RANK, ranks_phrase
 from .ray_kills import ray_kills
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
 from .stalls import read_against
@@ -264,7 +264,7 @@ def _memory_records(evidence: Evidence, ranks: set[int]) -> Iterator[Any]:
     whole = evidence.read_all or total_bytes(files) <= large_logs.FULL_READ_BYTES
     if not whole and ranks:
         evidence.read_in_part.append(
-            f"memory logs: the last {large_logs.TAIL_BYTES // 1024} KiB of rank(s) {', '.join(map(str, sorted(ranks)))}"
+            f"memory logs: the last {large_logs.TAIL_BYTES // 1024} KiB of {ranks_phrase(ranks)}"
         )
     parse = memory_record.MemoryRecord.from_json
     theirs = {memory_record.memory_log_path(evidence.run, rank) for rank in ranks}
