@@ -74,6 +74,9 @@ def test_a_rank_asleep_in_actor_update_and_one_waiting_in_its_all_reduce_are_nam
     assert by_rank[0]["waiting_in"] == "torch.distributed.all_reduce" and by_rank[1]["waiting_in"] is None
     headline = "suspect: rank 1, not in a collective; rank 0 waits in all_reduce"
     assert data["suspect"] == {"ranks": [1], "line": headline}
+    # The text points on to diagnose, which tells what followed the ranks' end.
+    assert main(["hangs", str(run)]) == 1
+    assert f"a rank ended: verl-events diagnose {run} says what followed" in capsys.readouterr().out
     text = hangs_cli(run).stdout
     assert "inside actor_update: 2" in text and f"two_ranks.py:{line_of(script, 'time.sleep')}" in text
     assert text.splitlines()[2] == headline  # right under the HANG line
@@ -171,6 +174,9 @@ def test_action_abort_ends_both_ranks_with_the_documented_code_and_the_run_is_hu
     assert [(f["rank"], f["kind"]) for f in verdict["cascade"]] == [(0, "hang")]  # waiting in all_reduce
     headline = "suspect: rank 1, not in a collective; rank 0 waits in all_reduce"
     assert data["suspect"] == {"ranks": [1], "line": headline}
+    # The text points on to diagnose, which tells what followed the ranks' end.
+    assert main(["hangs", str(run)]) == 1
+    assert f"a rank ended: verl-events diagnose {run} says what followed" in capsys.readouterr().out
     # examples/hang.py is this run with its own deadline: docs/hangs.md shows the same headline.
     assert f"\n{headline}\n" in (Path(__file__).resolve().parents[1] / "docs/hangs.md").read_text()
 

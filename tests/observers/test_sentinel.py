@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 import torch
 from verl import DataProto
 
@@ -221,6 +222,11 @@ def test_a_save_path_holding_another_runs_anomalies_is_refused(tmp_path: Path) -
         (
             {"rules": {"actor/grad_norm": {"above": "big"}}},
             "option rules.actor/grad_norm.above: 'big' is not allowed; use a number",
+        ),
+        (  # YAML 1.1 reads 1.0e9 as text: the error says so, and how to write it
+            {"rules": {"actor/grad_norm": {"above": yaml.safe_load("1.0e9")}}},
+            r"option rules.actor/grad_norm.above: '1.0e9' is not allowed; use a number "
+            r"\(YAML reads 1.0e9 as text: write it 1.0e\+9\)",
         ),
         (
             {"rules": {"actor/grad_norm": {"above": True}}},

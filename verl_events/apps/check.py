@@ -36,7 +36,7 @@ __all__ = ["add_command", "command"]
 def add_command(commands: Any) -> None:
     """Add ``check`` to the ``verl-events`` parser's subcommands."""
     check = commands.add_parser("check", help="validate a config and list the observers it builds")
-    check.add_argument("config", help="YAML config file")
+    check.add_argument("config", help="a YAML config file, or a preset's name (always_on)")
     check.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. observers.0.steps=[1,2]")
     check.set_defaults(run_command=command)
 

@@ -68,7 +68,17 @@ def render(result: Hangs) -> str:
     reports = [r.report for r in result.hangs if r.report]
     if reports:
         lines.append(f"reports (under {result.run}): {', '.join(reports)}")
+    if _ended(result):  # by the watchdog's abort, or a death: the story goes on past the hang
+        lines.append(f"a rank ended: verl-events diagnose {result.run} says what followed")
     return "\n".join(lines + stall_lines(result.stalls))
+
+
+def _ended(result: Hangs) -> bool:
+    last = newest(result.heartbeats)
+    return any(
+        (beat.exit or {}).get("how") == "abort" or liveness(beat, result.now, last).stopped
+        for beat in result.heartbeats
+    )
 
 
 def _no_hang_lines(result: Hangs) -> list[str]:

@@ -137,7 +137,7 @@ def _finite_number(where: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"option {where}: {value!r} is not allowed; use a number")
+        raise ConfigError(f"option {where}: {value!r} is not allowed; use a number{_read_as_text(value)}")
     if not math.isfinite(value):
         raise ConfigError(f"option {where}: {value!r} is not allowed; use a finite number")
     return float(value)
@@ -154,3 +154,17 @@ def _at_least_3(where: str, value: Any) -> int | None:
         why="a median and MAD need at least 3 values",
     )
     return checked
+
+
+def _read_as_text(value: Any) -> str:
+    """Why a number came as text: YAML 1.1 reads ``1.0e9`` (no sign in the exponent) and
+    ``1e9`` (no dot) as strings."""
+    try:
+        number = float(value) if isinstance(value, str) else None
+    except ValueError:
+        return ""
+    if number is None or not math.isfinite(number):
+        return ""
+    mantissa, exponent = f"{number:.15e}".split("e")
+    mantissa = mantissa.rstrip("0") + ("0" if mantissa.rstrip("0").endswith(".") else "")
+    return f" (YAML reads {value} as text: write it {mantissa}e{int(exponent):+d})"
