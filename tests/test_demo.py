@@ -180,3 +180,14 @@ def test_every_command_diagnose_suggests_runs_as_printed(config: str | None, tmp
             [verl_events_exe(), *shlex.split(command)[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300
         )
         assert pasted.returncode in (0, 1), f"{command!r} exited {pasted.returncode}: {pasted.stderr}"
+
+
+def test_the_always_on_demo_says_what_each_watcher_saw_the_silent_ones_too(tmp_path: Path) -> None:
+    result = verl_events_cli("demo", "--steps", "3", "--save-path", "run", "--config", "always_on", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    saw = result.stderr.split("what the observers saw (", 1)[1].split("demo finished", 1)[0]
+    assert "diagnose run tells what it means):" in saw
+    assert "watchdog  1 rank heartbeat(s): 1 closed" in saw
+    assert "mismatch  3 mismatch line(s), none compared: the batch carries no rollout_log_probs" in saw
+    assert "memory    1 memory log(s)" in saw and "timing    18 stage record(s) from 1 rank(s)" in saw
+    assert "sentinel  no anomaly record file(s): it found nothing to write" in saw  # on, and silent

@@ -24,12 +24,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_events import Writes
 from verl_events.config import writing_observers
 
-__all__ = ["Holding", "Tool", "add_commands", "command_module", "run_holds", "tools", "tools_and_problems"]
+if TYPE_CHECKING:
+    from .read.record import Evidence
+
+__all__ = [
+    "Holding",
+    "Tool",
+    "add_commands",
+    "command_module",
+    "run_holds",
+    "tool_lines",
+    "tools",
+    "tools_and_problems",
+]
 
 #: What a tool's ``files`` is: its files under a save_path, found by a few globs.
 FileFinder = Callable[[Path], list[Path]]
@@ -134,3 +146,25 @@ def run_holds(
         if files:
             found.append(Holding(tool, files))
     return found
+
+
+def tool_lines(evidence: Evidence, listed: list[Tool] | None = None) -> list[dict[str, str | None]]:
+    """A line per tool whose files the run holds (:func:`run_holds`), with the command that
+    reads them: the command module's ``headline(evidence, holding)``, else how many files of
+    what; its ``suggestion(evidence, holding)`` (None: nothing runs on this run alone), else
+    ``verl-events COMMAND RUN``: each runs as printed."""
+    lines = []
+    for holding in run_holds(evidence.run, listed, find=evidence.files):
+        tool = holding.tool
+        module = command_module(tool) if tool.command is not None else None
+        headline = getattr(module, "headline", None)
+        summary = headline(evidence, holding) if headline is not None else holding.describe()
+        suggestion = getattr(module, "suggestion", None)
+        if module is None:
+            command = None
+        elif suggestion is not None:
+            command = suggestion(evidence, holding)
+        else:
+            command = f"verl-events {tool.command} {evidence.run}"
+        lines.append({"tool": tool.name, "summary": summary, "command": command})
+    return lines

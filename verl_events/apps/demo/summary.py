@@ -41,6 +41,13 @@ def has_msprobe(config: Any) -> bool:
     return any(spec.enabled and spec.name == MSPROBE for spec in load_config(config).observers)
 
 
+def observer_names(config: Any) -> list[str]:
+    """The names of the observers ``config`` switches on."""
+    from verl_events.config import load_config
+
+    return [str(spec.name) for spec in load_config(config).observers if spec.enabled and spec.name]
+
+
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
@@ -52,6 +59,7 @@ def print_summary(
     *,
     stages: Sequence[str],
     msprobe_configured: bool,
+    observers: Sequence[str] = (),
     written: Iterable[tuple[str, Sequence[Path]]] | None = None,
 ) -> None:
     """The overhead table (rows in ``stages``' order), the msprobe dumps, what each
@@ -84,6 +92,7 @@ def print_summary(
         )
     else:
         console.print("no msprobe dumps: the config has no msprobe observer")
+    print_watched(save_path, observers, console)
     if written is not None:
         print_outputs(save_path, written, console)
     # soft_wrap: a path or a command cut in two by the console's width cannot be copied.
@@ -109,6 +118,30 @@ def this_command() -> str:
     if found is not None and Path(found).resolve() == here.resolve():
         return "verl-events"
     return shown(here) if here.exists() else "verl-events"
+
+
+def print_watched(save_path: Path, observers: Sequence[str], console: Any) -> None:
+    """What the watchers saw, in diagnose's words (its line per tool, without the commands), and
+    the installed ``observers`` of those tools that wrote nothing: they write what they find."""
+    from ..read.evidence import gather
+    from ..tools import tool_lines, tools
+
+    if not save_path.is_dir():
+        return
+    lines = [(str(line["tool"]), str(line["summary"])) for line in tool_lines(gather(save_path))]
+    seen = {tool for tool, _ in lines}
+    lines += [
+        (tool.name, f"no {tool.noun}: it found nothing to write")
+        for tool in tools()
+        if tool.name in observers and tool.name not in seen and tool.writes is not None
+    ]
+    if not lines:
+        return
+    where = shown(save_path)
+    console.print(f"what the observers saw ({this_command()} diagnose {where} tells what it means):", soft_wrap=True)
+    width = max(len(tool) for tool, _ in lines)
+    for tool, summary in lines:
+        console.print(f"  {tool:<{width}}  {summary}", soft_wrap=True, highlight=False)
 
 
 def print_outputs(save_path: Path, written: Iterable[tuple[str, Sequence[Path]]], console: Any) -> None:

@@ -37,7 +37,7 @@ from .model import (
     compute_advantages,
 )
 from .options import INJECTED_WEIGHT, DemoOptions
-from .summary import has_msprobe, print_summary
+from .summary import has_msprobe, observer_names, print_summary
 
 STAGE_ORDER = tuple(STAGE_ROLES)  # the order verl runs its stages in
 
@@ -184,5 +184,12 @@ def run_demo(options: DemoOptions) -> Path:
             run_rank(0, options, progress)
             bar.update(task, completed=options.steps * len(DEMO_STAGES), stage="done")
     seconds = time.perf_counter() - started
-    print_summary(save_path, seconds, console, stages=STAGE_ORDER, msprobe_configured=has_msprobe(options.config))
+    print_summary(
+        save_path,
+        seconds,
+        console,
+        stages=STAGE_ORDER,
+        msprobe_configured=has_msprobe(options.config),
+        observers=observer_names(options.config),
+    )
     return save_path

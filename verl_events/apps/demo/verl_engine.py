@@ -176,7 +176,16 @@ def run(config: dict[str, Any], steps: int, job_dir: Path = JOB_DIR, latest: Pat
     written += [(CONFIG_ENV, [config_path]), ("verl", [log])]  # the config every process read; verl's output
     seconds = time.perf_counter() - started
     msprobe = has_msprobe(config)
-    print_summary(save_path, seconds, console, stages=tuple(STAGE_ROLES), msprobe_configured=msprobe, written=written)
+    names = [o.name for o in observers]
+    print_summary(
+        save_path,
+        seconds,
+        console,
+        stages=tuple(STAGE_ROLES),
+        msprobe_configured=msprobe,
+        observers=names,
+        written=written,
+    )
     return 0
 
 

@@ -43,7 +43,7 @@ from ..read.evidence import Evidence, Failure, gather
 from ..read.large_logs import FULL_READ_BYTES
 from ..read.liveness import liveness, newest
 from ..read.ranks import DRIVER_RANK, FOLDED, GENERATION_STAGES, number_ranges, rank_list, ranks_phrase
-from ..tools import Holding, Tool, command_module, run_holds, tools_and_problems
+from ..tools import tool_lines, tools_and_problems
 from .verdict import Verdict, judge
 
 __all__ = ["DiagnoseInputError", "Diagnosis", "add_command", "command", "diagnose", "render"]
@@ -96,7 +96,7 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
     listed, problems = tools_and_problems()
     evidence = gather(run, logs, read_all=read_all)
     evidence.warnings += problems  # another package's observer that failed to import
-    tools, unseen = _tools(evidence, listed), _unseen(evidence)
+    tools, unseen = tool_lines(evidence, listed), _unseen(evidence)
     if not tools and not evidence.failures:
         if evidence.run_id is not None:  # claimed: a writing observer received a stage here
             raise DiagnoseInputError(
@@ -111,32 +111,6 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
     last = newest(evidence.heartbeats)
     running = any(liveness(beat, evidence.now, last).state == "alive" for beat in evidence.heartbeats)
     return Diagnosis(evidence, judge(evidence.failures, running), tools, unseen)
-
-
-def _tools(evidence: Evidence, listed: list[Tool]) -> list[dict[str, str | None]]:
-    """A line per tool whose files the run holds (:func:`run_holds`), with its command: the
-    command module's ``headline(evidence, holding)``, else how many files of what."""
-    lines = []
-    for holding in run_holds(evidence.run, listed, find=evidence.files):
-        tool = holding.tool
-        module = command_module(tool) if tool.command is not None else None
-        headline = getattr(module, "headline", None)
-        summary = headline(evidence, holding) if headline is not None else holding.describe()
-        lines.append({"tool": tool.name, "summary": summary, "command": _command(evidence, holding, module)})
-    return lines
-
-
-def _command(evidence: Evidence, holding: Holding, module: Any) -> str | None:
-    """The command that reads the tool's files, as it runs when pasted: the command module's
-    ``suggestion(evidence, holding)`` (None: none runs on this run alone), else ``COMMAND RUN``."""
-    if module is None:
-        return None
-    suggestion = getattr(module, "suggestion", None)
-    return (
-        suggestion(evidence, holding)
-        if suggestion is not None
-        else f"verl-events {holding.tool.command} {evidence.run}"
-    )
 
 
 def _unseen(evidence: Evidence) -> list[str]:
