@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 import torch
+import yaml
 from verl import DataProto
 
 import verl_events

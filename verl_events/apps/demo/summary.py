@@ -102,11 +102,13 @@ def print_summary(
 def _again(save_path: Path, where: str) -> str:
     """How to read the run again, as it runs when pasted in this shell: the report of its
     timing logs, else its diagnosis; nothing for a run that wrote nothing."""
+    from ..tools import run_holds
+
     if timing_log.timing_log_files(save_path):
         return f"; see it again with: {this_command()} report {where}"
-    if save_path.is_dir() and any(save_path.iterdir()):
+    if save_path.is_dir() and run_holds(save_path):
         return f"; read it again with: {this_command()} diagnose {where}"
-    return f"; nothing was written under {where}"
+    return f"; no observer wrote under {where}"
 
 
 def this_command() -> str:
@@ -126,9 +128,10 @@ def print_watched(save_path: Path, observers: Sequence[str], console: Any) -> No
     from ..read.evidence import gather
     from ..tools import tool_lines, tools
 
-    if not save_path.is_dir():
+    try:
+        lines = [(str(line["tool"]), str(line["summary"])) for line in tool_lines(gather(save_path))]
+    except OSError:  # nothing there to read: the closing line says so
         return
-    lines = [(str(line["tool"]), str(line["summary"])) for line in tool_lines(gather(save_path))]
     seen = {tool for tool, _ in lines}
     lines += [
         (tool.name, f"no {tool.noun}: it found nothing to write")
