@@ -29,7 +29,7 @@ from ..read.jsonl import numbered_lines
 from ..read.record import Evidence
 from ..tools import Holding
 from .layers import DEFAULT_TOLERANCE, LayerProfile, layer_profile
-from .summary import MismatchInputError, Summary, read_records, summarize
+from .summary import MismatchInputError, Summary, summarize
 
 __all__ = ["add_command", "command"]
 
@@ -356,23 +356,35 @@ def headline(evidence: Evidence, holding: Holding) -> str:
     """The mismatch log's line in ``verl-events diagnose``: how many lines, and when none of
     them compared anything, why (``verl-events mismatch`` then has nothing to show)."""
     try:
-        lines = len(numbered_lines(mismatch_record.mismatch_log_path(evidence.run)))
+        lines, compared, missing = _scan(evidence)
     except OSError:
         return holding.describe()
-    if suggestion(evidence, holding) is None:
-        missing = sorted({record.missing for record in _records(evidence) if record.missing})
+    if not compared:
         return f"{lines} mismatch line(s), none compared: {'; '.join(missing) or 'no usable record'}"
     return f"{lines} mismatch line(s)"
 
 
 def suggestion(evidence: Evidence, holding: Holding) -> str | None:
     """``verl-events mismatch RUN``, when a line of the run compared tokens; else None."""
-    compared = any(record.stats is not None for record in _records(evidence))
+    try:
+        compared = _scan(evidence)[1]
+    except OSError:
+        return None
     return f"verl-events mismatch {evidence.run}" if compared else None
 
 
-def _records(evidence: Evidence) -> list[MismatchRecord]:
-    try:
-        return read_records(evidence.run)[0]
-    except (MismatchInputError, OSError):
-        return []
+def _scan(evidence: Evidence) -> tuple[int, bool, list[str]]:
+    """(the log's lines, whether one compared tokens, why the others did not): records are read
+    only up to the first that compared, the first line of a run whose engine returns log-probs."""
+    lines = numbered_lines(mismatch_record.mismatch_log_path(evidence.run))
+    missing: set[str] = set()
+    for _, line in lines:
+        try:
+            record = MismatchRecord.from_json(line)
+        except ValueError:  # not a record: mismatch itself says so, line by line
+            continue
+        if record.stats is not None:
+            return len(lines), True, []
+        if record.missing:
+            missing.add(record.missing)
+    return len(lines), False, sorted(missing)
