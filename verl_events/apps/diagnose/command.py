@@ -30,7 +30,6 @@ yet and a rank still beats), 1 a failure, a hang or an anomaly was found,
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +41,15 @@ from .. import shell
 from ..read.evidence import Evidence, Failure, gather
 from ..read.large_logs import FULL_READ_BYTES
 from ..read.liveness import liveness, newest
-from ..read.ranks import DRIVER_RANK, FOLDED, GENERATION_STAGES, number_ranges, rank_list, ranks_phrase
+from ..read.ranks import (
+    DRIVER_RANK,
+    FOLDED,
+    GENERATION_STAGES,
+    number_ranges,
+    numbers_aside,
+    rank_list,
+    ranks_phrase,
+)
 from ..tools import tool_lines, tools_and_problems
 from .verdict import Verdict, judge
 
@@ -136,7 +143,6 @@ def _clock(unix: float) -> str:
 
 
 _SHOWN = 260  # characters of a failure's detail shown in text
-_NUMBERS = re.compile(r"\d+")
 #: What to read when the driver's wait for generation fails: verl logs each prompt that
 #: failed in generation, and goes on.
 GENERATION_NOTE = (
@@ -192,18 +198,15 @@ def _cascade_lines(cascade: list[tuple[Failure, str]]) -> list[str]:
     alike: dict[tuple[Any, ...], list[Failure]] = {}
     keys = []
     for failure, why in cascade:
-        key = (failure.kind, failure.stage, failure.in_stage, why, _NUMBERS.sub("#", _shown(failure.detail)))
+        key = (failure.kind, failure.stage, failure.in_stage, why, numbers_aside(_shown(failure.detail)))
         alike.setdefault(key, []).append(failure)
         keys.append(key)
     lines = []
     for (failure, why), key in zip(cascade, keys, strict=True):
         group = alike[key]
-        if len(group) < FOLDED:
-            lines += _failure_lines(failure, "  ")
-        elif failure is group[0]:
-            lines += _folded_lines(group)
-        else:
-            continue
+        if len(group) >= FOLDED and failure is not group[0]:
+            continue  # folded into its group's line, where the first of them stood
+        lines += _failure_lines(failure, "  ") if len(group) < FOLDED else _folded_lines(group)
         lines.append(f"    why: {why}")
     return lines
 

@@ -20,6 +20,7 @@ __all__ = [
     "count_heartbeats",
     "fold_alike",
     "number_ranges",
+    "numbers_aside",
     "rank_list",
     "rank_name",
     "ranks_phrase",
@@ -89,13 +90,19 @@ def count_heartbeats(ranks: Iterable[int]) -> str:
     return f"{text} and the driver's" if DRIVER_RANK in ranks else text
 
 
+def numbers_aside(text: str) -> str:
+    """``text`` with its numbers made one mark: lines alike but for times, ages, ports and
+    counts give the same."""
+    return _NUMBERS.sub("#", text)
+
+
 def fold_alike(lines: Iterable[tuple[int, str]]) -> list[str]:
     """``(rank, what)`` pairs as lines, the alike folded: three or more ranks whose ``what``
     differs only in its numbers (times, ages, ports) share one line, with the first one's
     ``what``: ``ranks 1-63: inside all_reduce since 12:00:01Z … (63 alike)``."""
     alike: dict[str, list[tuple[int, str]]] = {}
     for rank, what in lines:
-        alike.setdefault(_NUMBERS.sub("#", what), []).append((rank, what))
+        alike.setdefault(numbers_aside(what), []).append((rank, what))
     folded = []
     for group in alike.values():
         rank, what = group[0]
