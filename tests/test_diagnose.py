@@ -254,6 +254,37 @@ def test_a_killed_driver_whose_task_raised_a_dead_actors_error_died_after_that_a
     assert evidence.failures[0] is driver
 
 
+def test_a_killed_driver_whose_task_passed_on_a_ranks_exception_died_after_it(tmp_path: Path) -> None:
+    """The order CI met on verl's trainer: rank 0 raised; the driver's last beat was 0.1 s older;
+    main_ppo's RayTaskError(RuntimeError) names the driver's pid, so it was alive to pass it on."""
+    from dataclasses import replace
+
+    from verl_events.apps.diagnose.verdict import judge
+    from verl_events.apps.read.deaths import outlived
+    from verl_events.apps.read.record import Evidence
+
+    driver = replace(failure("killed", -1, 100.0, "stopped beating", window=2.0), pid=5972, in_stage=False)
+    rank = replace(failure("exception", 0, 100.1, "RuntimeError: the actor's forward raised"), pid=6153)
+    said = "RayTaskError(RuntimeError): ray::TaskRunnerV1.run() (pid=5972, ip=192.0.2.2, actor_id=09b3)"
+    main_ppo = replace(failure("exception", -2, 101.1, said), pid=5713, source="crashes/ends.jsonl")
+    evidence = Evidence(tmp_path, None, failures=[driver, rank, main_ppo])
+    outlived(evidence)
+    verdict = judge(evidence.failures)
+    assert verdict.first is rank
+    ((ended, why),) = [(f, why) for f, why in verdict.cascade if f.rank == -1]
+    assert ended.time == rank.time and "after rank 0's exception" in why
+    assert "alive to raise another process's RuntimeError (crashes/ends.jsonl)" in why
+    # An exception of another type, or one the driver raised itself, decides nothing.
+    other = replace(rank, detail="ValueError: advantages are NaN")
+    evidence = Evidence(tmp_path, None, failures=[driver, other, main_ppo])
+    outlived(evidence)
+    assert evidence.failures[0] is driver
+    itself = replace(rank, pid=5972, rank=-1)
+    evidence = Evidence(tmp_path, None, failures=[driver, rank, itself, main_ppo])
+    outlived(evidence)
+    assert evidence.failures[0] is driver
+
+
 def test_a_signal_the_process_lived_through_is_no_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A handler that saves a checkpoint and carries on: the process's last word is a normal end."""
     import os

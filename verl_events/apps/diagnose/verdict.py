@@ -14,7 +14,8 @@ So:
   for work the failure stopped;
 * **consequences** by their kind: a process with no stage open waiting in
   ``ray.get`` or ``ray.wait`` (a stall), for another process's task; a killed
-  process whose task had raised a dead actor's error (it outlived that death);
+  process whose task had raised a dead actor's error, or passed on another
+  process's exception (it outlived that failure);
 * **the first failure** is the earliest one that is not a consequence (a
   rank SIGKILLed first counts from its last heartbeat, which is before its
   death and so before anything its death caused; but a failure of another
@@ -151,7 +152,7 @@ def _why(failure: Failure, first: Failure) -> str:
     after = f"{who} {_NOUNS.get(first.kind, first.kind)}"
     later = failure.time >= first.time
     if failure.outlived:
-        return f"killed after {after}: it was alive to raise a dead actor's error ({failure.outlived})"
+        return f"killed after {after}: it was alive to raise {failure.outlived}"
     if failure.kind == "killed" and failure.window and failure.time <= first.time <= failure.time + failure.window:
         return f"killed within {failure.window:g} s of {after}: which came first cannot be told"
     if failure.rank == first.rank and failure.rank != NO_RANK:

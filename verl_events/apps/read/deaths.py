@@ -173,31 +173,52 @@ def teardown(evidence: Evidence) -> None:
 
 
 def outlived(evidence: Evidence) -> None:
-    """A killed process that a task of raised a dead actor's error was alive after another
-    process's death.  Its last beat can be older than that death (beats are up to a liveness
-    beat apart), so by time alone it would seem to have died first: verl's driver, which Ray
-    ends at the job's end after its task raised ``ActorDiedError``.  Its time becomes the
-    tighter of the two lower bounds on its death, the earliest other death, and the
-    failure says which record decided."""
-    raised: dict[int, tuple[str, Failure]] = {}
-    for failure in evidence.failures:
-        if failure.kind == "exception":
-            for kind, pid in _RAISED_IN.findall(failure.detail):
-                if kind in _ACTOR_DEATHS:
-                    raised.setdefault(int(pid), (kind, failure))
+    """A killed process whose task raised another process's failure was alive after it.  Its
+    last beat can be older than that failure (beats are up to a liveness beat apart), so by
+    time alone it would seem to have died first: verl's driver, which Ray ends at the job's end
+    after its task raised ``ActorDiedError`` (a peer died) or passed on a rank's exception
+    (``RayTaskError(RuntimeError)`` for a rank's ``RuntimeError``).  Its time becomes the
+    tighter of the two lower bounds on its death, that failure's time, and the failure says
+    which record decided."""
     for index, failure in enumerate(evidence.failures):
-        if failure.kind != "killed" or failure.pid not in raised:
+        if failure.kind != "killed":
             continue
-        kind, record = raised[failure.pid]
-        others = [f.time for f in evidence.failures if f.kind in _DEATH_KINDS and f.pid != failure.pid]
-        if not others:
+        passed_on = _passed_on(evidence.failures, failure.pid)
+        if passed_on is None:
             continue
+        origin, kind, words, record = passed_on
         evidence.failures[index] = dataclasses.replace(
             failure,
-            time=max(failure.time, min(others)),
-            detail=f"{failure.detail}; alive after another process died: its task raised {kind} ({record.source})",
-            outlived=record.source,
+            time=max(failure.time, origin),
+            detail=f"{failure.detail}; alive after another process failed: its task raised {kind} ({record.source})",
+            outlived=f"{words} ({record.source})",
         )
+
+
+def _passed_on(failures: list[Failure], pid: int | None) -> tuple[float, str, str, Failure] | None:
+    """The earliest failure of another process that process ``pid``'s task raised in Ray's words
+    (when it failed, the type raised, how to say it, and the record naming it), or None.  A dead actor's error
+    follows a death; any other type follows an exception of that type in another process, and
+    only where ``pid`` has no exception of its own to have raised first."""
+    own = any(f.kind == "exception" and f.pid == pid for f in failures)
+    for record in failures:
+        if record.kind != "exception":
+            continue
+        for kind, raiser in _RAISED_IN.findall(record.detail):
+            if int(raiser) != pid:
+                continue
+            if kind in _ACTOR_DEATHS:
+                deaths = [f.time for f in failures if f.kind in _DEATH_KINDS and f.pid != pid]
+                return (min(deaths), kind, "a dead actor's error", record) if deaths else None
+            if own:
+                return None
+            origins = [f.time for f in failures if _is_exception_of(f, kind) and f.pid != pid and f.time <= record.time]
+            return (min(origins), kind, f"another process's {kind}", record) if origins else None
+    return None
+
+
+def _is_exception_of(failure: Failure, kind: str) -> bool:
+    return failure.kind == "exception" and failure.detail.startswith(f"{kind}:")
 
 
 def read_heartbeats(evidence: Evidence) -> None:

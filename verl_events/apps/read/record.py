@@ -44,7 +44,7 @@ class Failure:
     parent: str | None = None  # the stage enclosing ``stage``
     window: float = 0.0  # killed: it died within this many seconds after ``time``
     since: float | None = None  # stall: when its idle time began
-    outlived: str | None = None  # killed: the record that shows it alive after another process's death
+    outlived: str | None = None  # killed: what its task raised (and where) that shows it outlived a failure
 
     @classmethod
     def told_by(cls, record: Any, kind: str, detail: str, source: str, **more: Any) -> Failure:
