@@ -176,11 +176,8 @@ class CrashRecord(Record):
     def from_json(cls, line: str | bytes) -> CrashRecord:
         """Parse one line; NotACrashRecord (a ValueError) when it is not a crash record."""
         data = cls.parsed(line)
-        rank, time = data["rank"], data["time"]
-        if data["kind"] not in CRASH_KINDS or not isinstance(rank, int) or isinstance(rank, bool):
-            raise NotACrashRecord(f"a crash record has a kind of {' or '.join(CRASH_KINDS)} and an integer rank")
-        if not isinstance(time, (int, float)) or isinstance(time, bool):
-            raise NotACrashRecord("a crash record's time is a number (Unix seconds)")
+        if data["kind"] not in CRASH_KINDS:
+            raise NotACrashRecord(f"its kind is {data['kind']!r}, not {' or '.join(CRASH_KINDS)}")
         return cls.known(data)
 
 
@@ -203,8 +200,8 @@ class ProcessEnd(Record):
     def from_json(cls, line: str | bytes) -> ProcessEnd:
         """Parse one line: ValueError when it is not a process's end."""
         data = cls.parsed(line)
-        if data["how"] not in ENDINGS or not isinstance(data.get("ranks", []), list):
-            raise ValueError(f"a process's end has a how of {', '.join(ENDINGS)} and a list of ranks")
+        if data["how"] not in ENDINGS:
+            raise ValueError(f"its how is {data['how']!r}, not {', '.join(ENDINGS)}")
         return cls.known(data)
 
 
