@@ -222,3 +222,32 @@ def test_a_heartbeat_whose_pid_cannot_be_its_ranks_process_is_never_running(
     (watchdog,) = [tool["summary"] for tool in result["tools"] if tool["tool"] == "watchdog"]
     assert result["verdict"] != "running" and "alive" not in watchdog, result
     run_readers(run, capsys)  # and no reader gives a traceback
+
+
+def test_a_record_of_another_run_is_skipped_by_every_reader_in_one_sentence(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every command reads through one evidence object: a record whose run is not the folder's
+    (run.json) is skipped, named by file and line, whichever command reads it."""
+    run = copy_of(written, tmp_path)
+    this_run = json.loads((run / "run.json").read_text())["run_id"]
+
+    def of_another_run(text: str) -> str:
+        record = json.loads(text)
+        assert record["run"] == this_run
+        return json.dumps({**record, "run": "another-run"})
+
+    anomalies = run / "anomalies.jsonl"
+    first = anomalies.read_text().splitlines()[0]
+    anomalies.write_text(of_another_run(first) + "\n" + anomalies.read_text())
+    beat = run / "heartbeats" / "rank0.json"
+    (beat.parent / "rank1.json").write_text(of_another_run(beat.read_text()))
+    said = run_readers(run, capsys)
+    skipped = f"was skipped: it belongs to run 'another-run', and this folder to run {this_run!r}"
+    for reader in ("diagnose", "triage"):
+        assert f"{anomalies}:1 {skipped}" in said[reader], said[reader]
+    for reader in ("diagnose", "hangs"):
+        assert f"{beat.parent / 'rank1.json'} {skipped}" in said[reader], said[reader]
+    # The anomaly of this run is still the one triage and diagnose name.
+    assert main(["triage", str(run), "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["anomaly"]["step"] == 2

@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -408,7 +409,7 @@ def test_a_run_the_observer_never_watched_and_a_missing_folder_exit_2(
     assert verl_events_main(["mismatch", str(tmp_path)]) == 2
     assert "add '- name: mismatch'" in capsys.readouterr().err
     assert verl_events_main(["mismatch", str(tmp_path / "nowhere")]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert "does not exist; pass the save_path of a run" in capsys.readouterr().err
 
 
 def test_a_tokenizer_path_that_does_not_load_exits_2(
@@ -616,3 +617,18 @@ def test_a_gap_anomaly_replays_the_step_and_the_engine_prefills_it_for_the_layer
     profile = layer_profile(tmp_path, 2)
     assert "actor_compute_log_prob.replay" in str(profile.trainer)
     assert profile.first_past is not None and profile.first_past.module == "model.embed"
+
+
+def test_a_record_of_another_run_is_skipped_with_a_warning(
+    watched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "copy"
+    shutil.copytree(watched, run)
+    log = run / "mismatch.jsonl"
+    first = json.loads(log.read_text().splitlines()[0])
+    log.write_text(json.dumps({**first, "run": "another-run"}) + "\n" + log.read_text())
+    assert verl_events_main(["mismatch", str(run), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{log}:1 was skipped: it belongs to run 'another-run'" in err
+    steps = [(row["step"], row["rank"]) for row in json.loads(out)["steps"]]
+    assert len(steps) == len(set(steps))  # the other run's line is not counted twice

@@ -495,7 +495,7 @@ def test_weights_says_what_is_wrong_with_its_input(
     assert code == 2
     assert "has no weight_sync.jsonl and no timing log says which observers were on: no weight_sync observer" in err
     code, _, err = weights_command(empty / "nowhere", capsys)
-    assert (code, "is not a directory" in err) == (2, True)
+    assert (code, "does not exist; pass the save_path of a run" in err) == (2, True)
 
     sync(trainer, 0)
     train_step(trainer, optimizer, 1)
@@ -513,7 +513,7 @@ def test_weights_says_what_is_wrong_with_its_input(
     (other / log.name).write_text(whole)
     code, _, err = weights_command(other, capsys)
     assert code == 2
-    assert "holds no sync of run run-another: every record is of another run (run-" in err
+    assert "holds no sync of run run-another: every line was skipped (" in err and "belongs to run 'run-" in err
 
 
 def engine_canary(rank: int, ids: list[list[int]]) -> Any:

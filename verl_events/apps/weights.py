@@ -29,12 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_events.layout import owner_of
 from verl_events.observers import timing as timing_log
 from verl_events.observers.weight_sync import record as weight_sync_record
 
 from . import shell
-from .read.jsonl import read_log, read_run_log, skipping
+from .read.record import Evidence
 
 __all__ = ["NoSyncSeen", "WeightsInputError", "add_command", "command", "read_syncs"]
 
@@ -92,39 +91,25 @@ class Syncs:
 
 def read_syncs(run: Path) -> Syncs:
     """The ledger's records of this run (see the module docstring)."""
+    evidence = Evidence.of_folder(run, WeightsInputError)
     path = weight_sync_record.weight_sync_log_path(run)
-    log = read_run_log(run, path, WeightsInputError)
-    if not log.lines:
-        _without_ledger(run)
-    syncs = Syncs(run, [])
-    this_run = owner_of(run)
-    others: set[str] = set()
-
-    sync_record = weight_sync_record.SyncRecord
-    for number, record in log.records(sync_record.from_json, skipping(syncs.warnings, path, sync_record.noun)):
-        if this_run is not None and record.run != this_run:
-            others.add(record.run)
-            syncs.warnings.append(
-                f"{path}:{number}: a record of run {record.run!r}, and this folder is run {this_run!r}; skipped"
-            )
-            continue
-        syncs.records.append(record)
-    if not syncs.records:
-        why = f"every record is of another run ({', '.join(sorted(others))})" if others else "no line is a record"
-        raise WeightsInputError(f"{path} holds no sync of run {this_run or run}: {why}")
-    syncs.records.sort(key=lambda r: (r.step if r.step is not None else -1, r.rank, r.time))
-    return syncs
+    records = evidence.records(path, weight_sync_record.SyncRecord, WeightsInputError)
+    if not records and not evidence.warnings:
+        _without_ledger(evidence)  # no ledger, or an empty one
+    if not records:
+        raise WeightsInputError(
+            f"{path} holds no sync of run {evidence.run_id or run}: every line was skipped ({evidence.warnings[0]})"
+        )
+    records.sort(key=lambda r: (r.step if r.step is not None else -1, r.rank, r.time))
+    return Syncs(run, records, evidence.warnings)
 
 
-def _without_ledger(run: Path) -> None:
+def _without_ledger(evidence: Evidence) -> None:
     """NoSyncSeen when the timing logs show the observer on, else WeightsInputError."""
-    received, unwatched, logs = 0, [], timing_log.timing_log_files(run)
+    run, received, unwatched = evidence.run, 0, []
+    logs = evidence.files(timing_log.timing_log_files)
     for path in logs:
-        try:
-            records = read_log(path).records(timing_log.TimingRecord.from_json, lambda number, exc: None)
-        except OSError:
-            continue
-        for _, record in records:
+        for record in evidence.records(path, timing_log.TimingRecord):
             watched = isinstance(record.observers, (list, tuple)) and OBSERVER in record.observers
             received += watched
             if record.stage == STAGE and not watched:

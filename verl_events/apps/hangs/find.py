@@ -6,25 +6,26 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from verl_events.observers import timing as timing_log
 from verl_events.observers.watchdog import record as hang_record
 from verl_events.observers.watchdog import stall_record
 
 from ..hang_suspect import suspect
-from ..read.jsonl import read_log, skipping
+from ..read.deaths import read_heartbeats
 from ..read.liveness import Liveness, liveness, newest
 from ..read.ranks import DRIVER_RANK, rank_name
+from ..read.record import Evidence
 from ..read.stalls import Stall, read_against, stall_json
 
 HangRecord = hang_record.HangRecord
 Heartbeat = hang_record.Heartbeat
+TimingRecord = timing_log.TimingRecord
 
 __all__ = ["STATES", "Hangs", "HangsInputError", "RankPosition", "find_hangs"]
 
 STATES = ("inside", "never_began", "finished", "elsewhere")
-R = TypeVar("R")
 
 
 class HangsInputError(ValueError):
@@ -103,41 +104,35 @@ class Hangs:
 
 
 def find_hangs(run: Path) -> Hangs:
-    """Join RUN's heartbeats and hang records.  HangsInputError when RUN is
-    not a directory or holds no heartbeat that can be read; a heartbeat or a
-    line that cannot be read is skipped with a sentence in ``warnings``."""
-    if not run.is_dir():
-        raise HangsInputError(
-            f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
-        )
-    files = hang_record.heartbeat_files(run)
-    warnings: list[str] = []
-    stalls = _read_records(stall_record.stalls_log_path(run), stall_record.StallRecord, warnings)
+    """Join RUN's heartbeats and hang records.  HangsInputError when RUN is not a directory,
+    holds no heartbeat that can be read, or its hang or stall log cannot be read; a heartbeat
+    or a line that cannot be read, and a record of another run, are skipped with a sentence
+    in ``warnings``."""
+    evidence = Evidence.of_folder(run, HangsInputError)
+    stalls = evidence.records(stall_record.stalls_log_path(run), stall_record.StallRecord, HangsInputError)
+    files = evidence.files(hang_record.heartbeat_files)
     if not files and not stalls:
         raise HangsInputError(
             f"{run} has no heartbeats ({hang_record.heartbeat_dir(run)}/rank*.json) and no stalls: the watchdog "
             "observer did not run there; add '- name: watchdog' to the run's observers"
         )
-    heartbeats = []
-    for path in files:
-        try:
-            heartbeats.append(hang_record.read_heartbeat(path))
-        except (hang_record.NotAHeartbeat, OSError) as exc:
-            warnings.append(f"{path} was skipped: {exc}")
-    if files and not heartbeats and not stalls:
+    read_heartbeats(evidence)
+    if files and not evidence.heartbeats and not stalls:
         raise HangsInputError(
             f"none of the {len(files)} heartbeat(s) under {hang_record.heartbeat_dir(run)} can be read "
-            f"(the first: {warnings[0]})"
+            f"(the first: {evidence.warnings[0]})"
         )
-    records = _read_records(hang_record.hangs_log_path(run), HangRecord, warnings)
-    result = Hangs(run, heartbeats, records, warnings=warnings)
+    records = evidence.records(hang_record.hangs_log_path(run), HangRecord, HangsInputError)
+    result = Hangs(run, evidence.heartbeats, records, warnings=evidence.warnings, now=evidence.now)
     if stalls:
-        result.stalls = read_against(stalls, _timing_records(run, warnings), heartbeats, records)
+        logs = evidence.files(timing_log.timing_log_files)
+        timing = [record for path in logs for record in evidence.records(path, TimingRecord)]
+        result.stalls = read_against(stalls, timing, evidence.heartbeats, records)
     hung = result.hangs
     if hung:
         result.stuck = max(hung, key=lambda r: (-1 if r.step is None else r.step, r.begun, r.began))
-        result.ranks = [_position(beat, result.stuck, result.records) for beat in heartbeats]
-        last = newest(heartbeats)
+        result.ranks = [_position(beat, result.stuck, result.records) for beat in evidence.heartbeats]
+        last = newest(evidence.heartbeats)
         result.ranks = [_alive(p, liveness(p.heartbeat, result.now, last)) for p in result.ranks]
     return result
 
@@ -145,27 +140,6 @@ def find_hangs(run: Path) -> Hangs:
 def _alive(position: RankPosition, state: Liveness) -> RankPosition:
     fields = {name: getattr(position, name) for name in RankPosition.__dataclass_fields__}
     return RankPosition(**(fields | {"alive": state}))
-
-
-def _read_records(path: Path, record_class: Any, warnings: list[str]) -> list[Any]:
-    """The records of a log hangs cannot do without: HangsInputError when it cannot be read."""
-    try:
-        log = read_log(path)
-    except OSError as exc:
-        raise HangsInputError(f"{path} cannot be read: {exc}") from exc
-    return [record for _, record in log.records(record_class.from_json, skipping(warnings, path, record_class.noun))]
-
-
-def _timing_records(run: Path, warnings: list[str]) -> list[Any]:
-    """Every rank's timing records (the stages that ended, to read the stalls against), or
-    none with a warning where a log cannot be read."""
-    found: list[Any] = []
-    for path in timing_log.timing_log_files(run):
-        try:
-            found += _read_records(path, timing_log.TimingRecord, warnings)
-        except HangsInputError as exc:
-            warnings.append(f"{exc}; the stalls are read without it")
-    return found
 
 
 def _position(beat: Heartbeat, stuck: HangRecord, records: list[HangRecord]) -> RankPosition:

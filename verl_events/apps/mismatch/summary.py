@@ -18,7 +18,7 @@ from typing import Any
 
 from verl_events.observers.mismatch import record as mismatch_record
 
-from ..read.jsonl import read_run_log, skipping
+from ..read.record import Evidence
 
 MismatchRecord = mismatch_record.MismatchRecord
 
@@ -58,20 +58,16 @@ class Summary:
 
 
 def read_records(run: Path) -> tuple[list[MismatchRecord], list[str]]:
-    """The records under ``run`` and a warning per line that is not one."""
-    path = mismatch_record.mismatch_log_path(run)
-    log = read_run_log(run, path, MismatchInputError)
-    if not log.lines:
+    """The records of this run under ``run`` and a warning per line that is not one, or that
+    is of another run."""
+    evidence = Evidence.of_folder(run, MismatchInputError)
+    records = evidence.records(mismatch_record.mismatch_log_path(run), MismatchRecord, MismatchInputError)
+    if not records and not evidence.warnings:
         raise MismatchInputError(
             f"{run} has no {mismatch_record.MISMATCH_LOG}: no mismatch observer watched this run; "
             "add '- name: mismatch' to its observers (docs/mismatch.md)"
         )
-    warnings: list[str] = []
-
-    records = [
-        record for _, record in log.records(MismatchRecord.from_json, skipping(warnings, path, MismatchRecord.noun))
-    ]
-    return records, warnings
+    return records, evidence.warnings
 
 
 def summarize(run: Path, *, top: int = 10) -> Summary:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from verl_events.layout import read_regular
 
-__all__ = ["JsonLinesLog", "numbered_lines", "read_log", "read_records", "read_run_log", "skipping", "why_not"]
+__all__ = ["JsonLinesLog", "numbered_lines", "read_log", "read_records", "skipping", "why_not"]
 
 R = TypeVar("R")
 
@@ -85,13 +85,18 @@ def skipping(warnings: list[str], path: Path, noun: str) -> Callable[[int, Excep
     return skipped
 
 
-def read_records(path: Path, record: Any, warnings: list[str]) -> Iterator[tuple[int, Any]]:
+def read_records(
+    path: Path, record: Any, warnings: list[str], needed: type[Exception] | None = None
+) -> Iterator[tuple[int, Any]]:
     """Each line of the log ``path`` that is a ``record`` (a record class: its ``from_json``
     and ``noun``), with its line number.  A log that cannot be read is one warning and no
-    records; a line that is not a record, a warning of :func:`skipping`."""
+    records, or, for a command that cannot do without it, its input error ``needed``; a
+    line that is not a record, a warning of :func:`skipping`."""
     try:
         log = read_log(path)
     except OSError as exc:
+        if needed is not None:
+            raise needed(f"{path} cannot be read: {exc}") from None
         warnings.append(f"{path} cannot be read: {exc}")
         return
     yield from log.records(record.from_json, skipping(warnings, path, record.noun))
@@ -100,15 +105,3 @@ def read_records(path: Path, record: Any, warnings: list[str]) -> Iterator[tuple
 def read_log(path: Path) -> JsonLinesLog:
     """``path`` read whole (see :func:`numbered_lines`); OSError propagates."""
     return JsonLinesLog(path, numbered_lines(path))
-
-
-def read_run_log(run: Path, path: Path, input_error: type[Exception]) -> JsonLinesLog:
-    """The log ``path`` of the run folder ``run``, read whole for a command that reads
-    nothing else: ``input_error`` (the command's) when ``run`` is not a folder or the log
-    cannot be read."""
-    if not run.is_dir():
-        raise input_error(f"{run} is not a directory; give the run's save_path")
-    try:
-        return read_log(path)
-    except OSError as exc:
-        raise input_error(f"{path} cannot be read: {exc}") from None

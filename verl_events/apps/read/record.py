@@ -1,4 +1,5 @@
-"""What diagnose reads a run into: one kind of record for every failure, and the readers' helpers."""
+"""What every command reads a run into (:class:`Evidence`): one kind of record for every
+failure, and the readers' helpers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_events.layout import owner_of
 from verl_events.observers.watchdog import record as hang_record
 
 from .jsonl import read_records
@@ -84,6 +86,21 @@ class Evidence:
     now: float = field(default_factory=time.time)
     found: dict[Callable[[Path], list[Path]], list[Path]] = field(default_factory=dict, repr=False)
 
+    @classmethod
+    def of_folder(cls, run: Path, input_error: type[Exception]) -> Evidence:
+        """The evidence of the run folder ``run`` with nothing read yet, for a command to read
+        what it needs into; ``input_error`` (the command's) when ``run`` is not a folder."""
+        if not run.is_dir():
+            raise input_error(
+                f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
+            )
+        return cls(run, owner_of(run))
+
+    def records(self, path: Path, record_class: Any, needed: type[Exception] | None = None) -> list[Any]:
+        """Every record of this run in the JSON-lines log ``path`` (:func:`records_of`); a
+        command that cannot do without the log passes its input error as ``needed``."""
+        return [record for _, record in records_of(self, path, record_class, needed)]
+
     def files(self, finder: Callable[[Path], list[Path]]) -> list[Path]:
         """``finder(run)``: a kind of file under the run, globbed once however many readers
         (and the tool lines of diagnose) ask."""
@@ -108,10 +125,13 @@ def of_this_run(evidence: Evidence, run: str | None, where: str) -> bool:
     return False
 
 
-def records_of(evidence: Evidence, path: Path, record_class: Any) -> Iterator[tuple[int, Any]]:
+def records_of(
+    evidence: Evidence, path: Path, record_class: Any, needed: type[Exception] | None = None
+) -> Iterator[tuple[int, Any]]:
     """Each record of the JSON-lines log ``path`` of this run (the shared reader,
     :func:`~verl_events.apps.read.jsonl.read_records`), with its line number; an unreadable
-    log, a line that is not a record and a record of another run are warnings."""
-    for number, record in read_records(path, record_class, evidence.warnings):
+    log (unless ``needed``: then that error), a line that is not a record and a record of
+    another run are warnings."""
+    for number, record in read_records(path, record_class, evidence.warnings, needed):
         if of_this_run(evidence, getattr(record, "run", None), f"{path}:{number}"):
             yield number, record

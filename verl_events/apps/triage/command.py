@@ -51,7 +51,7 @@ from verl_events.layout import LATEST_LINK, owner_of, replay_dir_name, replayed_
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..read.jsonl import read_log, skipping
+from ..read.record import Evidence, records_of
 from .dumps import find_dumps, is_library_frame, read_session, user_frame
 from .finding import Finding
 from .non_finite import first_non_finite
@@ -108,18 +108,12 @@ class Anomaly:
         return text + (f": {r['detail']}" if r["detail"] else "")
 
 
-def read_anomalies(run: Path, skipped: list[str]) -> list[Anomaly]:
-    """The anomalies of ``run``, in file order; a line that is not JSON or
-    not an anomaly record is skipped with a sentence in ``skipped``.  No
-    file is no anomaly; a file that cannot be read raises TriageInputError."""
-    path = anomaly_log_path(run)
-    try:
-        log = read_log(path)
-    except OSError as exc:
-        raise TriageInputError(f"{path} cannot be read: {exc}") from exc
-
-    skip = skipping(skipped, path, AnomalyRecord.noun)
-    return [Anomaly(record, number) for number, record in log.records(AnomalyRecord.from_json, skip)]
+def read_anomalies(evidence: Evidence) -> list[Anomaly]:
+    """The anomalies of the run, in file order; a line that is not JSON or not an anomaly
+    record, or a record of another run, is skipped with a sentence in ``evidence.warnings``.
+    No file is no anomaly; a file that cannot be read raises TriageInputError."""
+    path = anomaly_log_path(evidence.run)
+    return [Anomaly(record, number) for number, record in records_of(evidence, path, AnomalyRecord, TriageInputError)]
 
 
 # -- the whole triage ------------------------------------------------------------------------
@@ -180,29 +174,23 @@ def triage(run: Path) -> Triage:
     """Triage the first anomaly of ``run`` (its save_path).  Raises
     TriageInputError when ``run`` is not a directory or its anomalies.jsonl
     cannot be read; unreadable lines become ``warnings``."""
-    if not run.is_dir():
-        raise TriageInputError(
-            f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
-        )
+    evidence = Evidence.of_folder(run, TriageInputError)
     _refuse_a_folder_of_runs(run)
-    result = Triage(run, [])
-    anomalies = read_anomalies(run, result.warnings)
+    result = Triage(run, [], warnings=evidence.warnings)
+    anomalies = read_anomalies(evidence)
     if not anomalies:
         result.reason = f"no anomalies recorded in {anomaly_log_path(run)}"
         return result
     # The earliest is the cause; those after it are usually its consequences.
     result.anomalies = sorted(anomalies, key=lambda a: (a.step is None, a.step or 0, _time(a)))
     runs = list(dict.fromkeys(str(a.record.run) for a in anomalies if a.record.run is not None))
-    owner = owner_of(run)
-    if len(runs) > 1 or (runs and owner is not None and runs != [owner]):
-        result.warnings.append(
-            f"{anomaly_log_path(run)} names run(s) {', '.join(runs)}; the dumps belong to run {owner}"
-        )
+    if len(runs) > 1:  # a folder without run.json: which run's dumps these are cannot be told
+        result.warnings.append(f"{anomaly_log_path(run)} names runs {', '.join(runs)}, and the folder no run")
     anomaly = result.anomalies[0]
     if anomaly.step is None:
         result.reason = "the anomaly has no step, so triage cannot tell which dumps follow it"
         return result
-    result.replay = replay_of(run, anomaly.record, result.warnings, result.notes)
+    result.replay = replay_of(evidence, anomaly.record, result.notes)
     if result.replay is not None and result.replay.verdict == "reproducible" and _in_replay(result, anomaly, run):
         return result
     dumps = [d for d in find_dumps(run) if d.step > anomaly.step]

@@ -34,7 +34,7 @@ from verl_events.layout import replayed_stage
 from verl_events.observers.msprobe import layout as msprobe_layout
 from verl_events.observers.sentinel import record as anomaly_record
 
-from ..read.jsonl import read_log, skipping
+from ..read.record import Evidence, records_of
 from .dumps import find_dumps
 
 AnomalyRecord = anomaly_record.AnomalyRecord
@@ -92,20 +92,15 @@ class Replay:
         return data
 
 
-def replay_of(run: Path, anomaly: AnomalyRecord, warnings: list[str], notes: list[str]) -> Replay | None:
+def replay_of(evidence: Evidence, anomaly: AnomalyRecord, notes: list[str]) -> Replay | None:
     """The replay of ``anomaly``'s stage at its step on its rank, from
     ``{run}/replays.jsonl``; None when there was none (no file, or no line
-    for that step, stage and rank).  A line that is not a replay record is
-    skipped with a sentence in ``warnings``; a named inputs file that is not
-    there gets a sentence in ``notes``."""
-    path = replay_log_path(run)
-    try:
-        log = read_log(path)
-    except OSError as exc:
-        warnings.append(f"{path} cannot be read ({exc}); triage goes on without the replay's verdict")
-        return None
-
-    for number, record in log.records(ReplayRecord.from_json, skipping(warnings, path, ReplayRecord.noun)):
+    for that step, stage and rank).  A log that cannot be read, a line that is
+    not a replay record and a record of another run are skipped with a sentence
+    in ``evidence.warnings``; a named inputs file that is not there gets a
+    sentence in ``notes``."""
+    run, path = evidence.run, replay_log_path(evidence.run)
+    for number, record in records_of(evidence, path, ReplayRecord):
         if (record.step, record.stage, record.rank) == (anomaly.step, anomaly.stage, anomaly.rank):
             inputs = None if record.inputs is None else run / record.inputs
             if inputs is not None and not inputs.is_file():
