@@ -181,16 +181,17 @@ def _receipt(receipt: dict[str, Any] | None) -> str:
     return f"{receipt['tensors']} held, {how}"
 
 
+#: The command's line in ``verl-events --help``; the other, what RUN is.
+HELP = (
+    "every weight sync: what was sent, what changed, what the engine holds, the alarms "
+    "(exit 0 none, 1 an alarm, 2 bad input)"
+)
+RUN_HELP = f"the run's save_path (holding {weight_sync_record.WEIGHT_SYNC_LOG})"
+
+
 def add_command(commands: Any) -> None:
     """Add ``weights`` to the ``verl-events`` parser's subcommands."""
-    shell.add_run_command(
-        commands,
-        "weights",
-        command,
-        help="every weight sync: what was sent, what changed, what the engine holds, the alarms "
-        "(exit 0 none, 1 an alarm, 2 bad input)",
-        run=f"the run's save_path (holding {weight_sync_record.WEIGHT_SYNC_LOG})",
-    )
+    shell.add_run_command(commands, "weights", command, help=HELP, run=RUN_HELP)
 
 
 def command(args: Any) -> int:

@@ -11,9 +11,10 @@ a record of one stage takes from its event.
   that holds every ``required`` key, each value of the type its field declares, or the
   record's own error (``refused``, a ValueError like JSON's own) says what it is not.  A
   number is finite unless the field is one of ``numbers``, an integer fits in 64 bits, a
-  field of ``not_negative`` is not below 0 and a ``pid`` is at least 1: a line another
-  process (or person) wrote never brings a NaN, an overflow or a phantom process into a
-  figure.  Keys a record does not know are passed over, so a newer writer's lines read.
+  field of ``not_negative`` is not below 0, a field of ``choices`` holds one of its words,
+  and a ``pid`` is at least 1: a line another process (or person) wrote never brings a NaN,
+  an overflow or a phantom process into a figure.  Keys a record does not know are passed
+  over, so a newer writer's lines read.
 * **The header** (:func:`stage_header`): the run id (the installation's,
   :attr:`~verl_events.InstallContext.run_id`), the time written, and the step, stage and
   rank of the event.
@@ -99,6 +100,8 @@ class Record:
     numbers: ClassVar[tuple[str, ...]] = ()
     #: The number fields that are never below 0 (durations, sizes, counts).
     not_negative: ClassVar[tuple[str, ...]] = ()
+    #: The text fields that hold one of a few words (a record's ``kind``), with those words.
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, in order, as they are (not copied)."""
@@ -139,6 +142,13 @@ class Record:
         return data
 
     @classmethod
+    def from_json(cls: type[R], line: str | bytes) -> R:
+        """Parse one line (:meth:`parsed`, then :meth:`known`); ``refused`` when it is not
+        this record, saying why.  A record with more to check overrides it."""
+        record: Any = cls
+        return typing.cast(R, record.known(record.parsed(line)))
+
+    @classmethod
     def known(cls: type[R], data: dict[str, Any]) -> R:
         """The record of ``data``'s keys that are fields (the others are passed over), each
         value checked against its field (see the module docstring)."""
@@ -165,6 +175,8 @@ def _problem(cls: type[Record], name: str, value: Any, hint: Any) -> str | None:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         return f"its {name} is {shown}, not {_said(hint)}"
+    if name in cls.choices and value not in cls.choices[name]:
+        return f"its {name} is {value!r}, not {' or '.join(cls.choices[name])}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if name in cls.not_negative and value < 0:
             return f"its {name} is {value!r}, below 0"

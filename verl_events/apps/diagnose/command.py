@@ -260,15 +260,16 @@ def render(diagnosis: Diagnosis) -> str:
 # -- the command ----------------------------------------------------------------------
 
 
+#: The command's line in ``verl-events --help``.
+HELP = (
+    "how a run ended: the first failure (rank, step, stage, line) and its cascade, and what to run next "
+    "(exit 0 healthy or running, 1 failed, hung or anomalous, 2 bad input)"
+)
+
+
 def add_command(commands: Any) -> None:
     """Add ``diagnose`` to the ``verl-events`` parser's subcommands."""
-    parser = shell.add_run_command(
-        commands,
-        "diagnose",
-        command,
-        help="how a run ended: the first failure (rank, step, stage, line) and its cascade, and what to run next "
-        "(exit 0 healthy or running, 1 failed, hung or anomalous, 2 bad input)",
-    )
+    parser = shell.add_run_command(commands, "diagnose", command, help=HELP)
     parser.add_argument(
         "--log",
         action="append",

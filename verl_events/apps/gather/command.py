@@ -155,18 +155,21 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+#: The command's line in ``verl-events --help``; the others, what RUN is and what ``--json`` prints.
+HELP = (
+    "collect a run kept on each node's own disk into one folder, through Ray "
+    "(exit 0 every node, 1 a node unreachable, 2 bad input)"
+)
+RUN_HELP = (
+    f"the run's folder as every node sees it: an absolute path, {NODE_PLACEHOLDER} for the node's part "
+    "(e.g. /local_disk/verl_events/latest)"
+)
+JSON_HELP = "print the manifest as JSON"
+
+
 def add_command(commands: Any) -> None:
     """Add ``gather`` to the ``verl-events`` parser's subcommands."""
-    parser = shell.add_run_command(
-        commands,
-        "gather",
-        command,
-        help="collect a run kept on each node's own disk into one folder, through Ray "
-        "(exit 0 every node, 1 a node unreachable, 2 bad input)",
-        run=f"the run's folder as every node sees it: an absolute path, {NODE_PLACEHOLDER} for the node's part "
-        "(e.g. /local_disk/verl_events/latest)",
-        json_help="print the manifest as JSON",
-    )
+    parser = shell.add_run_command(commands, "gather", command, help=HELP, run=RUN_HELP, json_help=JSON_HELP)
     parser.add_argument("--ray", required=True, metavar="ADDRESS", help="the job's Ray cluster: its head's HOST:PORT")
     parser.add_argument(
         "--out", required=True, type=Path, help="the folder to gather into: new, empty, or an earlier gather of RUN"

@@ -16,16 +16,17 @@ from .render import render
 __all__ = ["add_command", "command"]
 
 
+#: The command's line in ``verl-events --help``; the other, what RUN is.
+HELP = (
+    "which rank is stuck where, from the watchdog's heartbeats and hang records "
+    "(exit 0 none, 1 a deadline passed, 2 bad input)"
+)
+RUN_HELP = "the run's save_path (holding the watchdog's heartbeats)"
+
+
 def add_command(commands: Any) -> None:
     """Add ``hangs`` to the ``verl-events`` parser's subcommands."""
-    shell.add_run_command(
-        commands,
-        "hangs",
-        command,
-        help="which rank is stuck where, from the watchdog's heartbeats and hang records "
-        "(exit 0 none, 1 a deadline passed, 2 bad input)",
-        run="the run's save_path (holding the watchdog's heartbeats)",
-    )
+    shell.add_run_command(commands, "hangs", command, help=HELP, run=RUN_HELP)
 
 
 def command(args: Any) -> int:

@@ -34,16 +34,17 @@ from .summary import MismatchInputError, Summary, summarize
 __all__ = ["add_command", "command"]
 
 
+#: The command's line in ``verl-events --help``; the other, what RUN is.
+HELP = (
+    "how far the trainer's log-probs are from the rollout engine's, by step, token and layer "
+    "(exit 0 shown, 2 bad input)"
+)
+RUN_HELP = f"the run's save_path (holding {mismatch_record.MISMATCH_LOG})"
+
+
 def add_command(commands: Any) -> None:
     """Add ``mismatch`` to the ``verl-events`` parser's subcommands."""
-    parser = shell.add_run_command(
-        commands,
-        "mismatch",
-        command,
-        help="how far the trainer's log-probs are from the rollout engine's, by step, token and layer "
-        "(exit 0 shown, 2 bad input)",
-        run=f"the run's save_path (holding {mismatch_record.MISMATCH_LOG})",
-    )
+    parser = shell.add_run_command(commands, "mismatch", command, help=HELP, run=RUN_HELP)
     parser.add_argument(
         "--top", type=int, help="worst tokens to list (default 10; at most the observer's top_k per step and rank)"
     )

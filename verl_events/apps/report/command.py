@@ -24,16 +24,15 @@ from .summary import COLUMNAR_FROM_BYTES, ENGINES, print_report, read_report, re
 __all__ = ["add_command", "command"]
 
 
+#: The command's line in ``verl-events --help``; the others, what RUN is and what ``--json`` prints.
+HELP = "stage times, profiling overhead and dump sizes of a run, from disk"
+RUN_HELP = f"the run's save_path (holding {timing_log.TIMING_DIR}/rank*.jsonl)"
+JSON_HELP = "print JSON instead of tables"
+
+
 def add_command(commands: Any) -> None:
     """Add ``report`` to the ``verl-events`` parser's subcommands."""
-    rep = shell.add_run_command(
-        commands,
-        "report",
-        command,
-        help="stage times, profiling overhead and dump sizes of a run, from disk",
-        run=f"the run's save_path (holding {timing_log.TIMING_DIR}/rank*.jsonl)",
-        json_help="print JSON instead of tables",
-    )
+    rep = shell.add_run_command(commands, "report", command, help=HELP, run=RUN_HELP, json_help=JSON_HELP)
     rep.add_argument("--plot", type=Path, help="write a PNG of stage time (profiled vs baseline) and disk per stage")
     rep.add_argument(
         MEMORY_PLOT,

@@ -33,17 +33,17 @@ __all__ = ["add_command", "command", "render", "shown_path"]
 _PACKAGE_ROOTS = ("site-packages", "dist-packages")
 
 
+#: The command's line in ``verl-events --help``; the other, what RUN is.
+HELP = (
+    f"name the op behind a run's first anomaly, from {anomaly_record.ANOMALY_LOG} and msprobe's dumps "
+    "(exit 0 none, 1 anomaly, 2 bad input)"
+)
+RUN_HELP = f"the run's save_path (holding {anomaly_record.ANOMALY_LOG} and msprobe's dumps)"
+
+
 def add_command(commands: Any) -> None:
     """Add ``triage`` to the ``verl-events`` parser's subcommands."""
-    anomaly_log = anomaly_record.ANOMALY_LOG
-    shell.add_run_command(
-        commands,
-        "triage",
-        command,
-        help=f"name the op behind a run's first anomaly, from {anomaly_log} and msprobe's dumps "
-        "(exit 0 none, 1 anomaly, 2 bad input)",
-        run=f"the run's save_path (holding {anomaly_log} and msprobe's dumps)",
-    )
+    shell.add_run_command(commands, "triage", command, help=HELP, run=RUN_HELP)
 
 
 def command(args: argparse.Namespace) -> int:

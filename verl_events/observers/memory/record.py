@@ -108,7 +108,3 @@ class MemoryRecord(Record):
         "device",
         "cgroup",
     )
-
-    @classmethod
-    def from_json(cls, line: str) -> MemoryRecord:
-        return cls.known(cls.parsed(line))

@@ -79,10 +79,8 @@ class MismatchRecord(Record):
     numbers = ("stats", "weights")  # a statistic may be NaN (log-probs that are)
 
     @classmethod
-    def from_json(cls, line: str) -> MismatchRecord:
+    def from_json(cls, line: str | bytes) -> MismatchRecord:
         data = cls.parsed(line)
-        if not isinstance(data["rank"], int) or not (data["step"] is None or isinstance(data["step"], int)):
-            raise NotAMismatchRecord("its step and rank are not whole numbers")
         stats = data.get("stats")
         if stats is not None and not (isinstance(stats, dict) and isinstance(stats.get("tokens"), int)):
             raise NotAMismatchRecord("its stats are not a mapping with a token count")

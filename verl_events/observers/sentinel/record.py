@@ -93,7 +93,7 @@ class AnomalyRecord(AnomalyEvent, Record):
         return cls(**{f.name: getattr(event, f.name) for f in fields(AnomalyEvent)}, run=run, time=time)
 
     @classmethod
-    def from_json(cls, line: str) -> AnomalyRecord:
+    def from_json(cls, line: str | bytes) -> AnomalyRecord:
         """Parse one line; NotAnAnomalyRecord (a ValueError) when it is not JSON, lacks a
         field every reader needs, or its step and rank are not integers, or its value and
         baseline not numbers.  Keys it does not know are ignored."""
@@ -127,13 +127,12 @@ class ReplayRecord(Record):
     noun = "a replay record"
     required = ("stage", "rank", "verdict")
     numbers = ("again",)
+    choices = {"verdict": VERDICTS}
 
     @classmethod
-    def from_json(cls, line: str) -> ReplayRecord:
+    def from_json(cls, line: str | bytes) -> ReplayRecord:
         """Parse one line; ValueError when it is not one (the message says why)."""
         data = cls.parsed(line)
-        if data["verdict"] not in VERDICTS or not isinstance(data["rank"], int):
-            raise ValueError(f"its verdict is not {' or '.join(VERDICTS)}, or its rank not an integer")
         again = data.get("again") or {}
         if not isinstance(again, dict) or not all(isinstance(v, (int, float)) for v in again.values()):
             raise ValueError("its again does not map metrics to numbers")

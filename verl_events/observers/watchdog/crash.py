@@ -171,14 +171,11 @@ class CrashRecord(Record):
     noun = "a crash record"
     refused = NotACrashRecord
     required = ("kind", "time", "rank")
+    choices = {"kind": CRASH_KINDS}
 
-    @classmethod
-    def from_json(cls, line: str | bytes) -> CrashRecord:
-        """Parse one line; NotACrashRecord (a ValueError) when it is not a crash record."""
-        data = cls.parsed(line)
-        if data["kind"] not in CRASH_KINDS:
-            raise NotACrashRecord(f"its kind is {data['kind']!r}, not {' or '.join(CRASH_KINDS)}")
-        return cls.known(data)
+
+#: How a process ended, in ``ends.jsonl``; ``abort``: the watchdog ended it (``action: abort``).
+ENDINGS = ("normal", "exception", "signal", "abort")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,18 +192,7 @@ class ProcessEnd(Record):
 
     noun = "a process's end"
     required = ("time", "pid", "how")
-
-    @classmethod
-    def from_json(cls, line: str | bytes) -> ProcessEnd:
-        """Parse one line: ValueError when it is not a process's end."""
-        data = cls.parsed(line)
-        if data["how"] not in ENDINGS:
-            raise ValueError(f"its how is {data['how']!r}, not {', '.join(ENDINGS)}")
-        return cls.known(data)
-
-
-#: How a process ended, in ``ends.jsonl``; ``abort``: the watchdog ended it (``action: abort``).
-ENDINGS = ("normal", "exception", "signal", "abort")
+    choices = {"how": ENDINGS}
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,13 +111,12 @@ class StallRecord(Record):
     refused = NotAStallRecord
     required = ("kind", "time", "pid", "ranks", "began", "elapsed_s", "deadline_s")
     not_negative = ("elapsed_s", "deadline_s")
+    choices = {"kind": STALL_KINDS}
 
     @classmethod
     def from_json(cls, line: str | bytes) -> StallRecord:
         """Parse one line; NotAStallRecord (a ValueError) when it is not a stall record, naming the field."""
         data = cls.parsed(line)
-        if data["kind"] not in STALL_KINDS:
-            raise NotAStallRecord(f"its kind is {data['kind']!r}, not {' or '.join(STALL_KINDS)}")
         if isinstance(data["deadline_s"], (int, float)) and data["deadline_s"] == 0:
             raise NotAStallRecord("its deadline_s is 0, and a deadline is above 0")
         return cls.known(data)

@@ -32,6 +32,7 @@ interleave.  Standard library only.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,7 @@ class SyncRecord(Record):
         return Record.as_dict(self) | {"alarms": [asdict(alarm) for alarm in self.alarms]}
 
     @classmethod
-    def from_json(cls, line: str) -> SyncRecord:
+    def from_json(cls, line: str | builtins.bytes) -> SyncRecord:
         data = cls.parsed(line)
         for name in ("seen_at", "unchecked"):
             if not isinstance(data.get(name), str | None):
