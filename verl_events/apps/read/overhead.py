@@ -30,6 +30,7 @@ __all__ = [
     "StageOverhead",
     "TimingLogError",
     "TimingRecord",  # what read_timing_records returns, for the report's annotations
+    "by_stage",
     "observer_hooks",
     "overhead_row",
     "overhead_table",
@@ -211,20 +212,28 @@ def _inclusive_quantile(ordered: list[float], quarter: int) -> float:
     return (ordered[j] * (4 - delta) + ordered[j + 1] * delta) / 4 if delta else ordered[j]
 
 
+def by_stage(records: Iterable[TimingRecord], stage_order: Iterable[str] = ()) -> list[tuple[str, list[TimingRecord]]]:
+    """``records`` grouped by stage, each group in file order: the stages of ``stage_order``
+    first, in its order, then the others by name."""
+    grouped: dict[str, list[TimingRecord]] = {}
+    for record in records:
+        grouped.setdefault(record.stage, []).append(record)
+    order = list(stage_order)
+    first = [(stage, grouped[stage]) for stage in order if stage in grouped]
+    others = sorted(stage for stage in grouped if stage not in order)
+    return first + [(stage, grouped[stage]) for stage in others]
+
+
 def overhead_table(records: Iterable[TimingRecord], stage_order: Iterable[str] = ()) -> list[StageOverhead]:
     """Per stage and set of profiling observers: median unprofiled time of
     the stage, median profiled time, their ratio, and dump bytes (total,
     and per profiled step summed over ranks); each median with its count
     and spread."""
-    by_stage: dict[str, list[TimingRecord]] = {}
-    for record in records:
-        by_stage.setdefault(record.stage, []).append(record)
-    order = [s for s in stage_order if s in by_stage] + sorted(set(by_stage) - set(stage_order))
     rows = []
-    for stage in order:
-        base = _summarise([float(r.elapsed_s) for r in by_stage[stage] if not r.profiled])
+    for stage, mine in by_stage(records, stage_order):
+        base = _summarise([float(r.elapsed_s) for r in mine if not r.profiled])
         groups: dict[tuple[str, ...], list[TimingRecord]] = {}
-        for record in by_stage[stage]:
+        for record in mine:
             if record.profiled:
                 groups.setdefault(profilers(record), []).append(record)
         for profiled_by, profiled in sorted(groups.items()) or [((), [])]:

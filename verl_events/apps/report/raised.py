@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..read.overhead import TimingRecord
+from ..read.overhead import TimingRecord, by_stage
 from ..read.ranks import DRIVER_RANK
 from ..tables import print_table
 
@@ -44,13 +44,8 @@ def split_raised(records: list[TimingRecord]) -> tuple[list[TimingRecord], list[
 
 def raised_stages(raised: Iterable[TimingRecord], stage_order: Iterable[str] = ()) -> list[RaisedStage]:
     """One row per stage of the ``raised`` records: stages of ``stage_order`` first, in its order."""
-    by_stage: dict[str, list[TimingRecord]] = {}
-    for record in raised:
-        by_stage.setdefault(record.stage, []).append(record)
-    order = [s for s in stage_order if s in by_stage] + sorted(set(by_stage) - set(stage_order))
     rows = []
-    for stage in order:
-        mine = by_stage[stage]
+    for stage, mine in by_stage(raised, stage_order):
         errors: dict[str, int] = {}
         for record in mine:
             errors[str(record.error)] = errors.get(str(record.error), 0) + 1
