@@ -126,11 +126,11 @@ def test_a_node_without_the_folder_says_so(tmp_path: Path) -> None:
 # -- several nodes into one folder ----------------------------------------------------
 
 
-def gathered(tmp_path: Path, *nodes: tuple[str, Path]) -> tuple[Path, dict[str, object]]:
+def gathered(tmp_path: Path, *nodes: tuple[str, Path], everything: bool = False) -> tuple[Path, dict[str, object]]:
     out = tmp_path / "out"
     folder = GatheredFolder(out)
     for node, root in nodes:
-        folder.add(node, read_node_folder(str(root)))
+        folder.add(node, read_node_folder(str(root), everything=everything))
     manifest = {"source": "test", "merged": sorted(folder.merged), "renamed": folder.renamed}
     folder.finish(manifest)
     return out, manifest
@@ -172,8 +172,66 @@ def test_differing_copies_keep_the_newest_under_the_name_and_the_other_beside_it
             "kept_as": "heartbeats/rank0.json.node-bbbbbbbb",
             "node": NODE_B,
             "named": NODE_A,
+            "why": "differing copies",
         }
     ]
+
+
+def files_of(out: Path) -> dict[str, str]:
+    return {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST}
+
+
+@pytest.mark.parametrize("order", ["a-first", "b-first"])
+def test_a_nodes_own_file_named_like_anothers_copy_is_never_written_over(tmp_path: Path, order: str) -> None:
+    """With ``--all``: node A's own ``extra.json.node-bbbbbbbb``, and node B's differing
+    ``extra.json`` that would be kept under that very name: all three contents survive, each listed."""
+    write(tmp_path / NODE_A / "extra.json", '"a"', mtime=2000)
+    write(tmp_path / NODE_A / "extra.json.node-bbbbbbbb", '"a\'s own"', mtime=2000)
+    write(tmp_path / NODE_B / "extra.json", '"b"', mtime=1000)
+    nodes = [(NODE_A, tmp_path / NODE_A), (NODE_B, tmp_path / NODE_B)]
+    out, manifest = gathered(tmp_path, *(nodes if order == "a-first" else nodes[::-1]), everything=True)
+    files = files_of(out)
+    assert sorted(files.values()) == sorted(['"a"', '"a\'s own"', '"b"']), files
+    assert files["extra.json"] == '"a"'  # the newest keeps the name
+    for item in manifest["renamed"]:  # each entry names where that node's copy is
+        assert files[item["kept_as"]] == (tmp_path / item["node"] / item["path"]).read_text()
+    assert {item["why"] for item in manifest["renamed"]} <= {"differing copies", "its name was another node's copy's"}
+
+
+@pytest.mark.parametrize("order", ["file-first", "folder-first"])
+def test_a_path_that_is_a_file_on_one_node_and_a_folder_on_another_keeps_both(tmp_path: Path, order: str) -> None:
+    write(tmp_path / NODE_A / "clash", "a file")
+    write(tmp_path / NODE_B / "clash" / "one.json", "1")
+    write(tmp_path / NODE_B / "clash" / "two.json", "2")
+    write(tmp_path / NODE_B / "run.json", "{}")
+    nodes = [(NODE_A, tmp_path / NODE_A), (NODE_B, tmp_path / NODE_B)]
+    out, manifest = gathered(tmp_path, *(nodes if order == "file-first" else nodes[::-1]), everything=True)
+    files = files_of(out)
+    assert sorted(files.values()) == ["1", "2", "a file", "{}"], files
+    renamed = manifest["renamed"]
+    assert {item["why"] for item in renamed} == {"a file on one node, a folder on another"}, renamed
+    if order == "file-first":  # the folder's files move together, under one new name
+        assert {item["kept_as"] for item in renamed} == {"clash.node-bbbbbbbb/one.json", "clash.node-bbbbbbbb/two.json"}
+    else:
+        assert [item["kept_as"] for item in renamed] == ["clash.node-aaaaaaaa"]
+
+
+def test_a_fifo_on_a_node_is_named_not_readable_and_its_other_files_still_come(tmp_path: Path) -> None:
+    import threading
+
+    root = a_node_folder(tmp_path)
+    os.mkfifo(root / "timing" / "rank9.jsonl")
+    found: list[NodeFolder] = []
+    reader = threading.Thread(target=lambda: found.append(read_node_folder(str(root))), daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    if not found:  # blocked on the FIFO: release it, then fail
+        with open(root / "timing" / "rank9.jsonl", "wb"):
+            pass
+        pytest.fail("read_node_folder blocked on a FIFO")
+    (node,) = found
+    assert [(path, "FIFO" in error) for path, error in node.unreadable] == [("timing/rank9.jsonl", True)]
+    assert "timing/rank0.jsonl" in [file.path for file in node.files]
 
 
 def test_an_earlier_gather_of_the_same_source_is_replaced_anything_else_refused(tmp_path: Path) -> None:

@@ -171,15 +171,20 @@ def test_values_of_the_wrong_type_or_out_of_range_are_skipped_naming_the_field(
     written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A step as text, a NaN time, a pid no process has, a step past 64 bits, a negative
-    duration, a word the field does not hold: each line is skipped with a warning naming its
-    file, line and field."""
+    duration, a word the field does not hold, a time days ahead of this clock: each line is
+    skipped with a warning naming its file, line and field."""
     run = copy_of(written, tmp_path)
     anomaly = json.loads((run / "anomalies.jsonl").read_text().splitlines()[0])
     end = json.loads((run / "crashes/ends.jsonl").read_text().splitlines()[0])
     memory = json.loads((run / "memory/rank0.jsonl").read_text().splitlines()[0])
     crafted = {
         "anomalies.jsonl": [anomaly | {"step": "3"}, anomaly | {"rank": 2**70}],
-        "crashes/ends.jsonl": [end | {"pid": 0}, end | {"time": math.nan}, end | {"how": "exploded"}],
+        "crashes/ends.jsonl": [
+            end | {"pid": 0},
+            end | {"time": math.nan},
+            end | {"how": "exploded"},
+            end | {"time": time.time() + 3 * 86_400},
+        ],
         "memory/rank0.jsonl": [memory | {"host_peak_bytes": -1}, memory | {"rank": "0"}],
     }
     line = {}
@@ -197,8 +202,11 @@ def test_values_of_the_wrong_type_or_out_of_range_are_skipped_naming_the_field(
     assert f"{at['crashes/ends.jsonl']}: not a process's end (its pid is 0, which no process has)" in said["diagnose"]
     nan_time = f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl'] + 1}: not a process's end (its time is nan"
     assert nan_time in said["diagnose"]
-    how = f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl'] + 2}: not a process's end (its how is 'exploded', not"
-    assert how in said["diagnose"]
+    third = f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl'] + 2}"
+    assert f"{third}: not a process's end (its how is 'exploded', not normal or" in said["diagnose"]
+    fourth = f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl'] + 3}"
+    assert f"{fourth}: not a process's end (its time is " in said["diagnose"]
+    assert "more than a day after this machine's clock)" in said["diagnose"]
     assert (
         f"{at['memory/rank0.jsonl']}: not a memory record (its host_peak_bytes is -1, below 0)"
         in said["report --engine records"]

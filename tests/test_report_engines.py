@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def mixed_run(run: Path) -> None:
     50 MB a step in actor_update."""
     logs: dict[int, list[TimingRecord]] = {rank: [] for rank in range(4)}
     memory: dict[int, list[str]] = {rank: [] for rank in range(4)}
-    clock = 1_800_000_000.0
+    clock = 1_700_000_000.0
 
     def stage_of_all(stage: str, step: int | None, seconds: dict[int, float], **fields: object) -> None:
         nonlocal clock
@@ -186,7 +187,7 @@ def one_log(run: Path, *lines: str) -> None:
 
 
 def line(step: int, run: str = "r1") -> str:
-    return timed("actor_update", step, 0, 0.1 * step, 1_800_000_000.0 + step).to_json().replace('"mixed"', f'"{run}"')
+    return timed("actor_update", step, 0, 0.1 * step, 1_700_000_000.0 + step).to_json().replace('"mixed"', f'"{run}"')
 
 
 def test_a_log_cut_short_is_read_with_the_same_warning_by_both(
@@ -312,6 +313,7 @@ def test_engine_output_is_the_json_and_the_tables(tmp_path: Path) -> None:
         {"rank": 2**70},
         {"hook_s": [1, 2]},
         {"dump_bytes": -5},
+        {"end_unix": time.time() + 3 * 86_400},
     ],
     ids=[
         "elapsed-text",
@@ -321,6 +323,7 @@ def test_engine_output_is_the_json_and_the_tables(tmp_path: Path) -> None:
         "rank-past-64-bits",
         "hook_s-list",
         "bytes-negative",
+        "end-days-in-the-future",
     ],
 )
 def test_a_line_whose_values_are_of_the_wrong_type_or_range_is_skipped_alike(
@@ -334,6 +337,22 @@ def test_a_line_whose_values_are_of_the_wrong_type_or_range_is_skipped_alike(
     assert said == warnings_and_json(capsys, tmp_path, "records")[0]
     assert "1 line(s) are not stage records of the timing observer and were skipped" in said
     assert result["records"] == 2
+    assert_engines_agree(tmp_path)
+
+
+def test_a_memory_record_dated_days_ahead_of_this_clock_is_one_skipped_line_for_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mixed_run(tmp_path)
+    log = memory_record.memory_log_path(tmp_path, 1)
+    lines = log.read_text().splitlines()
+    ahead = json.loads(lines[-1]) | {"time": time.time() + 3 * 86_400}
+    with log.open("a") as out:
+        out.write(json.dumps(ahead) + "\n")
+    said, result = warnings_and_json(capsys, tmp_path, "duckdb")
+    assert said == warnings_and_json(capsys, tmp_path, "records")[0]
+    assert f"rank1.jsonl:{len(lines) + 1}: not a memory record (its time is " in said, said
+    assert "more than a day after this machine's clock" in said
     assert_engines_agree(tmp_path)
 
 

@@ -113,6 +113,7 @@ class Run:
     nodes: Path  # the nodes' own folders, {node} filled in: nodes/<Ray node id>/...
     small: list[Gathered]  # the doc's gather command, twice in a row
     one_node: Gathered  # the same with the second node stopped
+    damaged: Gathered  # --all of a copy of each node's folder, damaged (see damage_the_copies)
 
 
 def on_this_machine(root: Path, text: str, address: str = "") -> str:
@@ -141,8 +142,10 @@ def on_the_cluster(overrides: list[str], address: str, config: Path) -> list[str
     )
 
 
-def gather(command: str, env: dict[str, str]) -> Gathered:
+def gather(command: str, env: dict[str, str], source: str | None = None) -> Gathered:
     argv = [verl_events_exe(), *command.split()[1:]]
+    if source is not None:
+        argv[2] = source  # verl-events gather RUN ...
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     print(result.stdout, result.stderr[-3000:])
     out = Path(argv[argv.index("--out") + 1])
@@ -172,10 +175,37 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         small = [gather(command, env) for _ in range(2)]
         everything = gather(f"{command.replace('/gathered', '/profile')} --all", env)
         assert everything.code == 0, everything.out
+        damage_the_copies(root)
+        damaged = gather(f"{command.replace('/gathered', '/damaged-out')} --all", env, f"{root}/damaged/{{node}}")
         cluster.stop_node(1)
         one_node = gather(command.replace("/gathered", "/one-node"), env)
         print(f"four gathers and a node stopped: {time.monotonic() - started:.0f} s")
-    return Run(root / "profile", code, log.read_text(), root / "nodes", small, one_node)
+    return Run(root / "profile", code, log.read_text(), root / "nodes", small, one_node, damaged)
+
+
+#: What damage_the_copies leaves on the first node (A) and the second (B), by node.
+DAMAGE_FIFO = "timing/rank7.jsonl"
+
+
+def damage_the_copies(root: Path) -> None:
+    """A copy of each node's own folder of the run (``damaged/<node id>``), then damage that
+    gather must survive: on node A a FIFO among its timing logs, a file ``clash`` and a file
+    named like node B's copy of ``extra.json`` would be kept (``extra.json.node-<B>``); on node
+    B a folder ``clash`` and a differing, older ``extra.json``."""
+    import shutil
+
+    nodes = sorted(path.name for path in (root / "nodes").iterdir() if (path / "latest").exists())
+    a, b = (root / "damaged" / node for node in nodes)
+    for node, copy in zip(nodes, (a, b), strict=True):
+        shutil.copytree((root / "nodes" / node / "latest").resolve(), copy, symlinks=True)
+    os.mkfifo(a / DAMAGE_FIFO)
+    (a / "clash").write_text("node A's file")
+    (a / "extra.json").write_text('"node A\'s, the newest"')
+    (a / f"extra.json.node-{nodes[1][:8]}").write_text("\"node A's own, named like B's copy\"")
+    (b / "clash").mkdir()
+    (b / "clash" / "inner.json").write_text('"node B\'s folder"')
+    (b / "extra.json").write_text('"node B\'s"')
+    os.utime(b / "extra.json", (1, 1))
 
 
 def dump_files(save_path: Path) -> list[str]:
@@ -323,6 +353,42 @@ def test_a_stopped_node_is_listed_unreachable_and_the_other_nodes_files_are_gath
     out = run.save_path.with_name("one-node")
     kept = [path.stem for path in timing_log_files(out)]
     assert kept == [path.stem for path in timing_log_files(node_folders(run)[next(iter(states))])]
+
+
+def test_gather_loses_nothing_of_damaged_node_folders_on_two_real_nodes(run: Run) -> None:
+    """A FIFO on node A is named not readable and node A's other files still come; a file named
+    like another node's copy, and a path that is a file on one node and a folder on the other,
+    are kept under free names and listed: every file of both copies is in the gathered folder."""
+    gathered = run.damaged
+    assert gathered.code == 0 and gathered.manifest["unreachable"] == [], gathered.out
+    nodes = sorted(node["node"] for node in gathered.manifest["nodes"])
+    by_node = {node["node"]: node for node in gathered.manifest["nodes"]}
+    a, b = nodes
+    assert by_node[a]["unreadable"] == [
+        {"path": DAMAGE_FIFO, "error": "it is a FIFO, not a regular file (readers open regular files only)"}
+    ], by_node[a]
+    assert f"not readable: {DAMAGE_FIFO}: it is a FIFO" in gathered.out
+    out = run.save_path.with_name("damaged-out")
+    gathered_bytes = sorted(p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
+    copies = run.nodes.with_name("damaged")
+    sent = [
+        p
+        for node in (a, b)
+        for p in (copies / node).rglob("*")
+        if p.is_file() and not p.is_symlink() and not p.name.startswith(".")  # what a node reads (node.py)
+    ]
+    # Every file of both nodes' copies is there (same-bytes copies once; the .jsonl both append to, merged).
+    merged = set(gathered.manifest["merged"])
+    for path in sent:
+        relative = path.relative_to(copies / path.relative_to(copies).parts[0]).as_posix()
+        if relative not in merged:
+            assert path.read_bytes() in gathered_bytes, relative
+    whys = {item["path"]: item["why"] for item in gathered.manifest["renamed"]}
+    assert whys.get("clash") == "a file on one node, a folder on another" or (
+        whys.get("clash/inner.json") == "a file on one node, a folder on another"
+    ), whys
+    assert "extra.json" in whys, whys
+    assert (out / "extra.json").read_text() == '"node A\'s, the newest"'
 
 
 def test_a_hung_trainer_is_killed_whole_at_the_timeout(tmp_path: Path) -> None:

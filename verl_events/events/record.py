@@ -12,8 +12,9 @@ a record of one stage takes from its event.
   record's own error (``refused``, a ValueError like JSON's own) says what it is not.  A
   number is finite unless the field is one of ``numbers``, an integer fits in 64 bits, a
   field of ``not_negative`` is not below 0, a field of ``choices`` holds one of its words,
-  and a ``pid`` is at least 1: a line another process (or person) wrote never brings a NaN,
-  an overflow or a phantom process into a figure.  Keys a record does not know are passed
+  a ``pid`` is at least 1, and a ``time`` is at most a day after the reading machine's clock
+  (:data:`CLOCK_AHEAD_LIMIT_S`): a line another process (or person) wrote never brings a NaN,
+  an overflow, a phantom process or a time from the future into a figure.  Keys a record does not know are passed
   over, so a newer writer's lines read.
 * **The header** (:func:`stage_header`): the run id (the installation's,
   :attr:`~verl_events.InstallContext.run_id`), the time written, and the step, stage and
@@ -35,7 +36,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, TypeVar
 
-__all__ = ["Record", "finite_or_named", "named_or_finite", "stage_header"]
+__all__ = ["CLOCK_AHEAD_LIMIT_S", "Record", "finite_or_named", "latest_time", "named_or_finite", "stage_header"]
+
+#: How far ahead of the reading machine's clock a record's time may be.  The hosts of one
+#: cluster keep their clocks within seconds of each other (NTP), so a time a day ahead was
+#: damaged or crafted; taken as it is, it would stretch every span it enters (a run's
+#: length, a rank's last sign of life).
+CLOCK_AHEAD_LIMIT_S = 86_400.0
+
+
+def latest_time() -> float:
+    """The latest time a record read now may hold (:data:`CLOCK_AHEAD_LIMIT_S`)."""
+    return time.time() + CLOCK_AHEAD_LIMIT_S
+
 
 R = TypeVar("R", bound="Record")
 
@@ -178,6 +191,8 @@ def _problem(cls: type[Record], name: str, value: Any, hint: Any) -> str | None:
     if name in cls.choices and value not in cls.choices[name]:
         return f"its {name} is {value!r}, not {' or '.join(cls.choices[name])}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if name == "time" and value > latest_time():
+            return f"its time is {value!r}, more than a day after this machine's clock"
         if name in cls.not_negative and value < 0:
             return f"its {name} is {value!r}, below 0"
         if name == "pid" and value < 1:

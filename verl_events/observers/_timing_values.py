@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from verl_events.events.record import latest_time
+
 __all__ = ["WANTED", "wrong_value"]
 
 #: What each field a reader computes with must be, in words.
@@ -18,7 +20,7 @@ WANTED = {
     "profiled": "not true or false",
     "depth": "not a count",
     "overhead_s": "not a number of seconds (finite, not below 0)",
-    "end_unix": "not a time (a finite number) or null",
+    "end_unix": "not a time (a finite number, at most a day after this machine's clock) or null",
     "dump_bytes": "not a count",
     "observers": "not a list of names or null",
     "hook_s": "not an object of seconds (finite, not below 0)",
@@ -34,6 +36,7 @@ def wrong_value(data: dict[str, Any]) -> str | None:
     None.  The fast path, a million lines a large run: one chain of type() tests and chained
     comparisons (a NaN fails them all); the field is named only for a line that fails it."""
     step, rank, depth, dump, end = data["step"], data["rank"], data["depth"], data["dump_bytes"], data["end_unix"]
+    latest = latest_time()
     elapsed, overhead, observers = data["elapsed_s"], data["overhead_s"], data["observers"]
     if (
         type(data["stage"]) is str
@@ -49,7 +52,7 @@ def wrong_value(data: dict[str, Any]) -> str | None:
         and 0 <= elapsed < _SECONDS_LIMIT
         and (type(overhead) is float or type(overhead) is int)
         and 0 <= overhead < _SECONDS_LIMIT
-        and (end is None or ((type(end) is float or type(end) is int) and 0 <= end < _SECONDS_LIMIT))
+        and (end is None or ((type(end) is float or type(end) is int) and 0 <= end <= latest))
         and (observers is None or _names(observers))
         and _hooks(data["hook_s"])
         and _hooks(data["hook_begin_s"])
@@ -64,7 +67,7 @@ def wrong_value(data: dict[str, Any]) -> str | None:
         ("profiled", type(data["profiled"]) is bool),
         ("depth", type(depth) is int and 0 <= depth < _INT_LIMIT),
         ("overhead_s", _seconds(overhead)),
-        ("end_unix", end is None or _seconds(end)),
+        ("end_unix", end is None or (_seconds(end) and end <= latest)),
         ("dump_bytes", type(dump) is int and 0 <= dump < _INT_LIMIT),
         ("observers", observers is None or _names(observers)),
         ("hook_s", _hooks(data["hook_s"])),

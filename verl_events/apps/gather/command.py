@@ -29,7 +29,7 @@ from verl_events.layout import NODE_PLACEHOLDER
 
 from .. import shell
 from .cluster import NodeAnswer, ask_every_node
-from .folder import MANIFEST, GatheredFolder, GatherInputError, check_out, node_label
+from .folder import DIFFERING, MANIFEST, NAME_TAKEN, GatheredFolder, GatherInputError, check_out, node_label
 from .node import DEFAULT_MAX_BYTES, SKIPPED_STEPS
 
 __all__ = ["add_command", "command", "gather"]
@@ -137,15 +137,22 @@ def render(manifest: dict[str, Any], out: Path) -> str:
             lines += [f"    not readable: {item['path']}: {item['error']}" for item in node["unreadable"]]
     if manifest["merged"]:
         lines.append(f"merged, node after node: {', '.join(manifest['merged'])}")
-    for item in manifest["renamed"]:
-        lines.append(
-            f"differing copies of {item['path']}: node {node_label(item['named'])}'s (the newest) keeps the name, "
-            f"node {node_label(item['node'])}'s is {item['kept_as']}"
-        )
+    lines += [_renamed(item) for item in manifest["renamed"]]
     if manifest["unreachable"]:
         lines.append(f"{len(manifest['unreachable'])} node(s) could not be reached: their files are not in {out}")
     lines.append(f"manifest: {out / MANIFEST}")
     return "\n".join(lines)
+
+
+def _renamed(item: dict[str, str]) -> str:
+    """A copy kept under another name, and why (:mod:`.folder`)."""
+    node, named = node_label(item["node"]), node_label(item["named"])
+    if item["why"] == DIFFERING:
+        kept = f"node {node}'s is {item['kept_as']}"
+        return f"differing copies of {item['path']}: node {named}'s (the newest) keeps the name, {kept}"
+    if item["why"] == NAME_TAKEN:
+        return f"node {node}'s {item['path']} is {item['kept_as']}: its name holds node {named}'s copy"
+    return f"node {node}'s {item['path']} is {item['kept_as']}: {item['why']} (node {named}'s keeps the name)"
 
 
 def _size(nbytes: int) -> str:

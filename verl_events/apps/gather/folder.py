@@ -13,7 +13,10 @@ them would have held them:
 * any other path whose copies differ keeps the newest copy under its name (the last
   write, as on a shared disk); each other copy is kept beside it as
   ``NAME.node-ID`` (the first 8 characters of its node's id), which no reader takes,
-  and is listed.
+  and is listed;
+* nothing is ever written over: a node's own file that has the name a copy was kept
+  under, or a path that is a file on one node and a folder on another, is kept under
+  the next free name (``NAME.node-ID``, then ``NAME.node-ID.2``...), and listed with why.
 
 Every file keeps its modification time (a fatal dump's is the time of death).  The
 tree is built aside (``.OUT.gathering-PID``) and put in place whole, with the manifest
@@ -31,10 +34,23 @@ from typing import Any
 
 from .node import NodeFile, NodeFolder
 
-__all__ = ["MANIFEST", "GatherInputError", "GatheredFolder", "check_out", "node_label"]
+__all__ = [
+    "DIFFERING",
+    "FILE_AND_FOLDER",
+    "MANIFEST",
+    "NAME_TAKEN",
+    "GatherInputError",
+    "GatheredFolder",
+    "check_out",
+    "node_label",
+]
 
 #: The manifest in the gathered folder: the source, each node's part, what was merged.
 MANIFEST = "gather.json"
+#: Why a copy was kept under another name (a renamed entry's ``why``).
+DIFFERING = "differing copies"
+NAME_TAKEN = "its name was another node's copy's"
+FILE_AND_FOLDER = "a file on one node, a folder on another"
 _MERGED_SUFFIX = ".jsonl"
 
 
@@ -87,6 +103,11 @@ class GatheredFolder:
         self.renamed: list[dict[str, str]] = []
         # path -> (node, mtime) of the copy that holds the path's own name
         self._named: dict[str, tuple[str, float]] = {}
+        # every file written, under the name it has -> its node; and every folder made
+        self._taken: dict[str, str] = {}
+        self._folders: dict[str, str] = {}
+        # (node, folder) -> the name that node's folder was given where another node's file had its name
+        self._moved: dict[tuple[str, str], str] = {}
 
     def add(self, node: str, folder: NodeFolder) -> None:
         """Every file of ``node``'s folder, by the rules of the module docstring."""
@@ -97,12 +118,22 @@ class GatheredFolder:
             self._add(node, file)
 
     def _add(self, node: str, file: NodeFile) -> None:
-        target = self.aside / file.path
         named = self._named.get(file.path)
         if named is None:
-            self._write(target, file.data, file.mtime)
-            self._named[file.path] = (node, file.mtime)
+            clash = self._clash(file.path)
+            if clash is None:
+                self._write(file.path, node, file.data, file.mtime)
+                self._named[file.path] = (node, file.mtime)
+            else:
+                why, owner, path = clash
+                if path != file.path:  # a folder of this node where another's file is: one new name for all of it
+                    path = self._moved.setdefault((node, path), self._free_name(path, node)) + file.path[len(path) :]
+                else:
+                    path = self._free_name(path, node)
+                kept = self._write(path, node, file.data, file.mtime)
+                self.renamed.append(self._renamed(file.path, kept, node, owner, why))
             return
+        target = self.aside / file.path
         existing = target.read_bytes()
         newest = max(file.mtime, named[1])
         if existing == file.data:
@@ -116,25 +147,53 @@ class GatheredFolder:
             self.merged.add(file.path)
             self.bytes += len(file.data)
         elif file.mtime > named[1]:
-            kept_aside = _beside(target, named[0])
-            os.replace(target, kept_aside)
-            self._write(target, file.data, file.mtime)
+            kept = self._free_name(file.path, named[0])
+            os.replace(target, self.aside / kept)
+            self._taken[kept] = named[0]
+            self._write(file.path, node, file.data, file.mtime)
             self._named[file.path] = (node, file.mtime)
-            self.renamed.append(self._renamed(file.path, kept_aside, named[0], node))
+            self.renamed.append(self._renamed(file.path, kept, named[0], node, DIFFERING))
         else:
-            aside = _beside(target, node)
-            self._write(aside, file.data, file.mtime)
-            self.renamed.append(self._renamed(file.path, aside, node, named[0]))
+            kept = self._write(self._free_name(file.path, node), node, file.data, file.mtime)
+            self.renamed.append(self._renamed(file.path, kept, node, named[0], DIFFERING))
 
-    def _write(self, target: Path, data: bytes, mtime: float) -> None:
+    def _clash(self, path: str) -> tuple[str, str, str] | None:
+        """What stands where ``path`` (no copy of which is written yet) would go, as (why, the
+        node whose file or folder it is, the part of ``path`` to rename), or None."""
+        if path in self._taken:
+            return NAME_TAKEN, self._taken[path], path
+        if path in self._folders:
+            return FILE_AND_FOLDER, self._folders[path], path
+        parts = path.split("/")
+        for end in range(1, len(parts)):
+            folder = "/".join(parts[:end])
+            if folder in self._taken:
+                return FILE_AND_FOLDER, self._taken[folder], folder
+        return None
+
+    def _free_name(self, path: str, node: str) -> str:
+        """``path.node-ID`` for ``node``'s copy, or, when that is taken, the first free
+        ``path.node-ID.N``."""
+        name, number = f"{path}.node-{node_label(node)}", 1
+        while self._clash(name if number == 1 else f"{name}.{number}") is not None:
+            number += 1
+        return name if number == 1 else f"{name}.{number}"
+
+    def _write(self, path: str, node: str, data: bytes, mtime: float) -> str:
+        target = self.aside / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         os.utime(target, (mtime, mtime))
+        self._taken[path] = node
+        parts = path.split("/")
+        for end in range(1, len(parts)):
+            self._folders.setdefault("/".join(parts[:end]), node)
         self.files += 1
         self.bytes += len(data)
+        return path
 
-    def _renamed(self, path: str, aside: Path, node: str, named: str) -> dict[str, str]:
-        return {"path": path, "kept_as": aside.relative_to(self.aside).as_posix(), "node": node, "named": named}
+    def _renamed(self, path: str, kept: str, node: str, named: str, why: str) -> dict[str, str]:
+        return {"path": path, "kept_as": kept, "node": node, "named": named, "why": why}
 
     def finish(self, manifest: dict[str, Any]) -> None:
         """Write the manifest and put the folder in place of ``out`` (an earlier gather's is removed)."""
@@ -149,7 +208,3 @@ class GatheredFolder:
 
     def discard(self) -> None:
         shutil.rmtree(self.aside, ignore_errors=True)
-
-
-def _beside(target: Path, node: str) -> Path:
-    return target.with_name(f"{target.name}.node-{node_label(node)}")

@@ -12,7 +12,9 @@ link, and reads the files to gather:
 * with ``everything``, every file.
 
 A name that starts with ``.`` is a writer's temporary file (written aside, then
-moved into place) and is never read; nor is a symbolic link.  What is left is
+moved into place) and is never read; nor is a symbolic link.  What is not a regular
+file (a FIFO, a socket, a device) is named as not readable, never waited on: the
+node's other files still come.  What is left is
 counted by why, so the command can say what ``--all`` would add.  Standard library
 and :mod:`verl_events.layout` only: this module is imported on every node.
 """
@@ -25,7 +27,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_events.layout import NODE_PLACEHOLDER, STEP_DIR_GLOB, node_name
+from verl_events.layout import NODE_PLACEHOLDER, STEP_DIR_GLOB, node_name, open_regular
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -112,11 +114,12 @@ def _read_file(found: NodeFolder, root: Path, file: Path, outside_steps: bool, e
             if why == SKIPPED_LARGE:
                 found.large.append((relative, stat.st_size))
             return
-        data = file.read_bytes()
+        with open_regular(file) as opened:  # a FIFO or a device is refused, never waited on
+            data = opened.read()
         found.files.append(NodeFile(relative, stat.st_mtime, data))
         found.sent_files += 1
         found.sent_bytes += len(data)
-    except OSError as exc:  # removed or replaced meanwhile (a live run), or not readable
+    except OSError as exc:  # removed or replaced meanwhile (a live run), not readable, not a regular file
         found.unreadable.append((relative, exc.strerror or str(exc)))
 
 

@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from verl_events.events.record import latest_time
 from verl_events.observers import timing as timing_log
 from verl_events.observers.memory import record as memory_record
 
@@ -184,10 +185,11 @@ def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
                    coalesce(list_sum(map_values(j.hook_end_s)), 0.0) AS hook_end,
                    j.hook_s"""
     # Values no figure may use, as the owner's reader refuses them (timing.py, _wrong).
+    latest = float(latest_time())  # a number of ours, never a value read from the run
     not_records = (
         "stage IS NULL OR rank IS NULL OR elapsed IS NULL OR profiled IS NULL OR NOT (elapsed BETWEEN 0 AND 1e12) "
         "OR NOT (overhead BETWEEN 0 AND 1e12) OR dump_bytes < 0 OR depth < 0 "
-        "OR NOT (coalesce(end_unix, 0) BETWEEN 0 AND 1e12) OR stage_type <> 'VARCHAR' "
+        f"OR NOT (coalesce(end_unix, 0) BETWEEN 0 AND {latest!r}) OR stage_type <> 'VARCHAR' "
         "OR rank_type NOT IN ('BIGINT', 'UBIGINT') "
         "OR (step_type IS NOT NULL AND (step IS NULL OR step_type NOT IN ('BIGINT', 'UBIGINT')))"
     )
@@ -205,7 +207,10 @@ def load_timing(con: Any, sources: Sources, notes: list[str]) -> None:
 def load_memory(con: Any, sources: Sources, notes: list[str]) -> None:
     """The ``memory`` table from the memory logs (:func:`memory_sources`)."""
     select = f"""SELECT f.fidx, {_ORD.format(clock="j.time")} AS ord, j.* EXCLUDE (filename)"""
-    not_records = "stage IS NULL OR rank IS NULL OR time IS NULL OR pid IS NULL OR host_peak IS NULL"
+    latest = float(latest_time())  # as the owner's reader (Record) refuses a time past it
+    not_records = (
+        f"stage IS NULL OR rank IS NULL OR time IS NULL OR time > {latest!r} OR pid IS NULL OR host_peak IS NULL"
+    )
     _load(con, sources, ("memory", "memory"), select, not_records, _MEMORY_COLUMNS, "memory records")
     notes.extend(sources.notes)
 
