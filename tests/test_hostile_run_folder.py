@@ -28,6 +28,7 @@ READERS = (
     ("diagnose",),
     ("hangs",),
     ("report", "--engine", "records"),
+    ("report", "--engine", "duckdb"),
     ("triage",),
     ("weights",),
     ("mismatch",),
@@ -126,7 +127,8 @@ def test_a_fifo_where_a_file_belongs_is_one_warning_naming_it_and_no_reader_bloc
     for name in (*read_by_diagnose, "weight_sync.jsonl"):
         assert f"{run / name} " in said["diagnose"], said["diagnose"]
     assert said["diagnose"].count("it is a FIFO, not a regular file") == 5
-    assert f"{run / 'timing/rank0.jsonl'} cannot be read: it is a FIFO" in said["report --engine records"]
+    for engine in ("records", "duckdb"):
+        assert f"{run / 'timing/rank0.jsonl'} cannot be read: it is a FIFO" in said[f"report --engine {engine}"]
     assert f"{run / 'anomalies.jsonl'} cannot be read: it is a FIFO" in said["triage"]
     assert f"{run / 'weight_sync.jsonl'} cannot be read: it is a FIFO" in said["weights"]
     assert f"{run / 'mismatch.jsonl'} cannot be read: it is a FIFO" in said["mismatch"]
@@ -164,7 +166,7 @@ def test_a_line_nested_too_deep_is_skipped_like_any_line_that_is_not_a_record(
         f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl']}: not a process's end {too_deep}" in said["diagnose"]
     )
     memory = f"{run / 'memory/rank0.jsonl'}:{line['memory/rank0.jsonl']}: not a memory record {too_deep}"
-    assert memory in said["report --engine records"]
+    assert memory in said["report --engine records"] and memory in said["report --engine duckdb"]
 
 
 def test_values_of_the_wrong_type_or_out_of_range_are_skipped_naming_the_field(
@@ -207,10 +209,8 @@ def test_values_of_the_wrong_type_or_out_of_range_are_skipped_naming_the_field(
     fourth = f"{run / 'crashes/ends.jsonl'}:{line['crashes/ends.jsonl'] + 3}"
     assert f"{fourth}: not a process's end (its time is " in said["diagnose"]
     assert "more than a day after this machine's clock)" in said["diagnose"]
-    assert (
-        f"{at['memory/rank0.jsonl']}: not a memory record (its host_peak_bytes is -1, below 0)"
-        in said["report --engine records"]
-    )
+    negative = f"{at['memory/rank0.jsonl']}: not a memory record (its host_peak_bytes is -1, below 0)"
+    assert negative in said["report --engine records"] and negative in said["report --engine duckdb"]
     assert f"rank0.json was skipped: its pid is {2**70}, not an integer" in said["diagnose"]
 
 
@@ -262,3 +262,16 @@ def test_a_record_of_another_run_is_skipped_by_every_reader_in_one_sentence(
     # The anomaly of this run is still the one triage and diagnose name.
     assert main(["triage", str(run), "--json"]) in (0, 1)
     assert json.loads(capsys.readouterr().out)["anomaly"]["step"] == 2
+
+
+def test_a_folder_where_a_log_belongs_is_one_warning_for_every_reader_and_both_engines(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copy_of(written, tmp_path)
+    for name in ("timing/rank0.jsonl", "anomalies.jsonl", "memory/rank0.jsonl"):
+        (run / name).unlink()
+        (run / name).mkdir()
+    said = run_readers(run, capsys)
+    for engine in ("records", "duckdb"):
+        assert f"{run / 'timing/rank0.jsonl'} cannot be read: it is a directory" in said[f"report --engine {engine}"]
+    assert f"{run / 'anomalies.jsonl'} cannot be read: it is a directory" in said["triage"]
