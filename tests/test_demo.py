@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -189,5 +190,7 @@ def test_the_always_on_demo_says_what_each_watcher_saw_the_silent_ones_too(tmp_p
     assert "diagnose run tells what it means):" in saw
     assert "watchdog  1 rank heartbeat(s): 1 closed" in saw
     assert "mismatch  3 mismatch line(s), none compared: the batch carries no rollout_log_probs" in saw
-    assert "memory    1 memory log(s)" in saw and "timing    18 stage record(s) from 1 rank(s)" in saw
+    assert "memory    1 memory log(s): the highest host peak " in saw  # and where: a rank, a step, a stage
+    assert re.search(r"memory .* MB \(rank 0, step [1-3]'s \w+\)", saw), saw
+    assert "timing    18 stage record(s) from 1 rank(s)" in saw
     assert "sentinel  no anomaly record file(s): it found nothing to write" in saw  # on, and silent

@@ -20,7 +20,7 @@ import tomllib
 
 from verl_events import observers
 from verl_events.apps.cli import build_parser
-from verl_events.apps.tools import Tool, command_module, run_holds, tools
+from verl_events.apps.tools import Tool, command_module, command_tools, run_holds, tools
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "verl_events.observers"
@@ -64,7 +64,7 @@ def test_every_folder_of_python_code_is_a_package_that_setuptools_finds() -> Non
 
 
 def commands() -> list[str]:
-    return [str(tool.command) for tool in tools() if tool.command is not None]
+    return [str(tool.command) for tool in command_tools()]
 
 
 def test_every_observer_that_writes_under_save_path_is_a_tool_and_an_entry_point() -> None:
@@ -135,10 +135,10 @@ def test_run_holds_lists_each_tools_files_in_order(tmp_path: Path) -> None:
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory/rank0.jsonl").write_text("")
     held = run_holds(tmp_path)
-    assert [(h.tool.name, h.files) for h in held] == [
+    assert [(h.tool.name, h.files) for h in held] == [  # by command (report reads memory and timing), then name
         ("mismatch", [tmp_path / "mismatch.jsonl"]),
-        ("timing", [tmp_path / "timing/rank0.jsonl"]),
         ("memory", [tmp_path / "memory/rank0.jsonl"]),
+        ("timing", [tmp_path / "timing/rank0.jsonl"]),
     ]
-    assert [h.describe() for h in held] == ["1 mismatch record file(s)", "1 timing log(s)", "1 memory log(s)"]
+    assert [h.describe() for h in held] == ["1 mismatch record file(s)", "1 memory log(s)", "1 timing log(s)"]
     assert run_holds(tmp_path / "nothing_here") == []

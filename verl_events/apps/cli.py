@@ -14,12 +14,12 @@ import sys
 from collections.abc import Sequence
 
 from .shell import fail
-from .tools import add_commands, tools
+from .tools import add_commands, command_tools, tools
 
 
 def build_parser() -> argparse.ArgumentParser:
     listed = tools()
-    reading = ", ".join(str(tool.command) for tool in listed if tool.command not in (None, "check", "demo"))
+    reading = ", ".join(str(tool.command) for tool in command_tools(listed) if tool.command not in ("check", "demo"))
     parser = argparse.ArgumentParser(
         prog="verl-events",
         description=f"Check configs, run the CPU demo, and read runs back: {reading}.",

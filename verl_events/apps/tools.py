@@ -37,6 +37,7 @@ __all__ = [
     "Tool",
     "add_commands",
     "command_module",
+    "command_tools",
     "run_holds",
     "tool_lines",
     "tools",
@@ -89,7 +90,8 @@ def tools_and_problems() -> tuple[list[Tool], list[str]]:
     from one loading of the entry points."""
     found, problems = writing_observers()
     declared = [Tool(cls.writes.command, cls.writes.module, name, cls.writes) for name, cls in found if cls.writes]
-    with_command = sorted((tool for tool in declared if tool.command is not None), key=lambda tool: str(tool.command))
+    by_command = [tool for tool in declared if tool.command is not None]
+    with_command = sorted(by_command, key=lambda tool: (str(tool.command), tool.name))
     return [*_FIRST, *with_command, *_LAST, *(tool for tool in declared if tool.command is None)], problems
 
 
@@ -113,11 +115,21 @@ def command_module(tool: Tool) -> ModuleType:
     return module
 
 
-def add_commands(commands: Any, listed: list[Tool] | None = None) -> None:
-    """Add every command of :func:`tools` to argparse's ``commands`` (from ``add_subparsers``)."""
+def command_tools(listed: list[Tool] | None = None) -> list[Tool]:
+    """The tools with a command (of ``listed``, default :func:`tools`), one per command: the
+    first (several observers' files may be read by one command, as report reads the timing
+    and the memory logs)."""
+    first: dict[str, Tool] = {}
     for tool in listed if listed is not None else tools():
         if tool.command is not None:
-            command_module(tool).add_command(commands)
+            first.setdefault(tool.command, tool)
+    return list(first.values())
+
+
+def add_commands(commands: Any, listed: list[Tool] | None = None) -> None:
+    """Add every command of :func:`tools` to argparse's ``commands`` (from ``add_subparsers``)."""
+    for tool in command_tools(listed):
+        command_module(tool).add_command(commands)
 
 
 @dataclass(frozen=True, slots=True)

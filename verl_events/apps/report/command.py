@@ -15,6 +15,7 @@ from ..read.record import Evidence
 from ..tables import terminal_console
 from ..tools import Holding
 from .columnar import MEMORY_LIMIT
+from .memory_line import memory_headline
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
 from .parts import ReportParts
 from .steps import STAGE_ORDER
@@ -119,7 +120,10 @@ def _memory_figure(run: Path, path: Path) -> Any:
 
 
 def headline(evidence: Evidence, holding: Holding) -> str:
-    """The timing logs' line in ``verl-events diagnose``: records, ranks, stages that raised, stragglers."""
+    """The line in ``verl-events diagnose`` of the timing logs (records, ranks, stages that
+    raised, stragglers) or of the memory logs (:mod:`.memory_line`): report reads both."""
+    if holding.tool.observer == "memory":
+        return memory_headline(evidence, holding)
     raised = f", {evidence.timing_errors} raised" if evidence.timing_errors else ""
     driver = " and the driver's" if evidence.timing_driver else ""
     if evidence.timing_tails_of:
@@ -138,3 +142,11 @@ def headline(evidence: Evidence, holding: Holding) -> str:
         f"{evidence.timing_records} stage record(s) from {evidence.timing_ranks} rank(s)"
         f"{' and the driver' if evidence.timing_driver else ''}{raised}{lagging}"
     )
+
+
+def suggestion(evidence: Evidence, holding: Holding) -> str | None:
+    """``verl-events report RUN``, where it runs: report needs the timing logs, so a run with
+    memory logs alone suggests nothing."""
+    if holding.tool.observer == "memory" and not evidence.files(timing_log.timing_log_files):
+        return None
+    return f"verl-events report {evidence.run}"

@@ -108,7 +108,7 @@ class MemoryObserver(Observer):
     passive = True
     sees_driver = True  # the driver holds what generation returns
     sends_anomalies = True
-    writes = Writes("memory log(s)", memory_files)
+    writes = Writes("memory log(s)", memory_files, "report", "verl_events.apps.report.command")
 
     def __init__(
         self,
