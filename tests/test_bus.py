@@ -294,7 +294,8 @@ def test_a_stage_with_an_unknown_step_is_named_once_when_observers_select_steps(
     unknown = [r.getMessage() for r in caplog.records if "unknown step" in r.getMessage()]
     assert len(unknown) == 1
     assert unknown[0].startswith(
-        "stage 'critic_update' (rank 0) runs with an unknown step, so observer 'recording', which select(s) steps"
+        "stage 'critic_update' (rank 0) runs with an unknown step, so observer 'recording', which selects steps, "
+        "skips it."
     )
 
 

@@ -16,14 +16,20 @@ def warn_step_unknown(event: StageEvent, candidates: tuple[Observer, ...], warne
     if not skipping:
         return
     warned.add(event.stage)
+    observers = ", ".join(repr(name) for name in skipping)
+    which = (
+        f"observer {observers}, which selects steps, skips"
+        if len(skipping) == 1
+        else (f"observers {observers}, which select steps, skip")
+    )
     logger.warning(
-        "stage %r (rank %s) runs with an unknown step, so observer %s, which select(s) steps, skip(s) it. "
+        "stage %r (rank %s) runs with an unknown step, so %s it. "
         "Pass step=..., call verl_events.set_step(N), or under verl see docs/verl.md, "
         "'Which step a stage belongs to' (a process without the actor learns the step only on "
         "verl's own global_profiler.steps).",
         event.stage,
         event.rank,
-        ", ".join(repr(name) for name in skipping),
+        which,
     )
 
 
