@@ -103,7 +103,10 @@ def test_a_run_without_timing_logs_exits_2(tmp_path: Path, capsys: pytest.Captur
     assert main(["report", str(tmp_path)]) == 2
     assert "has no timing logs" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nope")]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert f"{tmp_path / 'nope'} does not exist; pass the save_path of a run" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert main(["report", str(tmp_path / "a-file")]) == 2
+    assert f"{tmp_path / 'a-file'} is not a directory; pass the save_path of a run" in capsys.readouterr().err
 
 
 def test_a_stage_that_raised_is_counted_and_kept_out_of_every_figure(

@@ -50,6 +50,7 @@ from ..read.ranks import (
     rank_list,
     ranks_phrase,
 )
+from ..read.record import not_a_folder
 from ..tools import tool_lines, tools_and_problems
 from .verdict import Verdict, judge
 
@@ -92,9 +93,7 @@ def diagnose(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) ->
     RUN is not a run folder or a log is not a file.  ``read_all``: every line of a large
     run's logs too (see :mod:`.large_logs`)."""
     if not run.is_dir():
-        raise DiagnoseInputError(
-            f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
-        )
+        raise DiagnoseInputError(not_a_folder(run))
     for log in logs:
         if not log.is_file():
             raise DiagnoseInputError(

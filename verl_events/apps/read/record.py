@@ -14,7 +14,16 @@ from verl_events.observers.watchdog import record as hang_record
 
 from .jsonl import read_records
 
-__all__ = ["LAUNCHER_SIGNALS", "NO_RANK", "Evidence", "Failure", "records_of", "of_this_run", "relative"]
+__all__ = [
+    "LAUNCHER_SIGNALS",
+    "NO_RANK",
+    "Evidence",
+    "Failure",
+    "not_a_folder",
+    "of_this_run",
+    "records_of",
+    "relative",
+]
 
 
 #: Signals a launcher sends to end a job's processes.
@@ -91,9 +100,7 @@ class Evidence:
         """The evidence of the run folder ``run`` with nothing read yet, for a command to read
         what it needs into; ``input_error`` (the command's) when ``run`` is not a folder."""
         if not run.is_dir():
-            raise input_error(
-                f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
-            )
+            raise input_error(not_a_folder(run))
         return cls(run, owner_of(run))
 
     def records(self, path: Path, record_class: Any, needed: type[Exception] | None = None) -> list[Any]:
@@ -107,6 +114,11 @@ class Evidence:
         if finder not in self.found:
             self.found[finder] = finder(self.run)
         return self.found[finder]
+
+
+def not_a_folder(run: Path) -> str:
+    """What every command says of a RUN that is no folder."""
+    return f"{run} {'is not a directory' if run.exists() else 'does not exist'}; pass the save_path of a run"
 
 
 def relative(evidence: Evidence, path: Path) -> str:

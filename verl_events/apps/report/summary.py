@@ -29,6 +29,7 @@ from ..read.overhead import (
     read_timing_records,
     runs_in,
 )
+from ..read.record import not_a_folder
 from . import columnar
 from .grouping import index_records
 from .headline import headline, headline_text
@@ -170,7 +171,7 @@ def read_report(
     from rich.progress import Progress
 
     if not run.is_dir():
-        raise ReportError(f"{run} is not a directory; pass the save_path of a run")
+        raise ReportError(not_a_folder(run))
     files = timing_files(run)
     try:
         columnar.size_bytes(duckdb_memory)
