@@ -124,6 +124,10 @@ def test_the_engines_agree_on_stragglers_hiccups_waits_failures_profiles_and_a_l
     assert (raised["stage"], raised["n"], raised["ranks"]) == ("critic_update", 4, [0, 1, 2, 3])
     profiled = [row for row in result["overhead"] if row["profiled_by"]]
     assert {tuple(row["profiled_by"]) for row in profiled} == {("msprobe",), ("msprobe (around)",)}
+    for engine in ("records", "duckdb"):  # the table says what "(around)" means
+        assert (
+            "NAME (around): the stage ran inside another stage that NAME profiled" in engine_output(tmp_path, engine)[1]
+        )
     leaks = [row["stage"] for row in result["memory"] if row["leak"]]
     assert leaks == ["actor_update"]
     assert None in [row["step"] for row in result["stage_steps"]]  # save_checkpoint, without a step

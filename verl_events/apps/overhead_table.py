@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .read.overhead import IQR_MIN_N, TRUSTED_MIN_N, StageOverhead
+from .read.overhead import AROUND, IQR_MIN_N, TRUSTED_MIN_N, StageOverhead
 from .tables import print_table
 
 __all__ = ["DISTRUST", "ratio_cell", "render_overhead"]
@@ -28,6 +28,11 @@ def render_overhead(overhead: list[StageOverhead], console: Any, title: str = ""
         f"n: records over all ranks and steps; IQR: interquartile range (n >= {IQR_MIN_N}); "
         f"range: minimum to maximum (n < {IQR_MIN_N})"
     )
+    if any(name.endswith(AROUND) for row in overhead for name in row.profiled_by):
+        console.print(
+            f"NAME{AROUND}: the stage ran inside another stage that NAME profiled (verl's train_batch inside "
+            "actor_update): it is not unprofiled, and its time counts that session's cost"
+        )
     if any(row.unprofiled_too_few or row.profiled_too_few for row in overhead):
         console.print(f"* fewer than {TRUSTED_MIN_N} records (a ratio: on either side): {DISTRUST}")
 

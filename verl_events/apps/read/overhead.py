@@ -29,6 +29,7 @@ __all__ = [
     "ObserverHooks",
     "StageOverhead",
     "TimingLogError",
+    "AROUND",
     "TimingRecord",  # what read_timing_records returns, for the report's annotations
     "by_stage",
     "observer_hooks",
@@ -117,7 +118,7 @@ def runs_in(records: Iterable[TimingRecord]) -> list[str]:
 def profilers(record: TimingRecord) -> tuple[str, ...]:
     """Who profiled a stage: the observers that received it, then those
     around it (``"msprobe (around)"``: a session of an enclosing stage)."""
-    return tuple(record.profiled_by) + tuple(f"{name} (around)" for name in record.enclosed_by)
+    return tuple(record.profiled_by) + tuple(f"{name}{AROUND}" for name in record.enclosed_by)
 
 
 def profiled_seconds(record: TimingRecord) -> float:
@@ -210,6 +211,10 @@ def _inclusive_quantile(ordered: list[float], quarter: int) -> float:
     """The ``quarter``-th quartile of sorted ``ordered``, as statistics.quantiles's inclusive method."""
     j, delta = divmod(quarter * (len(ordered) - 1), 4)
     return (ordered[j] * (4 - delta) + ordered[j + 1] * delta) / 4 if delta else ordered[j]
+
+
+#: How the overhead table names an observer that profiled a stage enclosing the row's.
+AROUND = " (around)"
 
 
 def by_stage(records: Iterable[TimingRecord], stage_order: Iterable[str] = ()) -> list[tuple[str, list[TimingRecord]]]:
