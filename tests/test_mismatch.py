@@ -271,6 +271,7 @@ def test_the_command_shows_steps_trend_bins_and_worst_tokens_the_same_twice(
     assert "3 step(s), 1 rank(s), 36 response tokens" in text
     assert "by response position" in text and "worst tokens" in text
     assert "trend: mean |Δ log p|" in text and "at step 3" in text
+    assert "scale: a mean |Δ log p| of " in text and "PPO's clip (ε = 0.2) is |Δ| = 0.182" in text
 
     assert verl_events_main(["mismatch", str(watched), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -632,3 +633,15 @@ def test_a_record_of_another_run_is_skipped_with_a_warning(
     assert f"{log}:1 was skipped: it belongs to run 'another-run'" in err
     steps = [(row["step"], row["rank"]) for row in json.loads(out)["steps"]]
     assert len(steps) == len(set(steps))  # the other run's line is not counted twice
+
+
+def test_the_scale_line_reads_a_mean_as_a_probability_difference_and_names_steps_past_ppos_clip() -> None:
+    from verl_events.apps.mismatch.scale import scale_line
+
+    calm = [{"step": 1, "tokens": 100, "mean": 0.01, "p99": 0.05, "max": 0.1}]
+    line = scale_line(calm)
+    assert line is not None and "a mean |Δ log p| of 0.01 is a 1.01% difference" in line
+    assert line.endswith("the largest gap, 0.1, is within it")
+    rough = [*calm, {"step": 2, "tokens": 100, "mean": 0.03, "p99": 0.25, "max": 0.9}]
+    assert str(scale_line(rough)).endswith("at least 1 % of the tokens are past it at step(s) 2")
+    assert scale_line([{"step": 1, "tokens": 0, "mean": 0.0, "p99": 0.0, "max": 0.0}]) is None

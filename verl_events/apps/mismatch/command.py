@@ -29,6 +29,7 @@ from ..read.jsonl import numbered_lines
 from ..read.record import Evidence
 from ..tools import Holding
 from .layers import DEFAULT_TOLERANCE, LayerProfile, layer_profile
+from .scale import scale_line
 from .summary import MismatchInputError, Summary, summarize
 
 __all__ = ["add_command", "command"]
@@ -177,6 +178,8 @@ def render(summary: Summary) -> str:
     lines.append("")
     lines.append(_table(summary))
     lines.extend(["", _trend_line(summary)])
+    if (scale := scale_line(summary.trend)) is not None:
+        lines.append(scale)
     if behind := _behind_steps(summary):
         lines.append(
             f"older weights: at step(s) {', '.join(map(str, behind))} the rollout sampled with weights older than the "
