@@ -83,3 +83,36 @@ def test_the_example_observer_is_listed_once_installed(nanwatch_env: dict[str, s
         env=nanwatch_env,
     ).stdout
     assert "'nan_watch'" in listed
+
+
+def test_the_pages_observer_by_import_path_loads_in_check_from_its_folder_twice_and_elsewhere_says_why(
+    tmp_path: Path,
+) -> None:
+    """docs/custom-observers.md: its slow_alarm.py as written, beside a config naming it by
+    ``_target_``; ``verl-events check`` from that folder builds it (twice in a row), from
+    another it names the module and PYTHONPATH."""
+    import re
+
+    from .support import REPO, verl_events_exe
+
+    page = (REPO / "docs" / "custom-observers.md").read_text(encoding="utf-8")
+    module = next(b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if b.startswith("# slow_alarm.py"))
+    (tmp_path / "slow_alarm.py").write_text(module)
+    (tmp_path / "observers.yaml").write_text("observers:\n  - _target_: slow_alarm:SlowStageAlarm\n    seconds: 30\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for _ in range(2):
+        here = subprocess.run(
+            [verl_events_exe(), "check", "observers.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert here.returncode == 0, here.stderr
+        assert "from _target_ slow_alarm:SlowStageAlarm" in here.stdout and "seconds=30" in here.stdout
+    elsewhere = subprocess.run(
+        [verl_events_exe(), "check", str(tmp_path / "observers.yaml")],
+        cwd=tmp_path.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert elsewhere.returncode == 2
+    assert "no module 'slow_alarm' on Python's path" in elsewhere.stderr
+    assert "the folder that holds slow_alarm.py on PYTHONPATH" in elsewhere.stderr

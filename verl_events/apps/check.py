@@ -43,6 +43,7 @@ def add_command(commands: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Validate ``args.config`` and print the observers it builds; 0, or 2 for a bad config."""
+    shell.import_from_here()
     return shell.run(
         args,
         lambda: _build(args.config, args.overrides),

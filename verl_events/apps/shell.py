@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any, TypeVar
 
 from verl_events.layout import LATEST_LINK
 
-__all__ = ["add_run_command", "fail", "run", "run_or_its_newest", "warn"]
+__all__ = ["add_run_command", "fail", "import_from_here", "run", "run_or_its_newest", "warn"]
 
 Result = TypeVar("Result")
 
@@ -66,6 +67,15 @@ def add_run_command(
     parser.add_argument("--json", action="store_true", help=json_help)
     parser.set_defaults(run_command=command)
     return parser
+
+
+def import_from_here() -> None:
+    """The current folder first on Python's path, where ``python -m`` puts it: a config's
+    ``_target_`` beside it imports in ``check`` and ``demo`` as it does in the training run
+    (``python -m verl.trainer.main_ppo``).  A console script alone does not look there."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def run_or_its_newest(value: str) -> str:

@@ -108,6 +108,17 @@ def import_target(target: str, where: str) -> Any:
         )
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or module_name.split(".")[0] != exc.name.split(".")[0]:
+            raise ConfigError(
+                f"{where}: module {module_name!r} of {target!r} failed to import: ModuleNotFoundError: {exc}"
+            ) from exc
+        raise ConfigError(
+            f"{where}: no module {exc.name!r} on Python's path, so {target!r} does not import. An import path is "
+            "looked up where the process imports from: its package installed, or the folder that holds "
+            f"{exc.name.split('.')[0]}.py on PYTHONPATH (the current folder is on it for python -m and for "
+            "verl-events check)"
+        ) from exc
     except Exception as exc:
         raise ConfigError(
             f"{where}: module {module_name!r} of {target!r} failed to import: {type(exc).__name__}: {exc}"

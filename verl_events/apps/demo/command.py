@@ -63,6 +63,7 @@ def add_command(commands: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Run the miniature PPO loop (or, with --engine verl, verl's trainer) with the configured observers."""
+    shell.import_from_here()
     if args.engine == "verl":
         from .verl_engine import command as verl_command
 
