@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -46,12 +47,19 @@ class _Node:
 
 class LocalRayCluster:
     """``nodes`` Ray nodes on this machine, each with ``num_cpus`` (logical) CPUs and ``num_gpus``
-    fake GPUs; :attr:`address` is the head's ``HOST:PORT``.  A context manager: every node is
-    stopped at exit, and the temp dirs removed."""
+    fake GPUs; :attr:`address` is the head's ``HOST:PORT``.  ``token``: token authentication on,
+    as ``ray start`` has it by default (its token in a file under the cluster's temp dir, named
+    by ``RAY_AUTH_TOKEN_PATH`` in :attr:`env`, which a driver needs with ``RAY_AUTH_MODE=token``).
+    A context manager: every node is stopped at exit, and the temp dirs removed."""
 
-    def __init__(self, nodes: int, env: Mapping[str, str], *, num_cpus: int = 6, num_gpus: int = 1) -> None:
+    def __init__(
+        self, nodes: int, env: Mapping[str, str], *, num_cpus: int = 6, num_gpus: int = 1, token: bool = False
+    ) -> None:
         self.env = {**env, **RAY_ENV}
         self.root = Path(tempfile.mkdtemp(prefix="ve-ray-"))  # short: Ray's socket paths live under it
+        if token:  # Ray's default for ray start: token authentication, the token in a file of its own here
+            (self.root / "auth_token").write_text(secrets.token_hex(32))
+            self.env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.root / "auth_token")}
         self.count, self.num_cpus, self.num_gpus = nodes, num_cpus, num_gpus
         self.nodes: list[_Node] = []
         self.address = f"127.0.0.1:{_free_port()}"

@@ -279,3 +279,31 @@ def test_an_address_where_no_cluster_listens_exits_2_at_once(
     assert code == 2
     assert f"--ray 127.0.0.1:{port}: no Ray cluster answers there" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_cluster_with_token_authentication_is_named_quietly_and_gathered_with_its_token(tmp_path: Path) -> None:
+    """Ray 2.60's ``ray start`` turns token authentication on.  gather without the token says
+    authentication (Ray's twenty retry lines kept off the console); with the token, as a driver
+    of that cluster has it, it gathers, the driver's trainer.log among the small files."""
+    import subprocess
+
+    from .ray_cluster import RAY_ENV, LocalRayCluster
+    from .support import verl_events_exe
+
+    run = a_node_folder(tmp_path / "node")
+    write(run / "trainer.log", "step:1 - ...\n")
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {
+        k: v for k, v in RAY_ENV.items() if k != "RAY_AUTH_MODE"
+    }
+    with LocalRayCluster(1, bare, num_cpus=1, num_gpus=0, token=True) as cluster:
+        argv = [verl_events_exe(), "gather", str(tmp_path / "node/latest"), "--ray", cluster.address]
+        refused = subprocess.run([*argv, "--out", str(tmp_path / "refused")], env=bare, capture_output=True, text=True)
+        assert refused.returncode == 2, refused.stderr
+        assert "refused gather's authentication token" in refused.stderr and "RAY_AUTH_MODE=token" in refused.stderr
+        assert len(refused.stderr.splitlines()) <= 3, refused.stderr  # no retry lines
+        driver = bare | {k: v for k, v in cluster.env.items() if k.startswith("RAY_AUTH")}
+        gathered = subprocess.run([*argv, "--out", str(tmp_path / "out")], env=driver, capture_output=True, text=True)
+    assert gathered.returncode == 0, gathered.stderr
+    assert (tmp_path / "out/trainer.log").read_text() == "step:1 - ...\n"
+    assert (tmp_path / "out/timing/rank0.jsonl").is_file()

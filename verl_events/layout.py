@@ -36,6 +36,7 @@ from verl_events.run.identity import (
     refuse_other_runs,
 )
 from verl_events.run.paths import (
+    DRIVER_LOG,
     LATEST_LINK,
     NODE_PLACEHOLDER,
     REPLAY_SUFFIX,
@@ -55,6 +56,7 @@ from verl_events.run.paths import (
 from verl_events.setup.moved import NOT_MOVED, moved_name
 
 __all__ = [
+    "DRIVER_LOG",
     "LATEST_LINK",
     "LOG_READ_LIMIT",
     "NODE_ENV",

@@ -27,6 +27,9 @@ RUN_PLACEHOLDER = "{run}"
 NODE_PLACEHOLDER = "{node}"
 #: The link beside a ``.../{run}`` folder to the run that claimed its folder last.
 LATEST_LINK = "latest"
+#: The driver's console output kept in a run folder (the demo's verl engine writes it; a
+#: launcher may): ``diagnose`` reads Ray's memory-monitor kills there, ``gather`` brings it.
+DRIVER_LOG = "trainer.log"
 
 #: How docs and messages spell a stage directory.
 STAGE_DIR_TEMPLATE = "{save_path}/step_{N}/{stage}"

@@ -36,6 +36,7 @@ from verl_events.config import (
     read_config,
     start_run_folder,
 )
+from verl_events.layout import DRIVER_LOG
 
 from ..verl_cpu.engine_options import with_rollout_engines
 from ..verl_cpu.trainer_log import finished_step, tail
@@ -46,8 +47,8 @@ __all__ = ["DEFAULT_STEPS", "JOB_DIR", "command", "default_config", "missing_mod
 DEFAULT_STEPS = 3
 JOB_DIR = Path("outputs/verl-job")
 CONFIG_FILE = "observers.yaml"
-#: verl's trainer output, beside what the observers write.
-TRAINER_LOG = "trainer.log"
+#: verl's trainer output, beside what the observers write (where diagnose and gather look).
+TRAINER_LOG = DRIVER_LOG
 #: How much of the trainer's output a failed run shows.
 LOG_TAIL_LINES = 40
 #: What the trainer imports on CPU: verl, and what verl's rollout server imports undeclared.

@@ -18,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import socket
-from collections.abc import Callable
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,10 +65,14 @@ def ask_every_node(
             "cluster's version of ray (it comes with verl)"
         ) from None
     _check_listening(address, timeout)
-    try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError ... for a bad address
-        raise GatherInputError(f"--ray {address}: cannot connect to a Ray cluster there ({exc})") from None
+    why: str | None = None
+    with _output_aside() as said:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError ... for a bad address
+            why = _why_not_connected(address, exc, said())
+    if why is not None:
+        raise GatherInputError(why)
     try:
         nodes = sorted(ray.nodes(), key=lambda n: (str(n.get("NodeManagerAddress")), str(n.get("NodeID"))))
         task = ray.remote(num_cpus=0, max_retries=0)(read_node_folder)
@@ -86,6 +93,47 @@ def ask_every_node(
             on_answer(_answer(ray, node, asked.get(node["NodeID"]), answered, timeout))
     finally:
         ray.shutdown()
+
+
+#: What Ray's client logs when the cluster refuses its token (token authentication, on by
+#: default for ``ray start`` since Ray 2.5x).
+_AUTH_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
+
+
+@contextlib.contextmanager
+def _output_aside() -> Iterator[Callable[[], str]]:
+    """Ray's own output while it connects (its C++ client logs every retry, twenty lines over
+    twenty seconds) into a file aside, not the console; what it said, for the error."""
+    with tempfile.TemporaryFile() as aside:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(aside.fileno(), 2)
+        try:
+            yield lambda: _read_back(aside)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _read_back(aside: Any) -> str:
+    aside.seek(0)
+    return str(aside.read(1 << 20).decode("utf-8", errors="replace"))
+
+
+def _why_not_connected(address: str, exc: Exception, said: str) -> str:
+    """The error of a failed connection: authentication named when Ray's client said so."""
+    if any(word in f"{said} {exc}" for word in _AUTH_REFUSED):
+        return (
+            f"--ray {address}: the cluster refused gather's authentication token (Ray's token authentication, "
+            "InvalidAuthToken). Run gather with the environment of a driver of that cluster: RAY_AUTH_MODE=token "
+            "and its token (in RAY_AUTH_TOKEN, or in the file RAY_AUTH_TOKEN_PATH names; ray start writes "
+            "~/.ray/auth_token; Ray's docs: ray-security/token-auth)"
+        )
+    last = [line for line in said.splitlines() if line.strip()][-1:]
+    return f"--ray {address}: cannot connect to a Ray cluster there ({exc})" + (
+        f"; Ray's last word: {last[0][-300:]}" if last else ""
+    )
 
 
 def _check_listening(address: str, timeout: float) -> None:

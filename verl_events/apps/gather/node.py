@@ -6,8 +6,9 @@ did there (:func:`verl_events.layout.node_name`: Ray's node id), follows a ``lat
 link, and reads the files to gather:
 
 * by default the small ones: a file whose name ends in ``.json``, ``.jsonl`` or
-  ``.txt`` (records, heartbeats, hang reports, crash records, ``run.json``), outside
-  the step tree (``step_*``: msprobe dumps, profiler traces, a replay's inputs), up to
+  ``.txt`` (records, heartbeats, hang reports, crash records, ``run.json``), and the
+  driver's ``trainer.log`` (:data:`~verl_events.layout.DRIVER_LOG`, which ``diagnose``
+  reads), outside the step tree (``step_*``: msprobe dumps, profiler traces, a replay's inputs), up to
   ``max_bytes`` each;
 * with ``everything``, every file.
 
@@ -27,7 +28,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_events.layout import NODE_PLACEHOLDER, STEP_DIR_GLOB, node_name, open_regular
+from verl_events.layout import DRIVER_LOG, NODE_PLACEHOLDER, STEP_DIR_GLOB, node_name, open_regular
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -127,6 +128,6 @@ def _left_because(outside_steps: bool, name: str, size: int, limit: int) -> str 
     """Why a file is not gathered without ``--all``, or None."""
     if not outside_steps:
         return SKIPPED_STEPS
-    if not name.endswith(RECORD_SUFFIXES):
+    if not name.endswith(RECORD_SUFFIXES) and name != DRIVER_LOG:
         return SKIPPED_OTHER
     return SKIPPED_LARGE if size > limit else None

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verl_events.layout import open_regular
+from verl_events.layout import DRIVER_LOG, open_regular
 from verl_events.observers.memory import record as memory_record
 from verl_events.observers.memory.oom import RAY_REPORT_WORDS, RayKilledWorker, RayMemoryKill, ray_memory_kills
 
@@ -45,9 +45,6 @@ from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, re
 
 __all__ = ["DRIVER_LOG", "driver_logs", "ray_kills"]
 
-#: The driver's output in a run folder: the name ``verl-events demo`` gives verl's
-#: (``verl_events.apps.demo.verl_engine.TRAINER_LOG``).
-DRIVER_LOG = "trainer.log"
 #: Lines of a log kept after a report's first line: Ray's object-store table and its list
 #: of killed workers (one line each) come well within this.
 _REPORT_LINES = 200
