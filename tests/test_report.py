@@ -457,3 +457,32 @@ def test_the_headline_counts_training_steps_and_the_driver_apart_from_the_ranks(
     assert (head["ranks"], head["driver"], head["steps"]) == (1, True, 2)
     assert main(["report", str(tmp_path), "--engine", engine]) == 0
     assert ": 1 rank and the driver, 2 steps;" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_a_long_run_folds_the_stages_by_step_table_and_only_prints_one_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """20 steps, the slowest step 12: the table shows step 1, the three slowest (12 among them)
+    and the last two, and names the others as ranges; --all-steps shows all; --only prints one section;
+    --json keeps every row."""
+    run = tmp_path / "run"
+    observers = [{"name": "timing"}, {"name": "memory"}]
+    with verl_events.install({"save_path": str(run), "observers": observers}):
+        for step in range(1, 21):
+            with verl_events.stage("actor_update", step=step):
+                time.sleep(0.05 if step == 12 else 0.001)
+    assert main(["report", str(run)]) == 0
+    folded = capsys.readouterr().out
+    shown = [int(m) for m in re.findall(r"^│\s+(\d+) │ actor_update", folded, flags=re.M)]
+    # The first, the three slowest (12 among them; the first may be one), the last two.
+    assert {1, 12, 19, 20} <= set(shown) and 4 <= len(shown) <= 6 and shown == sorted(shown), shown
+    left = sorted(set(range(1, 21)) - set(shown))
+    assert f"{len(left)} step(s) left out (" in folded and "--all-steps shows every step" in folded
+    assert main(["report", str(run), "--all-steps"]) == 0
+    every = capsys.readouterr().out
+    assert len(re.findall(r"^│\s+\d+ │ actor_update", every, flags=re.M)) == 20 and "left out" not in every
+    assert main(["report", str(run), "--only", "memory"]) == 0
+    memory = capsys.readouterr().out
+    assert "Memory by stage" in memory and "Stages by step" not in memory and "Overhead" not in memory
+    assert main(["report", str(run), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["stage_steps"]) == 20

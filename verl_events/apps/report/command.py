@@ -18,6 +18,7 @@ from .columnar import MEMORY_LIMIT
 from .memory_line import memory_headline
 from .memory_plot import MEMORY_PLOT, check_figure_path, run_memory_figure, write_figure
 from .parts import ReportParts
+from .render import SECTIONS, STEPS_SHOWN
 from .steps import STAGE_ORDER
 from .stragglers import stragglers
 from .summary import COLUMNAR_FROM_BYTES, ENGINES, print_report, read_report, report_json, timing_files
@@ -45,6 +46,15 @@ def add_command(commands: Any) -> None:
     rep.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace: a track per rank, a slice per stage")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
     rep.add_argument(
+        "--only", choices=SECTIONS, help="print the headline and this section alone (e.g. memory: peaks by stage)"
+    )
+    rep.add_argument(
+        "--all-steps",
+        action="store_true",
+        help=f"every step in the stages-by-step table (past {STEPS_SHOWN} steps it shows the first, the slowest "
+        "and the last)",
+    )
+    rep.add_argument(
         "--engine",
         choices=ENGINES,
         default="auto",
@@ -67,7 +77,7 @@ def command(args: argparse.Namespace) -> int:
         args,
         lambda: _read(run, args, console),
         TimingLogError,
-        text=lambda read: print_report(read.parts, console),
+        text=lambda read: print_report(read.parts, console, only=args.only, all_steps=args.all_steps),
         as_json=lambda read: report_json(run, read.parts),
         after=lambda read: _finish(args, read.memory_figure),
     )

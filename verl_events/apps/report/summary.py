@@ -33,11 +33,11 @@ from ..read.record import not_a_folder
 from . import columnar
 from .grouping import index_records
 from .headline import headline, headline_text
-from .memory import StageMemory, read_memory, render_memory, stage_memory
+from .memory import StageMemory, read_memory, stage_memory
 from .parts import ReportParts
 from .plot import write_plot
 from .raised import raised_stages, split_raised
-from .render import render
+from .render import Tables, render
 from .steps import STAGE_ORDER, stage_steps
 from .stragglers import stragglers
 from .trace import chrome_trace
@@ -261,19 +261,22 @@ def _report_records(run: Path, records: list[TimingRecord], skipped: list[str], 
     return record_parts(records, memory)
 
 
-def print_report(parts: ReportParts, console: Any) -> None:
-    """The report's headline and tables on ``console``."""
+def print_report(parts: ReportParts, console: Any, *, only: str | None = None, all_steps: bool = False) -> None:
+    """The report's headline and tables on ``console``: every section, or the one ``only``
+    names (:data:`~.render.SECTIONS`); the stages-by-step table folded unless ``all_steps``."""
     console.print(headline_text(parts.headline), highlight=False, soft_wrap=True)
-    render(
+    tables = Tables(
         parts.stage_steps,
         parts.overhead,
         parts.observer_hooks,
         parts.stragglers,
         parts.raised,
-        console,
+        parts.memory,
         multi_rank=len(parts.ranks) > 1,
     )
-    render_memory(parts.memory, console)  # none without the memory observer's logs
+    render(tables, console, only=only, all_steps=all_steps)
+    if only == "memory" and not parts.memory:
+        console.print("no memory logs in this run: the memory observer was not on", highlight=False)
 
 
 def mixed_runs(runs: list[str]) -> list[str]:
