@@ -123,3 +123,39 @@ def test_the_block_runs_twice_in_a_row(doc: str, block: str, workdir: Path) -> N
             assert result.returncode == expected, (
                 f"{doc}, run {attempt}: {command!r} exited {result.returncode}, not {expected}\n{result.stderr[-3000:]}"
             )
+            if attempt == 2:
+                run_each_suggestion(result.stdout + result.stderr, cwd, env, f"{doc}: {command!r}")
+
+
+#: Where an output suggests a command: ``verl-events COMMAND`` and what follows, to the first
+#: punctuation that ends a sentence or a bracket (:func:`command_words` keeps its arguments).
+SUGGESTED = re.compile(r"verl-events [a-z]+(?: (?!verl-events)[^\s,;()'\"`]+)*")
+
+
+def command_words(text: str) -> list[str]:
+    """The command of a suggestion, without the prose after it: the first argument (RUN),
+    options and their values, and later arguments that are paths
+    (``verl-events diagnose outputs/x tells what it means`` is ``verl-events diagnose outputs/x``)."""
+    words = text.rstrip(".:").split()
+    kept = words[:3]
+    for word in words[3:]:
+        if not (word.startswith("-") or "/" in word or kept[-1].startswith("--")):
+            break
+        kept.append(word.rstrip(".:"))
+    return kept
+
+
+def run_each_suggestion(output: str, cwd: Path, env: dict[str, str], where: str) -> None:
+    """Every ``verl-events ...`` the output suggests, run as printed from the same folder: none
+    is bad input (exit 2) or a traceback.  A syntax line (``verl-events report RUN``) is no
+    suggestion; gather needs a Ray cluster (tests/test_verl_replay.py runs the doc's)."""
+    for words in {tuple(command_words(match)): None for match in SUGGESTED.findall(output)}:
+        suggestion = " ".join(words)
+        if words[1] == "gather" or any(re.fullmatch(r"[A-Z]{3,}", word) for word in words):
+            continue
+        print(f"suggested: {suggestion}")
+        pasted = subprocess.run(list(words), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        said = pasted.stdout + pasted.stderr
+        assert pasted.returncode in (0, 1) and "Traceback" not in said, (
+            f"{where} suggested {suggestion!r}, which exited {pasted.returncode}:\n{said[-3000:]}"
+        )
