@@ -505,3 +505,19 @@ def test_on_begin_asks_for_the_result_only_when_a_delivered_observer_wants_it() 
     dispatcher.on_begin("critic_update", event=critic)
     assert result_asked(critic.seq)
     dispatcher.on_end("critic_update", event=critic.ended(0.0, None))
+
+
+def test_an_observer_selecting_only_ranks_the_run_lacks_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """docs/weight-sync.md's faults for rank 1 on a one-rank run never fired, silently."""
+    config = {"observers": [{"name": "recording", "ranks": [1, 2]}, {"name": "recording", "ranks": [0, 1]}]}
+    with verl_events.install(config):
+        for step in (1, 2):
+            with verl_events.stage("actor_update", step=step):
+                pass
+            with verl_events.stage("critic_update", step=step):
+                pass
+    said = [r.getMessage() for r in caplog.records if "it never runs" in r.getMessage()]
+    assert said == [
+        "observer 'recording' selects rank(s) 1, 2, and this run has 1 rank(s) (world size 1): it never runs. "
+        "Select ranks below 1, or run with more ranks."
+    ]

@@ -54,7 +54,7 @@ from verl_events.events.stages import DRIVER_RANK, StageEnd, StageEvent, StageRe
 from verl_events.run.identity import SavePathTaken
 
 from .alerts import Alert, defines_hook, hears
-from .dispatch_warnings import warn_model_missing, warn_step_unknown
+from .dispatch_warnings import warn_model_missing, warn_ranks_outside, warn_step_unknown
 from .stack import ask_for_result, open_stages
 
 if TYPE_CHECKING:
@@ -141,6 +141,7 @@ class Dispatcher:
         self._switched_off: set[str] = set()
         self._model_warned: set[tuple[str, str | None]] = set()
         self._step_warned: set[str] = set()
+        self._ranks_warned: set[str] = set()
         self._clock = clock
         self._plan = plan
         self._anomaly_hooks = tuple(o for o in self.observers if defines_hook(o, "on_anomaly"))
@@ -181,7 +182,10 @@ class Dispatcher:
         """Deliver the begin to the observers that select it, in order."""
         if self._clock is not None and event.step is not None:
             self._clock.advance(event.step)  # the step boundary: may run a collective
-        candidates = self._candidates(event.stage)
+        candidates = self._by_stage.get(event.stage)
+        if candidates is None:  # the first stage of this name: the one place to look at the world's ranks
+            candidates = self._candidates(event.stage)
+            warn_ranks_outside(event, self.observers, self._ranks_warned)
         if event.step is None and event.stage not in self._step_warned:
             warn_step_unknown(event, candidates, self._step_warned)
         if event.replay:  # only armed observers and those that ask see a replay

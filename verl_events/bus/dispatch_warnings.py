@@ -1,4 +1,5 @@
-"""What the dispatcher says once: a stage whose step is unknown, a model not resolved."""
+"""What the dispatcher says once: a stage whose step is unknown, a model not resolved, an
+observer whose ranks the run does not have."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ def warn_model_missing(event: StageEvent, selected: list[Observer], warned: set[
         tried,
         event.role or "<role>",
     )
+
+
+def warn_ranks_outside(event: StageEvent, observers: tuple[Observer, ...], warned: set[str]) -> None:
+    """Once per observer: one that selects only ranks past this run's world size never runs
+    (a config written for more ranks than the job has).  A trainer rank's event says the world
+    size; the driver's (rank -1) does not, and is passed over."""
+    if event.rank < 0 or event.world_size < 1:
+        return
+    for observer in observers:
+        ranks = observer.selection.ranks
+        if ranks is None or observer.name in warned or any(rank < event.world_size for rank in ranks):
+            continue
+        warned.add(observer.name)
+        logger.warning(
+            "observer %r selects rank(s) %s, and this run has %d rank(s) (world size %d): it never runs. "
+            "Select ranks below %d, or run with more ranks.",
+            observer.name,
+            ", ".join(map(str, sorted(ranks))),
+            event.world_size,
+            event.world_size,
+            event.world_size,
+        )
