@@ -288,6 +288,7 @@ def test_a_cluster_with_token_authentication_is_named_quietly_and_gathered_with_
     of that cluster has it, it gathers, the driver's trainer.log among the small files."""
     import subprocess
 
+    pytest.importorskip("ray")  # the cluster, and gather's way to it
     from .ray_cluster import RAY_ENV, LocalRayCluster
     from .support import verl_events_exe
 

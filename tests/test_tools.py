@@ -69,7 +69,7 @@ def commands() -> list[str]:
 
 def test_every_observer_that_writes_under_save_path_is_a_tool_and_an_entry_point() -> None:
     """Every built-in observer that writes declares it, so check and diagnose know its files
-    (memory, tracker and the profilers too, which have no command)."""
+    (memory, whose logs report reads, and tracker and the profilers, which have no command)."""
     points = entry_points()
     listed = {tool.observer for tool in tools() if tool.observer is not None}
     assert listed <= set(points)

@@ -7,8 +7,10 @@ every installed observer that declares it, ours and other packages' alike, into 
 
 * ``check`` and ``demo`` first, then the observers' commands by name, then ``diagnose``
   and ``gather`` (``diagnose`` reads every observer's files, ``gather`` copies them);
-* a tool without a command (memory, tracker, the profilers) still says what a run folder
-  holds (:func:`run_holds`, for ``check`` and ``diagnose``).
+* a tool without a command (tracker, the profilers) still says what a run folder holds
+  (:func:`run_holds`, for ``check`` and ``diagnose``);
+* one command may read several observers' files (``report``: the timing and the memory
+  logs): it is added to the parser once (:func:`command_tools`).
 
 The ``verl-events`` parser is built from it (:func:`add_commands`); tests/test_tools.py
 holds README's list of commands to it.  A command module defines ``add_command(commands)``
