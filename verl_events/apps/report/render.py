@@ -8,19 +8,19 @@ them all).  ``--only SECTION`` prints the headline and that section alone."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ..overhead_table import DISTRUST, ratio_cell, render_overhead
-from ..read.overhead import TRUSTED_MIN_N, ObserverHooks, StageOverhead
+from ..read.overhead import TRUSTED_MIN_N, ObserverHooks
 from ..read.ranks import number_ranges, rank_name
 from ..tables import print_table
-from .memory import StageMemory, render_memory
-from .raised import RaisedStage, render_raised
+from .memory import render_memory
+from .parts import ReportParts
+from .raised import render_raised
 from .steps import StageStep
-from .stragglers import StageStragglers, render_stragglers
+from .stragglers import render_stragglers
 
-__all__ = ["SECTIONS", "STEPS_SHOWN", "Tables", "render", "render_observer_hooks", "render_overhead"]
+__all__ = ["SECTIONS", "STEPS_SHOWN", "render", "render_observer_hooks", "render_overhead"]
 
 #: The report's sections, in the order it prints them; ``--only`` takes one.
 SECTIONS = ("steps", "raised", "stragglers", "overhead", "hooks", "memory")
@@ -30,29 +30,17 @@ STEPS_SHOWN = 8
 _SLOWEST, _LAST = 3, 2
 
 
-@dataclass(frozen=True, slots=True)
-class Tables:
-    """What the report's tables show."""
-
-    rows: list[StageStep]
-    overhead: list[StageOverhead]
-    hooks: list[ObserverHooks]
-    straggling: list[StageStragglers]
-    raised: list[RaisedStage]
-    memory: list[StageMemory]
-    multi_rank: bool
-
-
-def render(tables: Tables, console: Any, *, only: str | None = None, all_steps: bool = False) -> None:
+def render(parts: ReportParts, console: Any, *, only: str | None = None, all_steps: bool = False) -> None:
     """Every section of the report in :data:`SECTIONS` order, or the one ``only`` names
     (``raised``, ``stragglers`` and ``memory`` only when there are any)."""
+    multi_rank = len(parts.ranks) > 1
     sections = {
-        "steps": lambda: _render_steps(tables.rows, console, tables.multi_rank, all_steps),
-        "raised": lambda: render_raised(tables.raised, console),
-        "stragglers": lambda: render_stragglers(tables.straggling, console),
-        "overhead": lambda: render_overhead(tables.overhead, console),
-        "hooks": lambda: render_observer_hooks(tables.hooks, console),
-        "memory": lambda: render_memory(tables.memory, console),
+        "steps": lambda: _render_steps(parts.stage_steps, console, multi_rank, all_steps),
+        "raised": lambda: render_raised(parts.raised, console),
+        "stragglers": lambda: render_stragglers(parts.stragglers, console),
+        "overhead": lambda: render_overhead(parts.overhead, console),
+        "hooks": lambda: render_observer_hooks(parts.observer_hooks, console),
+        "memory": lambda: render_memory(parts.memory, console),
     }
     for name in SECTIONS if only is None else (only,):
         sections[name]()

@@ -37,7 +37,7 @@ from .memory import StageMemory, read_memory, stage_memory
 from .parts import ReportParts
 from .plot import write_plot
 from .raised import raised_stages, split_raised
-from .render import Tables, render
+from .render import render
 from .steps import STAGE_ORDER, stage_steps
 from .stragglers import stragglers
 from .trace import chrome_trace
@@ -265,16 +265,7 @@ def print_report(parts: ReportParts, console: Any, *, only: str | None = None, a
     """The report's headline and tables on ``console``: every section, or the one ``only``
     names (:data:`~.render.SECTIONS`); the stages-by-step table folded unless ``all_steps``."""
     console.print(headline_text(parts.headline), highlight=False, soft_wrap=True)
-    tables = Tables(
-        parts.stage_steps,
-        parts.overhead,
-        parts.observer_hooks,
-        parts.stragglers,
-        parts.raised,
-        parts.memory,
-        multi_rank=len(parts.ranks) > 1,
-    )
-    render(tables, console, only=only, all_steps=all_steps)
+    render(parts, console, only=only, all_steps=all_steps)
     if only == "memory" and not parts.memory:
         console.print("no memory logs in this run: the memory observer was not on", highlight=False)
 
