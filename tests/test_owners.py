@@ -31,6 +31,7 @@ OWNERS = {
     "hangs.jsonl": "verl_events/observers/watchdog/record.py",
     "mismatch.jsonl": "verl_events/observers/mismatch/record.py",
     "weight_sync.jsonl": "verl_events/observers/weight_sync/record.py",
+    "checkpoints.jsonl": "verl_events/observers/checkpoint/record.py",
     "ends.jsonl": "verl_events/observers/watchdog/crash.py",
 }
 # A folder under save_path -> the one module that may name it.  A folder's name is also

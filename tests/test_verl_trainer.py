@@ -29,6 +29,7 @@ from verl_events import DRIVER_RANK
 from verl_events.apps.cli import main as verl_events_main
 from verl_events.apps.verl_cpu import job
 from verl_events.apps.verl_cpu.engine_options import ROLLOUT_ENGINES
+from verl_events.observers.checkpoint.record import CheckpointRecord, checkpoint_log_path, manifest_path
 from verl_events.observers.memory.record import MemoryRecord, memory_log_path
 from verl_events.observers.weight_sync.record import SyncRecord, weight_sync_log_path
 
@@ -98,8 +99,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     saves = ("trainer.save_freq=1", f"trainer.default_local_dir={plugin / 'checkpoints'}")
     run_doc_command(switch, plugin, files, "ours", extra=saves)
     run_doc_command(doc_commands("precision_debugger")[0], plugin, files, "verls")
-    # The one run of verl's deprecated v0 trainer: the comparison with the default (v1) one.
-    run_doc_command(doc_commands("worker_process_setup_hook")[0], hook, files, "hook", legacy=True)
+    # The one run of verl's deprecated v0 trainer: the comparison with the default (v1) one. It
+    # saves every step too, with the checkpoint observer on (docs/checkpoints.md: v0 is watched).
+    config = yaml.safe_load((hook / "observers.yaml").read_text())
+    config["observers"] += [{"name": "checkpoint"}]
+    (hook / "observers.yaml").write_text(yaml.safe_dump(config))
+    v0_saves = ("trainer.save_freq=1", f"trainer.default_local_dir={hook / 'checkpoints'}")
+    run_doc_command(doc_commands("worker_process_setup_hook")[0], hook, files, "hook", legacy=True, extra=v0_saves)
     return Runs(plugin, hook)
 
 
@@ -269,11 +275,23 @@ def test_the_setup_hook_switch_alone_on_verls_legacy_trainer_dumps_the_same_stag
     assert dump_files(legacy) == GUIDE_TREE
     for name in GUIDE_TREE:
         assert model_ops(legacy / name) == model_ops(default / name), name
-    # The default run also saved a checkpoint every step.
-    assert stage_steps(legacy) == stage_steps(default, without=("save_checkpoint",))
+    # Both saved a checkpoint every step.
+    assert stage_steps(legacy) == stage_steps(default)
     # verl's plugins were off in that run: the hook alone installed the observers.
     assert doc_commands("worker_process_setup_hook")[0].env == {"VERL_USE_EXTERNAL_PLUGINS": "none"}
     assert "main_ppo_v0" in (runs.hook / "hook.log").read_text()  # the legacy trainer ran
+
+
+def test_the_checkpoint_observer_on_verls_legacy_trainer_keeps_every_save_and_the_loops_end(runs: Runs) -> None:
+    """v0 keeps working: its workers' saves have their manifests, and its driver's loop its end
+    (the default trainer's resumes: tests/test_verl_checkpoints.py)."""
+    lines = checkpoint_log_path(runs.hook / "profile").read_text().splitlines()
+    records = [CheckpointRecord.from_json(line) for line in lines]
+    saved = [(r.step, r.rank, r.alarms) for r in records if r.kind == "saved"]
+    assert saved == [(step, 0, []) for step in (1, 2, 3)], records
+    assert all(manifest_path(runs.hook / "checkpoints" / f"global_step_{s}" / "actor", 0).is_file() for s in (1, 2, 3))
+    (loop,) = [r for r in records if r.kind == "loop_ended"]
+    assert (loop.resumed_from, loop.total_steps, loop.last_step, loop.alarms) == (None, 3, 3, [])
 
 
 # -- the anomaly sentinel on verl's trainer ------------------------------------------

@@ -13,6 +13,7 @@ blinker receiver may connect to it as well, with blinker's own semantics.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from .signals import signals
@@ -40,3 +41,17 @@ class AnomalyEvent:
     rule: str
     baseline: float | None = None
     detail: str = ""
+
+
+def send_anomaly(found: AnomalyEvent, *, sender: str, strict: bool) -> None:
+    """Send ``found`` on :data:`anomaly` (its stage as sender).  A receiver that raises is
+    logged under ``sender``'s name (an observer's: the alarm is already in its own record),
+    or, with ``strict``, raises."""
+    try:
+        anomaly.send(found.stage, event=found)
+    except Exception:
+        if strict:
+            raise
+        logging.getLogger(f"verl_events.{sender}").exception(
+            "%s: a receiver of the anomaly signal failed for %s at step %s", sender, found.metric, found.step
+        )

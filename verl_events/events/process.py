@@ -41,6 +41,8 @@ class ProcessState:
     warned_env: set[str] = field(default_factory=set)
     #: verl_events.bus.weights: who watches the weight syncs' payloads.
     payload_watchers: list[Any] = field(default_factory=list)
+    #: verl_events.bus.progress: who is told how the trainer's loop ended.
+    progress_watchers: list[Any] = field(default_factory=list)
     #: verl_events.run.identity: the run id this process made up (exported for its children).
     run_id_made: str | None = None
     #: verl_events.run.identity: the environment variable the made-up run id is exported in.
@@ -57,7 +59,7 @@ class ProcessState:
 
     def reset(self) -> None:
         """Back to a fresh process: the installation closed, no replay, no announced step,
-        no added model paths, no payload watcher, no warning remembered, and no run id made
+        no added model paths, no payload or progress watcher, no warning remembered, and no run id made
         up here (so the next run gets a new one).  The verl bridge, the SIGINT chain and the
         record of blinker's receivers mirror what is installed outside us, and each thread's
         stack what runs on it: left as they are.
@@ -70,6 +72,7 @@ class ProcessState:
         self.model_paths.clear()
         self.warned_env.clear()
         self.payload_watchers.clear()
+        self.progress_watchers.clear()
         if self.run_id_made is not None and os.environ.get(self.run_id_env) == self.run_id_made:
             del os.environ[self.run_id_env]
         self.run_id_made = None

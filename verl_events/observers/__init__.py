@@ -12,9 +12,11 @@ reports a stage that runs past its deadline (a hang) with every thread's
 stack and records how each process ended, ``mismatch``, which compares
 the trainer's log-probs with the rollout engine's, token by token, and
 ``weight_sync``, which checks that the engine holds what each weight sync sent,
-and ``memory``, which records each stage's host, cgroup and device memory.
+``memory``, which records each stage's host, cgroup and device memory, and
+``checkpoint``, which keeps what each rank saved and checks that a resume restored it.
 """
 
+from .checkpoint import CheckpointObserver
 from .memory import MemoryObserver
 from .mismatch import MismatchObserver
 from .msprobe import MsprobeObserver
@@ -28,6 +30,7 @@ from .watchdog import WatchdogObserver
 from .weight_sync import WeightSyncObserver
 
 __all__ = [
+    "CheckpointObserver",
     "MemoryObserver",
     "MismatchObserver",
     "MsprobeObserver",

@@ -8,7 +8,9 @@ sampler's module when the config names it).
 
 - the rollout adapters' wake-up and weight load (async): :mod:`._verl_transitions`;
 - the checkpoint engines' send: :mod:`._verl_transitions`;
-- the driver's replay buffer's wait for generation: :mod:`._verl_generation`.
+- the driver's replay buffer's wait for generation: :mod:`._verl_generation`;
+- the driver's trainer loop (v1's ``PPOTrainer``, v0's ``RayPPOTrainer``): the step it
+  resumed from and the step it reached, :mod:`.training`.
 
 The replay buffer's own ``sample`` is what runs, so it is wrapped; the others' base methods
 are abstract, and a subclass calling one through ``super()`` would show its weights twice.
@@ -20,7 +22,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from . import transitions
+from . import training, transitions
 from .generation import generation
 
 
@@ -34,6 +36,12 @@ def _sync_only(wrap: Callable[..., Any]) -> Callable[..., Any]:
     return lambda method: None if inspect.iscoroutinefunction(method) else wrap(method)
 
 
+#: The trainer's loop, v1's and v0's alike: its own methods, which subclasses inherit.
+_TRAINER_LOOP: dict[str, Callable[..., Any]] = {
+    "fit": _sync_only(training.fit),
+    "_load_checkpoint": _sync_only(training.load_checkpoint),
+}
+
 BASES: dict[str, tuple[str, dict[str, Callable[..., Any]], bool]] = {
     "verl.workers.rollout.base": (
         "BaseRollout",
@@ -42,4 +50,6 @@ BASES: dict[str, tuple[str, dict[str, Callable[..., Any]], bool]] = {
     ),
     "verl.checkpoint_engine.base": ("CheckpointEngine", {"send_weights": transitions.engine_sending}, False),
     "verl.trainer.ppo.v1.replay_buffer": ("ReplayBuffer", {"sample": _sync_only(generation)}, True),
+    "verl.trainer.ppo.v1.trainer_base": ("PPOTrainer", _TRAINER_LOOP, True),
+    "verl.trainer.ppo.ray_trainer": ("RayPPOTrainer", _TRAINER_LOOP, True),
 }

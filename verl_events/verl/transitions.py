@@ -152,7 +152,9 @@ def _actor_model(args: tuple[Any, ...]) -> Any:
 
 def checkpoint(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     """A worker's ``save_checkpoint`` / ``load_checkpoint`` as the stage ``name``, with the
-    step of the checkpoint (``global_step``, or the ``global_step_N`` in ``local_path``)."""
+    step of the checkpoint (``global_step``, or the ``global_step_N`` in ``local_path``) and
+    ``meta["path"]``, the checkpoint's folder (``local_path`` as text; None when not given)."""
+    path = argument(method, "local_path")
     if name == SAVE_CHECKPOINT:
         read = argument(method, "global_step")
 
@@ -160,7 +162,6 @@ def checkpoint(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
             return step_or_none(read(args, kwargs))
 
     else:
-        path = argument(method, "local_path")
 
         def step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
             return checkpoint_step(path(args, kwargs))
@@ -169,7 +170,8 @@ def checkpoint(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     def saving_or_loading(*args: Any, **kwargs: Any) -> Any:
         if nested_in_itself(name):
             return method(*args, **kwargs)
-        with stage(name, step=step_of(args, kwargs)):
+        folder = path(args, kwargs)
+        with stage(name, step=step_of(args, kwargs), path=None if folder is None else str(folder)):
             return method(*args, **kwargs)
 
     return saving_or_loading

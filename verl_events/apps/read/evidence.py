@@ -15,7 +15,9 @@
 * the timing logs: a stage that raised on a rank the watchdog did not watch;
 * the sentinel's ``anomalies.jsonl`` (``anomaly``);
 * the weight_sync observer's ledger: each alarm of a sync (``anomaly``, at
-  stage ``update_weights``).
+  stage ``update_weights``);
+* the checkpoint observer's ledger: each alarm of a save, a load or the trainer
+  loop's end (``anomaly``), a save that never finished included.
 
 An exception that is an out-of-memory error (torch's CPU, CUDA or NPU
 allocator, Python's ``MemoryError``) becomes ``oom``, with the bytes it asked
@@ -43,6 +45,8 @@ from typing import Any
 
 from verl_events.layout import owner_of
 from verl_events.observers import timing as timing_log
+from verl_events.observers.checkpoint import ledger as checkpoint_ledger
+from verl_events.observers.checkpoint import record as checkpoint_record
 from verl_events.observers.memory import record as memory_record
 from verl_events.observers.memory.cgroup import read_cgroup
 from verl_events.observers.memory.oom import RAY_REPORT_WORDS, OutOfMemory, out_of_memory
@@ -80,6 +84,7 @@ def gather(run: Path, logs: Sequence[Path] = (), *, read_all: bool = False) -> E
     _stalls(evidence)
     _anomalies(evidence)
     _weight_alarms(evidence)
+    _checkpoint_alarms(evidence)
     _out_of_memory(evidence)
     ray_kills(evidence, logs)
     _killed_by_oom(evidence)
@@ -229,6 +234,26 @@ def _weight_alarms(evidence: Evidence) -> None:
                     source=relative(evidence, path),
                 )
             )
+
+
+def _checkpoint_alarms(evidence: Evidence) -> None:
+    path = checkpoint_record.checkpoint_log_path(evidence.run)
+    records = [record for _, record in records_of(evidence, path, checkpoint_record.CheckpointRecord)]
+    stages = {"save": "save_checkpoint", "load": "load_checkpoint", "loop": ""}
+    for found in checkpoint_ledger.read_ledger(records).alarms():
+        alarm = found.alarm
+        part = f" ({alarm.part})" if alarm.part else ""
+        evidence.failures.append(
+            Failure(
+                "anomaly",
+                found.rank,
+                found.time,
+                f"checkpoint alarm {alarm.kind}{part}: {alarm.detail}",
+                found.step,
+                stages[found.what],
+                source=relative(evidence, path),
+            )
+        )
 
 
 def _out_of_memory(evidence: Evidence) -> None:

@@ -55,7 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import AnomalyEvent, anomaly
+from verl_events import AnomalyEvent
+from verl_events.events.anomaly import send_anomaly
 
 from ..batch import token_counts
 from .kernel_file import KernelFile
@@ -256,10 +257,7 @@ def warn(found: list[Forecast], step: int, rank: int) -> None:
             baseline=float(warning.headroom.bytes),
             detail=sentence,
         )
-        try:
-            anomaly.send(warning.stage, event=event)
-        except Exception:
-            logger.exception("memory: a receiver of the anomaly signal failed for the forecast of %s", warning.stage)
+        send_anomaly(event, sender="memory", strict=False)
 
 
 class HostRoom:

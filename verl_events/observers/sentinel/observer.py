@@ -105,11 +105,11 @@ from verl_events import (
     Observer,
     StageEnd,
     Writes,
-    anomaly,
     prepare_output_dir,
     stage_header,
 )
 from verl_events.config import check_count
+from verl_events.events.anomaly import send_anomaly
 from verl_events.layout import run_id
 
 from ..batch import extract_metrics
@@ -279,14 +279,7 @@ class SentinelObserver(Observer):
             "sentinel: step %s %s rank %d: %s (rule %s)", found.step, found.stage, found.rank, found.detail, found.rule
         )
         self._append(found)
-        try:
-            anomaly.send(found.stage, event=found)
-        except Exception:
-            if self._strict:
-                raise
-            logger.exception(
-                "sentinel: a receiver of the anomaly signal failed for %s at step %s", found.metric, found.step
-            )
+        send_anomaly(found, sender="sentinel", strict=self._strict)
 
     def _append(self, found: AnomalyEvent) -> None:
         record = AnomalyRecord.from_event(found, run=self._run_id(), time=time.time())

@@ -64,12 +64,12 @@ from verl_events import (
     Payload,
     StageEnd,
     Writes,
-    anomaly,
     prepare_output_dir,
     unwatch_payloads,
     watch_payloads,
 )
 from verl_events.config import import_target, is_import_path
+from verl_events.events.anomaly import send_anomaly
 from verl_events.layout import run_id
 
 from .._lines import append_line
@@ -286,12 +286,7 @@ class WeightSyncObserver(Observer):
             detail=f"weight sync of step {record.step}: {detail}",
         )
         logger.warning("weight_sync: rank %d: %s", record.rank, found.detail)
-        try:
-            anomaly.send(STAGE, event=found)
-        except Exception:
-            if self._strict:
-                raise
-            logger.exception("weight_sync: a receiver of the anomaly signal failed for %s", kind)
+        send_anomaly(found, sender="weight_sync", strict=self._strict)
 
     def _ask_receipt(self, rank: int) -> Receipt | None:
         if self.receipt_engine is None:

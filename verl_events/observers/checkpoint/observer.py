@@ -1,0 +1,349 @@
+"""The checkpoint observer: what each rank saved, whether a resume restored it, and whether
+the resumed run really trained.
+
+Config::
+
+    - name: checkpoint
+
+No options.  It watches verl's ``save_checkpoint`` and ``load_checkpoint`` stages on every
+trainer rank (the verl bridge makes them stages, with the checkpoint's folder in
+``meta["path"]``), the update stages between them, and, on the driver, the trainer loop's
+end (:mod:`verl_events.bus.progress`):
+
+* **a save**: a ``began`` line first (a save cut short leaves it alone), then, once verl
+  wrote the rank's files, its manifest: every tensor handed to ``torch.save`` (model,
+  optimizer, extra state: :mod:`.taps`) with shape, dtype, bytes, fingerprint and NaN
+  count, and each file's size.  The manifest is written beside the files
+  (``verl_events.rank{R}.json``) and summed up in the ledger's ``saved`` line, with the
+  alarms ``unchanged`` and ``nonfinite`` (:mod:`.judge`);
+* **a load**: what each ``load_state_dict`` left the rank holding, and what each
+  ``torch.load`` read, compared with the manifest beside the files (``not_restored``), and
+  the folder's step against the newest save of ours in the same checkpoint root
+  (``wrong_checkpoint``, also when the folder holds no manifest of ours);
+* **the loop's end**, on the driver: ``no_progress`` when it trained none, or fewer steps
+  than asked.
+
+Each alarm is also sent as an ``anomaly`` (metric ``checkpoint/<kind>``).  ``incomplete``
+is found when the ledger is read (``verl-events checkpoints``): a ``began`` with no
+``saved`` after it.  Nothing is read back from disk: a save describes what verl hands to
+``torch.save``, a load what verl's own ``torch.load`` returned.  Passive; a stage that is
+neither costs one comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from verl_events import AnomalyEvent, InstallContext, Observer, StageEnd, StageEvent, Writes
+from verl_events.bus.progress import LoopEnded, unwatch_progress, watch_progress
+from verl_events.events.anomaly import send_anomaly
+from verl_events.events.stages import DRIVER_RANK
+from verl_events.layout import run_id
+from verl_events.run.paths import prepare_output_dir
+
+from .._lines import append_line
+from .judge import judge_load, judge_loop, judge_save
+from .record import (
+    VALUES,
+    Alarm,
+    CheckpointRecord,
+    Manifest,
+    NotACheckpointRecord,
+    TensorEntry,
+    checkpoint_files,
+    checkpoint_log_path,
+    manifest_path,
+    read_manifest,
+)
+
+__all__ = ["LOAD", "SAVE", "UPDATE_STAGES", "CheckpointObserver"]
+
+logger = logging.getLogger("verl_events.checkpoint")
+
+SAVE = "save_checkpoint"
+LOAD = "load_checkpoint"
+#: The stages whose end without error means an optimizer step ran.
+UPDATE_STAGES = ("actor_update", "critic_update")
+_STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointObserver(Observer):
+    """Manifests at every save, a comparison at every load, the loop's end on the driver."""
+
+    passive = True
+    sends_anomalies = True
+    sees_driver = True  # the trainer loop's end is the driver's
+    writes = Writes("checkpoint ledger(s)", checkpoint_files, "checkpoints", "verl_events.apps.checkpoints")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._root = Path()
+        self._strict = False
+        self._run_id: Any = run_id
+        self._taps: Any = None
+        self._open: dict[int, Any] = {}  # (tap, the tap it hides) of each save or load under way, by seq
+        self._updates = 0  # optimizer updates since this process's last save
+        self._previous: dict[str, tuple[int | None, dict[str, dict[str, TensorEntry]]]] = {}  # by folder kind
+
+    def setup(self, context: InstallContext) -> None:
+        from . import taps  # torch: only where the observer runs
+
+        self._run_id, self._strict, self._root = context.run_id, context.strict, Path(context.save_path)
+        prepare_output_dir(self._root)
+        taps.add_user()
+        self._taps = taps
+        watch_progress(self)
+
+    def close(self) -> None:
+        unwatch_progress(self)
+        if self._taps is not None:
+            self._taps.remove_user()
+            self._taps = None
+
+    def describe(self) -> str:
+        return "a manifest of every checkpoint save, each resume compared with it, the trainer loop's progress"
+
+    # -- stages ---------------------------------------------------------------------------
+
+    def on_stage_begin(self, event: StageEvent) -> None:
+        if event.stage not in (SAVE, LOAD) or self._taps is None:
+            return
+        tap = self._taps.Tap()
+        outer = self._taps.open_tap(tap)
+        with self._lock:
+            self._open[event.seq] = (tap, outer)
+        if event.stage == SAVE:
+            self._append(self._record(event, "began"))
+
+    def on_stage_end(self, event: StageEnd) -> None:
+        if event.stage in UPDATE_STAGES:
+            if event.error is None:
+                with self._lock:
+                    self._updates += 1
+            return
+        if event.stage not in (SAVE, LOAD):
+            return
+        with self._lock:
+            tap, outer = self._open.pop(event.seq, (None, None))
+        if tap is None:
+            return
+        self._taps.close_tap(outer)
+        if event.stage == SAVE:
+            self._saved(event, tap)
+        else:
+            self._loaded(event, tap)
+
+    # -- a save ---------------------------------------------------------------------------
+
+    def _saved(self, event: StageEnd, tap: Any) -> None:
+        folder = _folder(event, tap)
+        parts: dict[str, dict[str, TensorEntry]] = {}
+        for seen in tap.saved:
+            parts.setdefault(seen.part, {}).update(seen.tensors)
+        files = [{"name": f.name, "part": f.part, "bytes": f.bytes} for f in tap.saved]
+        kind = Path(folder).name if folder else ""
+        with self._lock:
+            updates, self._updates = self._updates, 0
+            previous_step, previous = self._previous.get(kind, (None, None))
+            if event.error is None:
+                self._previous[kind] = (event.step, parts)
+        alarms = judge_save(parts, previous, updates, previous_step)
+        if folder and event.error is None:  # also when no torch.save was seen: a load then compares nothing
+            self._write_manifest(folder, Manifest(self._run_id(), event.step, event.rank, files, parts))
+        error = None if event.error is None else _one_line(f"{type(event.error).__name__}: {event.error}")
+        record = self._record(
+            event,
+            "saved",
+            path=folder,
+            files=files,
+            parts={p: _summary(t) for p, t in parts.items()},
+            updates=updates,
+            error=error,
+            alarms=alarms,
+            seconds=round(tap.seconds, 6),
+        )
+        self._append(record)
+        self._log_failures(tap)
+        self._send(record, SAVE)
+
+    def _write_manifest(self, folder: str, manifest: Manifest) -> None:
+        """The manifest beside the files, whole or not at all (written aside, then renamed)."""
+        path = manifest_path(folder, manifest.rank)
+        aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            aside.write_text(manifest.to_json())
+            os.replace(aside, path)
+        except OSError as exc:
+            if self._strict:
+                raise
+            logger.warning("checkpoint: rank %d: the manifest %s cannot be written (%s)", manifest.rank, path, exc)
+
+    # -- a load ---------------------------------------------------------------------------
+
+    def _loaded(self, event: StageEnd, tap: Any) -> None:
+        if event.error is not None:
+            return  # the load raised: the run's failure, which the timing log and the watchdog show
+        folder = _folder(event, tap)
+        alarms, compared, saved_step = [], None, None
+        manifest, missing = _manifest(folder, event.rank)
+        if manifest is None:
+            alarms.append(Alarm("wrong_checkpoint", None, [], 0, missing))
+        else:
+            saved_step = manifest.step
+            held, read = tap.applied, _by_part(tap.loaded)
+            found, compared = judge_load(manifest.tensors, held, read, saved_step)
+            alarms += found
+        newer = _newer_save(folder, event.rank, event.step)
+        if newer is not None:
+            alarms.append(
+                Alarm(
+                    "wrong_checkpoint",
+                    None,
+                    [],
+                    0,
+                    f"loaded step {event.step} from {folder}, but {newer} holds a later save of ours: the run "
+                    "resumed from an older checkpoint than its folder's latest",
+                )
+            )
+        record = self._record(
+            event,
+            "loaded",
+            path=folder,
+            files=[{"name": f.name, "part": f.part, "bytes": None} for f in tap.loaded],
+            compared=compared,
+            alarms=alarms,
+            seconds=round(tap.seconds, 6),
+        )
+        self._append(record)
+        self._log_failures(tap)
+        self._send(record, LOAD)
+
+    # -- the loop's end (verl_events.bus.progress) ----------------------------------------
+
+    def loop_ended(self, ended: LoopEnded) -> None:
+        record = CheckpointRecord(
+            run=self._run_id(),
+            kind="loop_ended",
+            step=ended.last_step,
+            rank=DRIVER_RANK,
+            time=time.time(),
+            alarms=judge_loop(ended),
+            resumed_from=ended.resumed_from,
+            total_steps=ended.total_steps,
+            last_step=ended.last_step,
+        )
+        self._append(record)
+        self._send(record, LOAD)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _record(self, event: StageEvent, kind: str, **fields: Any) -> CheckpointRecord:
+        path = event.meta.get("path") if kind == "began" else fields.pop("path", None)
+        return CheckpointRecord(
+            run=self._run_id(),
+            kind=kind,
+            step=event.step,
+            rank=event.rank,
+            time=time.time(),
+            path=path if isinstance(path, str) else None,
+            **fields,
+        )
+
+    def _append(self, record: CheckpointRecord) -> None:
+        append_line(checkpoint_log_path(self._root), record.to_json())
+
+    def _log_failures(self, tap: Any) -> None:
+        """Descriptions that failed: the observer's own trouble, logged, never an alarm about
+        the checkpoint (its record counts only what was described)."""
+        for failure in tap.failures:
+            if self._strict:
+                raise RuntimeError(f"checkpoint: {failure}")
+            logger.warning("checkpoint: %s", failure)
+
+    def _send(self, record: CheckpointRecord, stage: str) -> None:
+        for alarm in record.alarms:
+            found = AnomalyEvent(
+                step=record.step,
+                stage=stage,
+                rank=record.rank,
+                metric=f"checkpoint/{alarm.kind}",
+                value=float(alarm.count),
+                rule=alarm.kind,
+                detail=f"checkpoint {record.kind} at step {record.step}: {alarm.detail}",
+            )
+            logger.warning("checkpoint: rank %d: %s", record.rank, found.detail)
+            send_anomaly(found, sender="checkpoint", strict=self._strict)
+
+
+def _folder(event: StageEvent, tap: Any) -> str | None:
+    """The checkpoint's folder: the stage's ``path``, else that of the first file written."""
+    path = event.meta.get("path")
+    if isinstance(path, str):
+        return path
+    return next((seen.folder for seen in tap.saved if seen.folder), None)
+
+
+def _one_line(text: str, most: int = 200) -> str:
+    """An exception's first line, at most ``most`` characters (the crash records keep it whole)."""
+    line = text.strip().split("\n")[0]
+    return line if len(line) <= most else line[: most - 1] + "…"
+
+
+def _summary(tensors: dict[str, TensorEntry]) -> dict[str, int]:
+    """A part's count of tensors (its other values aside) and bytes."""
+    counted = sum(1 for name in tensors if name != VALUES)
+    return {"tensors": counted, "bytes": sum(entry[2] for entry in tensors.values())}
+
+
+def _by_part(files: list[Any]) -> dict[str, dict[str, TensorEntry]]:
+    parts: dict[str, dict[str, TensorEntry]] = {}
+    for seen in files:
+        parts.setdefault(seen.part, {}).update(seen.tensors)
+    return parts
+
+
+def _manifest(folder: str | None, rank: int) -> tuple[Manifest | None, str]:
+    """The rank's manifest in ``folder``, or None and why there is none to compare with."""
+    if folder is None:
+        return None, "the load named no folder: nothing to compare what it loaded with"
+    path = manifest_path(folder, rank)
+    try:
+        return read_manifest(path), ""
+    except FileNotFoundError:
+        return None, (
+            f"{folder} holds no manifest of ours for rank {rank} ({path.name}): the checkpoint was not saved with "
+            "the checkpoint observer on (or by another world size), so what was loaded cannot be checked against it"
+        )
+    except (OSError, NotACheckpointRecord) as exc:
+        return None, f"{path} cannot be read as a manifest ({exc}): what was loaded cannot be checked against it"
+
+
+def _newer_save(folder: str | None, rank: int, step: int | None) -> str | None:
+    """The newest ``global_step_N`` folder beside the loaded one that holds a manifest of ours
+    for this rank, when its N is past ``step``; else None.  Only names and one file's
+    existence are looked at."""
+    if folder is None or step is None:
+        return None
+    loaded = Path(folder)
+    step_folder, kind = loaded.parent, loaded.name
+    if not _STEP_FOLDER.match(step_folder.name):
+        return None
+    try:
+        siblings = list(os.scandir(step_folder.parent))
+    except OSError:
+        return None
+    newest: tuple[int, str] | None = None
+    for entry in siblings:
+        match = _STEP_FOLDER.match(entry.name)
+        if match is None or int(match.group(1)) <= step:
+            continue
+        candidate = Path(entry.path) / kind
+        if manifest_path(candidate, rank).is_file() and (newest is None or int(match.group(1)) > newest[0]):
+            newest = (int(match.group(1)), str(candidate))
+    return None if newest is None else newest[1]
