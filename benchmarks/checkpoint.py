@@ -8,7 +8,8 @@ saves and loads it part by part as verl's FSDP checkpoint manager does, inside r
 ``save_checkpoint`` / ``load_checkpoint`` stages:
 
 1. a save with nothing watching, and with the ``checkpoint`` observer installed: seconds,
-   the observer's share, and its seconds per GB of state described;
+   the observer's share, and its seconds per GB of state described; and the ledger's own
+   ``seconds`` (the time spent describing tensors, measured inside the taps);
 2. the same for a load (the observer describes what ``torch.load`` returned and what the
    model and optimizer hold after ``load_state_dict``: twice the state);
 3. ``torch.save`` of a small object outside any stage, with the taps on and off: what
@@ -32,6 +33,7 @@ import torch
 
 import verl_events
 from verl_events import stage
+from verl_events.observers.checkpoint.record import CheckpointRecord, checkpoint_log_path
 
 SEVEN_B = 7.6e9
 #: float32 weights, and AdamW's exp_avg and exp_avg_sq: 12 bytes a parameter.
@@ -70,6 +72,13 @@ def median_s(action: Callable[[], None], repeats: int) -> float:
     return statistics.median(times)
 
 
+def described_s(save_path: Path) -> dict[str, float]:
+    """The median of the ledger's ``seconds`` (the time spent describing tensors) by kind."""
+    lines = checkpoint_log_path(save_path).read_text().splitlines()
+    records = [CheckpointRecord.from_json(line) for line in lines]
+    return {kind: statistics.median(r.seconds for r in records if r.kind == kind) for kind in ("saved", "loaded")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -90,8 +99,13 @@ def main() -> None:
             watched_save = median_s(lambda: save(model, optimizer, folder, 1), args.repeats)
             watched_load = median_s(lambda: load(model, optimizer, folder, 1), args.repeats)
             watched_small = median_s(lambda: torch.save(small, root / "small.pt"), 200)
+        described = described_s(root / "profile")
     save_cost, load_cost = watched_save - bare_save, watched_load - bare_load
     print(f"state: {args.params} M float32 parameters and two AdamW moments: {state_gb:.2f} GB")
+    print(
+        f"describing, by the ledger's seconds: save {described['saved']:.3f} s "
+        f"({state_gb / described['saved']:.1f} GB/s), load {described['loaded']:.3f} s (the state twice)"
+    )
     print(
         f"save: {bare_save:.3f} s bare, {watched_save:.3f} s watched: +{save_cost:.3f} s "
         f"({save_cost / state_gb:.2f} s per GB described, {100 * save_cost / bare_save:.0f} % of the save)"

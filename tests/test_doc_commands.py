@@ -45,6 +45,10 @@ RUN_ELSEWHERE = {
     ): "tests/test_verl_mismatch.py (verl's trainer on the CPU job, twice in a row)",
     ("docs/mismatch.md", "verl-events mismatch /shared/"): "tests/test_verl_mismatch.py (twice on each run)",
     ("docs/weight-sync.md", "verl-events weights /shared/"): "tests/test_verl_weight_sync.py (twice, on the doc's run)",
+    (
+        "docs/checkpoints.md",
+        "verl-events ",
+    ): "tests/test_verl_checkpoints.py (twice, on the doc's runs of verl's trainer with two FSDP ranks)",
     ("docs/verl.md", "verl-events gather"): "tests/test_verl_replay.py (twice, on two Ray nodes of one machine)",
 }
 #: The test command itself (README.md): it runs this test, so it is not run from here.
