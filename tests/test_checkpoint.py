@@ -42,8 +42,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.01)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
-    def folder(self, step: int) -> Path:
-        return self.root / "checkpoints" / f"global_step_{step}" / "actor"
+    def folder(self, step: int, kind: str = "actor") -> Path:
+        return self.root / "checkpoints" / f"global_step_{step}" / kind
 
     def update(self, step: int) -> None:
         with stage("actor_update", step=step):
@@ -51,8 +51,8 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad()
 
-    def save(self, step: int, optimizer_state: Any = None) -> None:
-        folder = self.folder(step)
+    def save(self, step: int, optimizer_state: Any = None, kind: str = "actor") -> None:
+        folder = self.folder(step, kind)
         folder.mkdir(parents=True, exist_ok=True)
         with stage("save_checkpoint", step=step, path=str(folder)):
             torch.save(self.model.state_dict(), folder / FILES["model"])
@@ -117,6 +117,21 @@ def test_a_save_without_an_update_since_the_previous_one_may_be_identical(traine
     trainer.save(2)
     assert [r.alarms for r in records(trainer.root, "saved")] == [[], []]
     assert [r.updates for r in records(trainer.root, "saved")] == [1, 0]
+
+
+def test_the_actors_and_the_critics_saves_of_one_step_each_count_the_updates_since_their_own_last(
+    trainer: Trainer,
+) -> None:
+    for step in (1, 2):
+        trainer.update(step)
+        trainer.save(step, kind="critic")
+        trainer.save(step, kind="actor")
+    assert [(r.path and Path(r.path).name, r.updates) for r in records(trainer.root, "saved")] == [
+        ("critic", 1),
+        ("actor", 1),
+        ("critic", 1),
+        ("actor", 1),
+    ]
 
 
 def test_a_save_holding_nan_is_nonfinite(trainer: Trainer) -> None:

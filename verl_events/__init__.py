@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from verl_events.bus.emit import emits_stage, stage
+    from verl_events.bus.progress import LoopEnded, ProgressWatcher, unwatch_progress, watch_progress
     from verl_events.bus.resolve import add_model_paths, find_rank, set_step
     from verl_events.bus.weights import Payload, PayloadWatcher, unwatch_payloads, watch_payloads
-    from verl_events.events.anomaly import AnomalyEvent, anomaly
+    from verl_events.events.anomaly import AnomalyEvent, anomaly, send_anomaly
     from verl_events.events.errors import ConfigError, ObserverError, ObserverSetupError, VerlEventsWarning
     from verl_events.events.hang import HangEvent, hang
     from verl_events.events.observer import InstallContext, Observer, Writes
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "AnomalyEvent": ".events.anomaly",
     "anomaly": ".events.anomaly",
+    "send_anomaly": ".events.anomaly",
     "HangEvent": ".events.hang",
     "hang": ".events.hang",
     "stage_begin": ".events.signals",
@@ -80,6 +82,10 @@ _HOMES = {
     "PayloadWatcher": ".bus.weights",
     "unwatch_payloads": ".bus.weights",
     "watch_payloads": ".bus.weights",
+    "LoopEnded": ".bus.progress",
+    "ProgressWatcher": ".bus.progress",
+    "unwatch_progress": ".bus.progress",
+    "watch_progress": ".bus.progress",
 }
 
 # verl_events.config.load_config(...) works without importing the submodule first.
@@ -108,11 +114,13 @@ __all__ = [
     "HangEvent",
     "InstallContext",
     "Installation",
+    "LoopEnded",
     "Observer",
     "ObserverError",
     "ObserverSetupError",
     "Payload",
     "PayloadWatcher",
+    "ProgressWatcher",
     "Record",
     "Selection",
     "StageEnd",
@@ -129,6 +137,7 @@ __all__ = [
     "install",
     "prepare_output_dir",
     "rank_name",
+    "send_anomaly",
     "set_step",
     "stage",
     "stage_begin",
@@ -136,7 +145,9 @@ __all__ = [
     "stage_header",
     "stage_output_dir",
     "unwatch_payloads",
+    "unwatch_progress",
     "watch_payloads",
+    "watch_progress",
 ]
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from verl_events.bus.progress import LoopEnded
+from verl_events import LoopEnded
 
 from .record import NAMES_KEPT, VALUES, Alarm, TensorEntry
 

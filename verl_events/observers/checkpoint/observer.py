@@ -40,12 +40,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_events import AnomalyEvent, InstallContext, Observer, StageEnd, StageEvent, Writes
-from verl_events.bus.progress import LoopEnded, unwatch_progress, watch_progress
-from verl_events.events.anomaly import send_anomaly
-from verl_events.events.stages import DRIVER_RANK
+from verl_events import (
+    DRIVER_RANK,
+    AnomalyEvent,
+    InstallContext,
+    LoopEnded,
+    Observer,
+    StageEnd,
+    StageEvent,
+    Writes,
+    prepare_output_dir,
+    send_anomaly,
+    unwatch_progress,
+    watch_progress,
+)
 from verl_events.layout import run_id
-from verl_events.run.paths import prepare_output_dir
 
 from .._lines import append_line
 from .judge import judge_load, judge_loop, judge_save
@@ -88,8 +97,10 @@ class CheckpointObserver(Observer):
         self._run_id: Any = run_id
         self._taps: Any = None
         self._open: dict[int, Any] = {}  # (tap, the tap it hides) of each save or load under way, by seq
-        self._updates = 0  # optimizer updates since this process's last save
-        self._previous: dict[str, tuple[int | None, dict[str, dict[str, TensorEntry]]]] = {}  # by folder kind
+        self._updates = 0  # optimizer updates (update stages ended without error) in this process
+        # By folder kind (actor, critic): the count of updates at its last save, and what that save held.
+        self._updates_at_save: dict[str, int] = {}
+        self._previous: dict[str, tuple[int | None, dict[str, dict[str, TensorEntry]]]] = {}
 
     def setup(self, context: InstallContext) -> None:
         from . import taps  # torch: only where the observer runs
@@ -149,7 +160,9 @@ class CheckpointObserver(Observer):
         files = [{"name": f.name, "part": f.part, "bytes": f.bytes} for f in tap.saved]
         kind = Path(folder).name if folder else ""
         with self._lock:
-            updates, self._updates = self._updates, 0
+            # Counted per folder kind: the actor's save after the critic's still sees the updates.
+            updates = self._updates - self._updates_at_save.get(kind, 0)
+            self._updates_at_save[kind] = self._updates
             previous_step, previous = self._previous.get(kind, (None, None))
             if event.error is None:
                 self._previous[kind] = (event.step, parts)

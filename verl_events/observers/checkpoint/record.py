@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_events import Record
-from verl_events.run.files import RunFileRefused, read_regular
+from verl_events.layout import RunFileRefused, read_regular
 
 __all__ = [
     "ALARM_KINDS",

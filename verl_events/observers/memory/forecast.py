@@ -55,8 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_events import AnomalyEvent
-from verl_events.events.anomaly import send_anomaly
+from verl_events import AnomalyEvent, send_anomaly
 
 from ..batch import token_counts
 from .kernel_file import KernelFile

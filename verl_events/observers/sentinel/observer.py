@@ -106,10 +106,10 @@ from verl_events import (
     StageEnd,
     Writes,
     prepare_output_dir,
+    send_anomaly,
     stage_header,
 )
 from verl_events.config import check_count
-from verl_events.events.anomaly import send_anomaly
 from verl_events.layout import run_id
 
 from ..batch import extract_metrics

@@ -65,11 +65,11 @@ from verl_events import (
     StageEnd,
     Writes,
     prepare_output_dir,
+    send_anomaly,
     unwatch_payloads,
     watch_payloads,
 )
 from verl_events.config import import_target, is_import_path
-from verl_events.events.anomaly import send_anomaly
 from verl_events.layout import run_id
 
 from .._lines import append_line
