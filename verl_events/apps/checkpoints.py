@@ -115,13 +115,16 @@ def render(read: Checkpoints) -> str:
     if ledger.loads:
         lines += ["", "loads:"]
         for load in ledger.loads:
-            compared = "nothing compared" if load.compared is None else f"{load.compared} tensor(s) compared"
-            kinds = ", ".join(alarm.kind for alarm in load.alarms) or "restored"
+            kinds = ", ".join(alarm.kind for alarm in load.alarms)
+            if not load.compared:  # no manifest, or one with no tensor (a writer the taps do not see)
+                compared, kinds = "nothing to compare", kinds or "unchecked"
+            else:
+                compared, kinds = f"{load.compared} tensor(s) compared", kinds or "restored"
             lines.append(f"  step {_step(load.step)}, {rank_name(load.rank)}: {load.path or '?'}: {compared}: {kinds}")
     for loop in ledger.loops:
         since = f"resumed from step {loop.resumed_from}" if loop.resumed_from else "started fresh"
         asked = f" of total_training_steps={loop.total_steps}" if loop.total_steps is not None else ""
-        lines += ["", f"the trainer's loop ({rank_name(loop.rank)}): {since}, last step {loop.last_step}{asked}"]
+        lines += ["", f"the trainer's loop ({rank_name(loop.rank)}): {since}, last step {_step(loop.last_step)}{asked}"]
     if alarms:
         lines += ["", "alarms:"]
         for step, rank, what, alarm in ((f.step, f.rank, f.what, f.alarm) for f in alarms):
@@ -152,7 +155,8 @@ def headline(evidence: Evidence, holding: Holding) -> str:
     alarms = ledger.alarms()
     kinds = sorted({found.alarm.kind for found in alarms})
     said = f"{len(alarms)} alarm(s): {', '.join(kinds)}" if alarms else "no alarm"
-    return f"{len(ledger.saves)} checkpoint save(s), {len(ledger.loads)} load(s): {said}"
+    ranks = len({s.rank for s in ledger.saves} | {r.rank for r in ledger.loads})
+    return f"{len(ledger.saves)} checkpoint save(s), {len(ledger.loads)} load(s) on {ranks} rank(s): {said}"
 
 
 #: The command's line in ``verl-events --help``; the other, what RUN is.

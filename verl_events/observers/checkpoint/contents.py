@@ -40,14 +40,14 @@ def describe(state: Any) -> dict[str, TensorEntry]:
 
 
 def _walk(item: Any, name: str, entries: dict[str, TensorEntry], values: list[list[str]], depth: int) -> None:
-    tensor = _as_tensor(item)
-    if tensor is not None:
-        entries[name or "(tensor)"] = _entry(tensor)
-        return
-    shards = _local_shards(item)
+    shards = _local_shards(item)  # first: a ShardedTensor (FSDP1's sharded state) is a Tensor too
     if shards is not None:
         for i, shard in enumerate(shards):
             entries[f"{name}#shard{i}"] = _entry(shard)
+        return
+    tensor = _as_tensor(item)
+    if tensor is not None:
+        entries[name or "(tensor)"] = _entry(tensor)
         return
     if depth >= MAX_DEPTH:
         values.append([name, f"<{type(item).__name__} deeper than {MAX_DEPTH}>"])

@@ -6,7 +6,7 @@ the trainer loop's end against what it was asked for.  Standard library only.
   previous save of the same folder kind (``actor``, ``critic``) although ``updates`` > 0
   (an optimizer step ended in between).  Without an update in between, equal is right.
 * **load** (:func:`judge_load`): ``not_restored``, the model or optimizer as the rank holds
-  it after ``load_state_dict`` differs from the manifest (a tensor missing, another
+  it once loaded differs from the manifest (a tensor missing, another
   dtype, shape or fingerprint), or no ``load_state_dict`` took it at all; a file read
   whose tensors differ from what was saved (changed on disk since), or a saved part no
   file was read for.
@@ -16,7 +16,7 @@ the trainer loop's end against what it was asked for.  Standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from verl_events import LoopEnded
 
@@ -33,9 +33,10 @@ Tensors = Mapping[str, TensorEntry]
 
 
 def _alarm(kind: str, part: str | None, names: list[str], detail: str) -> Alarm:
-    """An alarm naming ``names`` in the state's own order, the other values last."""
-    names = [name for name in names if name != VALUES] + [name for name in names if name == VALUES]
-    return Alarm(kind, part, names[:NAMES_KEPT], len(names), detail)
+    """An alarm naming ``names`` in the state's own order, the other values last; its count
+    is of tensors (the other values are one entry, not a tensor)."""
+    tensors = [name for name in names if name != VALUES]
+    return Alarm(kind, part, (tensors + [VALUES] * (VALUES in names))[:NAMES_KEPT], len(tensors), detail)
 
 
 def nonfinite_names(tensors: Tensors) -> list[str]:
@@ -77,15 +78,19 @@ def judge_load(
     held: Mapping[str, Tensors],
     read: Mapping[str, Tensors],
     saved_step: int | None,
+    unknown: Collection[str] = (),
 ) -> tuple[list[Alarm], int]:
     """The alarms of one rank's load, and how many tensors were compared.
 
-    ``saved``: the manifest's tensors by part; ``held``: what the rank holds after each
-    ``load_state_dict``, by part; ``read``: what its ``torch.load`` calls returned, by part.
+    ``saved``: the manifest's tensors by part; ``held``: what the rank holds after it was
+    loaded, by part; ``read``: what its ``torch.load`` calls returned, by part; ``unknown``:
+    the parts loaded whose state could not be described (not compared: no alarm either).
     """
     alarms, compared = [], 0
     of = f"the save of step {saved_step}" if saved_step is not None else "the save"
     for part, tensors in saved.items():
+        if part in HELD_PARTS and part in unknown:
+            continue
         if part in HELD_PARTS:
             after = held.get(part)
             if after is None:
@@ -99,10 +104,10 @@ def judge_load(
                     )
                 )
                 continue
-            compared += len(tensors)
+            compared += _count(tensors)
             alarms += _differences(part, tensors, after, f"the {part} the rank holds after the load", of)
         elif part in read:
-            compared += len(tensors)
+            compared += _count(tensors)
             alarms += _differences(part, tensors, read[part], f"the {part} file read", of)
         else:
             alarms.append(
@@ -119,10 +124,14 @@ def judge_load(
     return alarms, compared
 
 
+def _count(tensors: Tensors) -> int:
+    """How many tensors: the other values are one entry, not a tensor."""
+    return sum(1 for name in tensors if name != VALUES)
+
+
 def _tensors(tensors: Tensors) -> str:
-    """``"82 tensor(s) and other values"``: how much of a state an alarm is about."""
-    counted = sum(1 for name in tensors if name != VALUES)
-    return f"{counted} tensor(s)" + (" and other values" if VALUES in tensors else "")
+    """``"81 tensor(s) and other values"``: how much of a state an alarm is about."""
+    return f"{_count(tensors)} tensor(s)" + (" and other values" if VALUES in tensors else "")
 
 
 def _differences(part: str, saved: Tensors, found: Tensors, what: str, of: str) -> list[Alarm]:
@@ -130,17 +139,16 @@ def _differences(part: str, saved: Tensors, found: Tensors, what: str, of: str) 
     differs = [name for name, entry in saved.items() if name in found and found[name] != entry]
     alarms = []
     if missing:
-        alarms.append(
-            _alarm("not_restored", part, missing, f"{len(missing)} {part} tensor(s) of {of} are not in {what}")
-        )
+        missed = _tensors({name: saved[name] for name in missing})
+        alarms.append(_alarm("not_restored", part, missing, f"{missed} of the {part} of {of} are not in {what}"))
     if differs:
+        changed = _tensors({name: saved[name] for name in differs})
         alarms.append(
             _alarm(
                 "not_restored",
                 part,
                 differs,
-                f"{len(differs)} of {len(saved)} {part} tensor(s) in {what} differ from {of} "
-                "(fingerprint, dtype or shape)",
+                f"{changed} of the {part}'s {_count(saved)} in {what} differ from {of} (fingerprint, dtype or shape)",
             )
         )
     return alarms

@@ -8,12 +8,17 @@ A save is **incomplete** (:func:`incomplete`) when:
 * its ``saved`` line names an exception: the save raised, its files may be partial;
 * a file it wrote is there now with another size than the one written (cut short, or
   rewritten since).  Only the file's size is looked at (``os.stat``): nothing is read.  A
-  file that is gone is no alarm (verl removes old checkpoints: ``max_ckpt_to_keep``).
+  file that is gone is no alarm (verl removes old checkpoints: ``max_ckpt_to_keep``).  The
+  ledger is untrusted: only a file of an absolute ``.../global_step_N/<kind>`` folder, named
+  by a plain file name, is looked at; a save in any other folder is not checked this way.
+
+A save whose rank is still writing it reads as ``incomplete`` too, and says so.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -115,16 +120,20 @@ def incomplete(save: Save, size_of: Callable[[str], int | None]) -> Alarm | None
             None,
             [],
             0,
-            f"rank {save.rank} began saving step {save.step}{where} and left no manifest: the save never finished "
-            "(the process was killed or crashed inside it); do not resume from this checkpoint",
+            f"rank {save.rank} began saving step {save.step}{where} and left no manifest: the save did not finish "
+            "(the process was killed or crashed inside it, or, on a run still going, is writing it now); do not "
+            "resume from this checkpoint",
         )
     if save.saved.error is not None:
         return Alarm("incomplete", None, [], 0, f"the save raised {save.saved.error}: its files may be partial")
-    cut = []
+    cut: list[str] = []
+    folder = save.path
+    if folder is None or not _checkpoint_folder(folder):
+        return None
     for file in save.saved.files:
-        if save.path is None or file.get("bytes") is None:
+        if file.get("bytes") is None:
             continue
-        now = size_of(os.path.join(save.path, file["name"]))
+        now = size_of(os.path.join(folder, file["name"]))
         if now is None:
             save.gone.append(file["name"])
         elif now != file["bytes"]:
@@ -139,6 +148,17 @@ def incomplete(save: Save, size_of: Callable[[str], int | None]) -> Alarm | None
             f"since): {', '.join(cut[:5])}",
         )
     return None
+
+
+_STEP_FOLDER = re.compile(r"^global_step_\d+$")
+
+
+def _checkpoint_folder(path: str | None) -> bool:
+    """Whether ``path`` is an absolute ``.../global_step_N/<kind>`` folder, the only kind whose
+    files' sizes are looked at."""
+    return (
+        path is not None and os.path.isabs(path) and bool(_STEP_FOLDER.match(os.path.basename(os.path.dirname(path))))
+    )
 
 
 def file_size(path: str) -> int | None:

@@ -16,14 +16,18 @@ end (:mod:`verl_events.bus.progress`):
   count, and each file's size.  The manifest is written beside the files
   (``verl_events.rank{R}.json``) and summed up in the ledger's ``saved`` line, with the
   alarms ``unchanged`` and ``nonfinite`` (:mod:`.judge`);
-* **a load**: what each ``load_state_dict`` left the rank holding, and what each
-  ``torch.load`` read, compared with the manifest beside the files (``not_restored``), and
-  the folder's step against the newest save of ours in the same checkpoint root
-  (``wrong_checkpoint``, also when the folder holds no manifest of ours);
+* **a load**: what the rank holds once the model and the optimizer were loaded, and what
+  each ``torch.load`` read, compared with the manifest beside the files (``not_restored``),
+  and the folder's step against the latest complete save in the same checkpoint root
+  (``wrong_checkpoint``, also when the folder holds no manifest of this rank's save:
+  :mod:`.resume`);
 * **the loop's end**, on the driver: ``no_progress`` when it trained none, or fewer steps
   than asked.
 
-Each alarm is also sent as an ``anomaly`` (metric ``checkpoint/<kind>``).  ``incomplete``
+Each alarm of a save or a load is also sent as an ``anomaly`` (metric
+``checkpoint/<kind>``); the loop's end comes after training, and is in the ledger only.
+An update counts for the folder of its role (``actor_update`` for ``actor/``,
+``critic_update`` for ``critic/``).  ``incomplete``
 is found when the ledger is read (``verl-events checkpoints``): a ``began`` with no
 ``saved`` after it.  Nothing is read back from disk: a save describes what verl hands to
 ``torch.save``, a load what verl's own ``torch.load`` returned.  Passive; a stage that is
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from pathlib import Path
@@ -63,13 +66,12 @@ from .record import (
     Alarm,
     CheckpointRecord,
     Manifest,
-    NotACheckpointRecord,
     TensorEntry,
     checkpoint_files,
     checkpoint_log_path,
     manifest_path,
-    read_manifest,
 )
+from .resume import later_save, saved_manifest
 
 __all__ = ["LOAD", "SAVE", "UPDATE_STAGES", "CheckpointObserver"]
 
@@ -77,9 +79,9 @@ logger = logging.getLogger("verl_events.checkpoint")
 
 SAVE = "save_checkpoint"
 LOAD = "load_checkpoint"
-#: The stages whose end without error means an optimizer step ran.
-UPDATE_STAGES = ("actor_update", "critic_update")
-_STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
+#: The stages whose end without error means an optimizer step ran, and the checkpoint folder
+#: (verl's ``global_step_N/actor``, ``/critic``) whose state that step changed.
+UPDATE_STAGES = {"actor_update": "actor", "critic_update": "critic"}
 
 
 class CheckpointObserver(Observer):
@@ -97,8 +99,9 @@ class CheckpointObserver(Observer):
         self._run_id: Any = run_id
         self._taps: Any = None
         self._open: dict[int, Any] = {}  # (tap, the tap it hides) of each save or load under way, by seq
-        self._updates = 0  # optimizer updates (update stages ended without error) in this process
-        # By folder kind (actor, critic): the count of updates at its last save, and what that save held.
+        # By folder kind (actor, critic): the optimizer updates in this process (its update stages
+        # that ended without error), that count at its last save, and what that save held.
+        self._updates: dict[str, int] = {}
         self._updates_at_save: dict[str, int] = {}
         self._previous: dict[str, tuple[int | None, dict[str, dict[str, TensorEntry]]]] = {}
 
@@ -113,6 +116,10 @@ class CheckpointObserver(Observer):
 
     def close(self) -> None:
         unwatch_progress(self)
+        with self._lock:  # a save or load still under way (closed from another thread): its tap sees no more
+            for tap, _ in self._open.values():
+                tap.close()
+            self._open.clear()
         if self._taps is not None:
             self._taps.remove_user()
             self._taps = None
@@ -135,8 +142,9 @@ class CheckpointObserver(Observer):
     def on_stage_end(self, event: StageEnd) -> None:
         if event.stage in UPDATE_STAGES:
             if event.error is None:
+                kind = UPDATE_STAGES[event.stage]
                 with self._lock:
-                    self._updates += 1
+                    self._updates[kind] = self._updates.get(kind, 0) + 1
             return
         if event.stage not in (SAVE, LOAD):
             return
@@ -154,15 +162,14 @@ class CheckpointObserver(Observer):
 
     def _saved(self, event: StageEnd, tap: Any) -> None:
         folder = _folder(event, tap)
-        parts: dict[str, dict[str, TensorEntry]] = {}
-        for seen in tap.saved:
-            parts.setdefault(seen.part, {}).update(seen.tensors)
+        parts = _by_part(tap.saved)  # a file whose tensors could not be described: left out
         files = [{"name": f.name, "part": f.part, "bytes": f.bytes} for f in tap.saved]
         kind = Path(folder).name if folder else ""
         with self._lock:
-            # Counted per folder kind: the actor's save after the critic's still sees the updates.
-            updates = self._updates - self._updates_at_save.get(kind, 0)
-            self._updates_at_save[kind] = self._updates
+            # A folder of another kind (a custom trainer's) is changed by any update.
+            done = self._updates.get(kind, sum(self._updates.values()))
+            updates = done - self._updates_at_save.get(kind, 0)
+            self._updates_at_save[kind] = done
             previous_step, previous = self._previous.get(kind, (None, None))
             if event.error is None:
                 self._previous[kind] = (event.step, parts)
@@ -204,24 +211,24 @@ class CheckpointObserver(Observer):
             return  # the load raised: the run's failure, which the timing log and the watchdog show
         folder = _folder(event, tap)
         alarms, compared, saved_step = [], None, None
-        manifest, missing = _manifest(folder, event.rank)
+        manifest, missing = saved_manifest(folder, event.rank, event.step)
         if manifest is None:
             alarms.append(Alarm("wrong_checkpoint", None, [], 0, missing))
         else:
             saved_step = manifest.step
             held, read = tap.applied, _by_part(tap.loaded)
-            found, compared = judge_load(manifest.tensors, held, read, saved_step)
+            found, compared = judge_load(manifest.tensors, held, read, saved_step, unknown=tap.undescribed)
             alarms += found
-        newer = _newer_save(folder, event.rank, event.step)
-        if newer is not None:
+        later = later_save(folder, event.rank, event.step)
+        if later is not None:
             alarms.append(
                 Alarm(
                     "wrong_checkpoint",
                     None,
                     [],
                     0,
-                    f"loaded step {event.step} from {folder}, but {newer} holds a later save of ours: the run "
-                    "resumed from an older checkpoint than its folder's latest",
+                    f"loaded step {event.step} from {folder}, but {later}: the run resumed from an older "
+                    "checkpoint than its folder's latest",
                 )
             )
         record = self._record(
@@ -251,8 +258,7 @@ class CheckpointObserver(Observer):
             total_steps=ended.total_steps,
             last_step=ended.last_step,
         )
-        self._append(record)
-        self._send(record, LOAD)
+        self._append(record)  # after training: no capture left to arm, so no anomaly either
 
     # -- writing --------------------------------------------------------------------------
 
@@ -264,7 +270,7 @@ class CheckpointObserver(Observer):
             step=event.step,
             rank=event.rank,
             time=time.time(),
-            path=path if isinstance(path, str) else None,
+            path=os.path.abspath(path) if isinstance(path, str) else None,  # read elsewhere, from another folder
             **fields,
         )
 
@@ -299,7 +305,7 @@ def _folder(event: StageEvent, tap: Any) -> str | None:
     path = event.meta.get("path")
     if isinstance(path, str):
         return path
-    return next((seen.folder for seen in tap.saved if seen.folder), None)
+    return next((seen.folder for seen in tap.saved), None)
 
 
 def _one_line(text: str, most: int = 200) -> str:
@@ -317,46 +323,6 @@ def _summary(tensors: dict[str, TensorEntry]) -> dict[str, int]:
 def _by_part(files: list[Any]) -> dict[str, dict[str, TensorEntry]]:
     parts: dict[str, dict[str, TensorEntry]] = {}
     for seen in files:
-        parts.setdefault(seen.part, {}).update(seen.tensors)
+        if seen.tensors is not None:
+            parts.setdefault(seen.part, {}).update(seen.tensors)
     return parts
-
-
-def _manifest(folder: str | None, rank: int) -> tuple[Manifest | None, str]:
-    """The rank's manifest in ``folder``, or None and why there is none to compare with."""
-    if folder is None:
-        return None, "the load named no folder: nothing to compare what it loaded with"
-    path = manifest_path(folder, rank)
-    try:
-        return read_manifest(path), ""
-    except FileNotFoundError:
-        return None, (
-            f"{folder} holds no manifest of ours for rank {rank} ({path.name}): the checkpoint was not saved with "
-            "the checkpoint observer on (or by another world size), so what was loaded cannot be checked against it"
-        )
-    except (OSError, NotACheckpointRecord) as exc:
-        return None, f"{path} cannot be read as a manifest ({exc}): what was loaded cannot be checked against it"
-
-
-def _newer_save(folder: str | None, rank: int, step: int | None) -> str | None:
-    """The newest ``global_step_N`` folder beside the loaded one that holds a manifest of ours
-    for this rank, when its N is past ``step``; else None.  Only names and one file's
-    existence are looked at."""
-    if folder is None or step is None:
-        return None
-    loaded = Path(folder)
-    step_folder, kind = loaded.parent, loaded.name
-    if not _STEP_FOLDER.match(step_folder.name):
-        return None
-    try:
-        siblings = list(os.scandir(step_folder.parent))
-    except OSError:
-        return None
-    newest: tuple[int, str] | None = None
-    for entry in siblings:
-        match = _STEP_FOLDER.match(entry.name)
-        if match is None or int(match.group(1)) <= step:
-            continue
-        candidate = Path(entry.path) / kind
-        if manifest_path(candidate, rank).is_file() and (newest is None or int(match.group(1)) > newest[0]):
-            newest = (int(match.group(1)), str(candidate))
-    return None if newest is None else newest[1]

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_events import Record
+from verl_events import DRIVER_RANK, Record
 from verl_events.layout import RunFileRefused, read_regular
 
 __all__ = [
@@ -137,7 +137,15 @@ class CheckpointRecord(Record):
     @classmethod
     def from_json(cls, line: str | builtins.bytes) -> CheckpointRecord:
         data = cls.parsed(line)
+        for name in ("path", "error"):  # printed as they are: no terminal control sequence gets through
+            if isinstance(data.get(name), str):
+                data[name] = printable(data[name])
         record = cls.known(data | {"alarms": []})
+        if (record.rank == DRIVER_RANK) != (record.kind == "loop_ended") or record.rank < DRIVER_RANK:
+            raise NotACheckpointRecord(
+                f"its rank is {record.rank} for a {record.kind} line: a rank's lines have a rank >= 0, and only the "
+                f"driver's (rank {DRIVER_RANK}) is the trainer loop's end"
+            )
         files = [_file(entry) for entry in record.files]
         alarms = [_alarm(alarm) for alarm in _list(data.get("alarms") or [], "alarms")]
         for part, summary in record.parts.items():
@@ -157,7 +165,7 @@ def _count(value: Any) -> bool:
 
 
 #: A file's name in a checkpoint folder: a name, never a path.
-_FILE_NAME = re.compile(r"^[^/\\\x00]{1,255}$")
+_FILE_NAME = re.compile(r"^[^/\\\x00-\x1f\x7f-\x9f]{1,255}$")
 
 
 def _file(entry: Any) -> dict[str, Any]:
@@ -186,7 +194,15 @@ def _alarm(data: Any) -> Alarm:
         raise NotACheckpointRecord(f"its {kind} alarm's count is {count!r}, not a count")
     if not isinstance(tensors, list) or not all(isinstance(t, str) for t in tensors):
         raise NotACheckpointRecord(f"its {kind} alarm's tensors is not a list of names")
-    return Alarm(kind, part, tensors[:NAMES_KEPT], count, detail)
+    return Alarm(kind, part, [printable(t) for t in tensors[:NAMES_KEPT]], count, printable(detail))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character (an escape sequence's start, a newline) as ``?``."""
+    return _CONTROL.sub("?", text)
 
 
 # -- the manifest in the checkpoint folder -------------------------------------------------
@@ -243,7 +259,7 @@ def read_manifest(path: Path) -> Manifest:
         data = Record.loads(text)
     except ValueError as exc:
         raise NotACheckpointRecord(f"it is not JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+    if not isinstance(data, dict) or type(data.get("format")) is not int or data["format"] != _FORMAT:
         raise NotACheckpointRecord(f"it is not a verl_events manifest of format {_FORMAT}")
     run, step, rank = data.get("run"), data.get("step"), data.get("rank")
     if not isinstance(run, str) or not (step is None or _count(step)) or not isinstance(rank, int) or not _count(rank):
