@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -481,3 +482,25 @@ def test_damaged_ledger_lines_are_skipped_and_no_control_sequence_reaches_the_te
     shown = json.loads(capsys.readouterr().out)
     # /etc is no checkpoint folder: its "file" is not looked at, so no incomplete alarm comes of it.
     assert [(a["rank"], a["kind"]) for a in shown["alarms"]] == [(0, "incomplete"), (1, "nonfinite")]
+
+
+def test_diagnose_reads_a_save_being_written_on_a_rank_that_beats_as_running_not_cut_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = {
+        "save_path": str(tmp_path / "profile"),
+        "observers": [{"name": "checkpoint"}, {"name": "watchdog", "heartbeat_s": 0.2}],
+    }
+    trainer = Trainer(tmp_path)
+    with verl_events.install(config):
+        with stage("save_checkpoint", step=1, path=str(trainer.folder(1))):
+            beat = tmp_path / "profile" / "heartbeats" / "rank0.json"
+            deadline = time.monotonic() + 30
+            while "save_checkpoint" not in (beat.read_text() if beat.exists() else "") and time.monotonic() < deadline:
+                time.sleep(0.05)  # the watchdog's thread writes the stage into the heartbeat
+            assert verl_events_main(["diagnose", str(tmp_path / "profile"), "--json"]) == 0
+            writing = json.loads(capsys.readouterr().out)
+            assert verl_events_main(["checkpoints", str(tmp_path / "profile")]) == 1  # the ledger alone cannot tell
+            assert "or, on a run still going, is writing it now" in capsys.readouterr().out
+        trainer.save(2)
+    assert writing["verdict"] == "running" and writing["first"] is None, writing

@@ -58,6 +58,7 @@ from verl_events.observers.weight_sync import record as weight_sync_record
 from . import large_logs
 from .deaths import crash_records, fatal_dumps, outlived, process_ends, read_heartbeats, stopped_ranks, teardown
 from .large_logs import ALARM_LINE, lines_matching, tail_records, total_bytes
+from .liveness import liveness, newest
 from .ranks import DRIVER_RANK, ranks_phrase
 from .ray_kills import ray_kills
 from .record import LAUNCHER_SIGNALS, NO_RANK, Evidence, Failure, records_of, relative
@@ -237,10 +238,18 @@ def _weight_alarms(evidence: Evidence) -> None:
 
 
 def _checkpoint_alarms(evidence: Evidence) -> None:
+    """Each alarm of the checkpoint ledger, as an ``anomaly``; but a save with no manifest yet
+    on a rank that still beats is one being written, not one cut short."""
     path = checkpoint_record.checkpoint_log_path(evidence.run)
     records = [record for _, record in records_of(evidence, path, checkpoint_record.CheckpointRecord)]
+    ledger = checkpoint_ledger.read_ledger(records)
+    last = newest(evidence.heartbeats)
+    beating = {b.rank for b in evidence.heartbeats if liveness(b, evidence.now, last).state == "alive"}
+    writing = {(save.rank, save.step) for save in ledger.saves if save.saved is None and save.rank in beating}
     stages = {"save": "save_checkpoint", "load": "load_checkpoint", "loop": ""}
-    for found in checkpoint_ledger.read_ledger(records).alarms():
+    for found in ledger.alarms():
+        if found.what == "save" and (found.rank, found.step) in writing:
+            continue
         alarm = found.alarm
         part = f" ({alarm.part})" if alarm.part else ""
         evidence.failures.append(
