@@ -504,3 +504,13 @@ def test_diagnose_reads_a_save_being_written_on_a_rank_that_beats_as_running_not
             assert "or, on a run still going, is writing it now" in capsys.readouterr().out
         trainer.save(2)
     assert writing["verdict"] == "running" and writing["first"] is None, writing
+
+
+def test_a_selection_without_the_update_stages_counts_no_update_and_judges_nothing_unchanged(tmp_path: Path) -> None:
+    observers = [{"name": "checkpoint", "stages": ["save_checkpoint", "load_checkpoint"]}]
+    with verl_events.install({"save_path": str(tmp_path / "profile"), "observers": observers}):
+        trainer = Trainer(tmp_path)
+        trainer.update(1)
+        trainer.save(1)
+        trainer.save(2)
+    assert [(r.updates, r.alarms) for r in records(tmp_path, "saved")] == [(None, []), (None, [])]

@@ -168,11 +168,13 @@ class CheckpointObserver(Observer):
         with self._lock:
             # A folder of another kind (a custom trainer's) is changed by any update.
             done = self._updates.get(kind, sum(self._updates.values()))
-            updates = done - self._updates_at_save.get(kind, 0)
+            counted: int | None = done - self._updates_at_save.get(kind, 0)
             self._updates_at_save[kind] = done
             previous_step, previous = self._previous.get(kind, (None, None))
             if event.error is None:
                 self._previous[kind] = (event.step, parts)
+        # A selection without the update stages never sees one: unknown, and nothing is judged unchanged.
+        updates = counted if self._sees_updates() else None
         alarms = judge_save(parts, previous, updates, previous_step)
         if folder and event.error is None:  # also when no torch.save was seen: a load then compares nothing
             self._write_manifest(folder, Manifest(self._run_id(), event.step, event.rank, files, parts))
@@ -191,6 +193,10 @@ class CheckpointObserver(Observer):
         self._append(record)
         self._log_failures(tap)
         self._send(record, SAVE)
+
+    def _sees_updates(self) -> bool:
+        stages = self.selection.stages
+        return stages is None or any(stage in stages for stage in UPDATE_STAGES)
 
     def _write_manifest(self, folder: str, manifest: Manifest) -> None:
         """The manifest beside the files, whole or not at all (written aside, then renamed)."""
