@@ -2,20 +2,21 @@
 the default (v1) trainer under Ray, FSDP2 on gloo, CPU, two FSDP ranks — saving every step
 and resuming (issue 44).
 
-Four trainer runs, about a minute each on 2 cores:
+Three trainer runs, about a minute each on 2 cores, on one checkpoint folder:
 
-* **healthy**: two steps, a save at each, into ``checkpoints/``;
-* **asked for nothing**: resumed from it with ``total_training_steps=2`` (verl #7401's
+* **first**: three steps, a save at each, into ``checkpoints/``.  Steps 1 and 2 are healthy.
+  At step 3 the optimizer state handed to the save is step 2's
+  (:class:`tests.checkpoint_faults.StaleOptimizerSave`, NeMo RL #4183: ``unchanged``), and
+  rank 1 is SIGKILLed halfway through writing its optimizer file
+  (:class:`~tests.checkpoint_faults.KillInSave`: ``incomplete``; diagnose names the kill
+  first).  verl's tracker still names step 2, and the resumes load it;
+* **asked for nothing**: resumed from step 2 with ``total_training_steps=2`` (verl #7401's
   resumed job that exits 0 having trained nothing: ``no_progress``), rank 1's optimizer
-  load skipped by a user's observer (:class:`tests.checkpoint_faults.SkipOptimizerLoad`:
+  load skipped by a user's observer (:class:`~tests.checkpoint_faults.SkipOptimizerLoad`:
   ``not_restored``);
 * **healthy resume**: resumed from step 2 with ``total_training_steps=3``: it loads, trains
-  step 3 and saves it; no alarm, and every tensor of the manifest compared;
-* **faults**: a fresh two-step run whose optimizer state stops changing after the first
-  save (:class:`~tests.checkpoint_faults.StaleOptimizerSave`, NeMo RL #4183:
-  ``unchanged``), and whose rank 1 is SIGKILLed halfway through writing its optimizer
-  file at step 2 (:class:`~tests.checkpoint_faults.KillInSave`: ``incomplete``; diagnose
-  names the kill first).
+  step 3 and saves it over the one that died; no alarm, and every tensor of the manifest
+  compared.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _train(files: job.JobFiles, name: str, observers: list[dict[str, Any]], *ext
 
 @dataclass(frozen=True)
 class Resumes:
-    healthy: Run
+    first: Run
     asked_nothing: Run
     resumed: Run
     checkpoints: Path
@@ -90,25 +91,19 @@ class Resumes:
 @pytest.fixture(scope="module")
 def resumes(tmp_path_factory: pytest.TempPathFactory) -> Resumes:
     files = job.prepare(tmp_path_factory.mktemp("checkpoint-job"))
-    healthy = _train(files, "healthy", WATCHED)
+    # Step 3's save holds step 2's optimizer state (cached at step 2's save), and rank 1 dies in it.
+    stale = {"_target_": "tests.checkpoint_faults:StaleOptimizerSave", "steps": [2, 3], "stages": ["save_checkpoint"]}
+    kill = {"_target_": "tests.checkpoint_faults:KillInSave", "step": 3, "ranks": [1], "stages": ["save_checkpoint"]}
+    first = _train(files, "first", [*WATCHED, stale, kill], steps=3)
     skip = {"_target_": "tests.checkpoint_faults:SkipOptimizerLoad", "ranks": [1], "stages": ["load_checkpoint"]}
     asked_nothing = _train(files, "asked-nothing", [*WATCHED, skip], "trainer.resume_mode=auto", steps=2)
     resumed = _train(files, "resumed", WATCHED, "trainer.resume_mode=auto", steps=3)
-    return Resumes(healthy, asked_nothing, resumed, files.root / "checkpoints", files.root)
+    return Resumes(first, asked_nothing, resumed, files.root / "checkpoints", files.root)
 
 
-@pytest.fixture(scope="module")
-def faults(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    files = job.prepare(tmp_path_factory.mktemp("checkpoint-faults-job"))
-    stale = {"_target_": "tests.checkpoint_faults:StaleOptimizerSave", "stages": ["save_checkpoint"]}
-    kill = {"_target_": "tests.checkpoint_faults:KillInSave", "step": 2, "ranks": [1], "stages": ["save_checkpoint"]}
-    return _train(files, "faults", [*WATCHED, stale, kill])
-
-
-def test_a_healthy_run_saves_a_manifest_per_rank_and_step_beside_verls_files(resumes: Resumes) -> None:
-    run = resumes.healthy
-    assert run.code == 0, run.log[-6000:]
-    saved = run.of("saved")
+def test_each_healthy_save_has_a_manifest_per_rank_beside_verls_files(resumes: Resumes) -> None:
+    run = resumes.first
+    saved = {key: record for key, record in run.of("saved").items() if key[0] in (1, 2)}
     assert sorted(saved) == [(step, rank) for step in (1, 2) for rank in (0, 1)]
     for (step, rank), record in saved.items():
         assert record.alarms == [] and record.error is None, record
@@ -121,10 +116,7 @@ def test_a_healthy_run_saves_a_manifest_per_rank_and_step_beside_verls_files(res
         manifest = read_manifest(manifest_path(folder, rank))
         assert (manifest.step, manifest.rank) == (step, rank)
         assert {p: len(t) for p, t in manifest.tensors.items()}["model"] == record.parts["model"]["tensors"]
-    began = run.of("began")
-    assert sorted(began) == sorted(saved)
-    (loop,) = run.of("loop_ended").values()
-    assert (loop.resumed_from, loop.total_steps, loop.last_step, loop.alarms) == (None, 2, 2, [])
+    assert sorted(run.of("began")) == [(step, rank) for step in (1, 2, 3) for rank in (0, 1)]
 
 
 def test_the_healthy_resume_compares_every_tensor_of_the_save_and_raises_no_alarm(
@@ -142,9 +134,8 @@ def test_the_healthy_resume_compares_every_tensor_of_the_save_and_raises_no_alar
     assert sorted(run.of("saved")) == [(3, 0), (3, 1)]
     (loop,) = run.of("loop_ended").values()
     assert (loop.resumed_from, loop.total_steps, loop.last_step, loop.alarms) == (2, 3, 3, [])
-    for save_path in (resumes.healthy.save_path, run.save_path):
-        assert verl_events_main(["checkpoints", str(save_path)]) == 0
-        assert "no alarms" in capsys.readouterr().out
+    assert verl_events_main(["checkpoints", str(run.save_path)]) == 0
+    assert "no alarms" in capsys.readouterr().out
     assert verl_events_main(["diagnose", str(run.save_path)]) == 0
     out = capsys.readouterr().out
     assert "verdict: healthy" in out and "2 checkpoint save(s), 2 load(s) on 2 rank(s): no alarm" in out
@@ -175,25 +166,27 @@ def test_a_resume_that_trains_nothing_and_a_load_that_skips_the_optimizer_are_al
 
 
 def test_a_stale_optimizer_save_is_unchanged_and_a_save_cut_by_sigkill_is_incomplete_after_the_kill(
-    faults: Run, capsys: pytest.CaptureFixture[str]
+    resumes: Resumes, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    faults = resumes.first
     assert faults.code != 0, faults.log[-6000:]
     saved = faults.of("saved")
-    assert saved[(1, 0)].alarms == [] and saved[(1, 1)].alarms == []
-    stale = [(a.kind, a.part) for a in saved[(2, 0)].alarms]
-    assert stale == [("unchanged", "optimizer")], saved[(2, 0)]
-    assert (2, 1) not in saved and (2, 1) in faults.of("began")
+    stale = [(a.kind, a.part) for a in saved[(3, 0)].alarms]
+    assert stale == [("unchanged", "optimizer")], saved[(3, 0)]
+    assert saved[(3, 0)].error is not None  # its last barrier waited for rank 1, which had died
+    assert (3, 1) not in saved and (3, 1) in faults.of("began")
+    assert faults.of("loop_ended") == {}  # the loop raised: its end is the failure's
     assert verl_events_main(["checkpoints", str(faults.save_path), "--json"]) == 1
     shown = json.loads(capsys.readouterr().out)
     cut = [a for a in shown["alarms"] if a["kind"] == "incomplete" and a["rank"] == 1]
-    assert len(cut) == 1 and cut[0]["step"] == 2 and "left no manifest" in cut[0]["detail"], shown["alarms"]
+    assert len(cut) == 1 and cut[0]["step"] == 3 and "left no manifest" in cut[0]["detail"], shown["alarms"]
     assert verl_events_main(["diagnose", str(faults.save_path), "--json"]) == 1
     diagnosis = json.loads(capsys.readouterr().out)
     first = diagnosis["first"]
     assert (first["rank"], first["kind"]) == (1, "killed"), first
     # The alarms are findings, not deaths: after the kill, diagnose names them on the tool's line.
     (line,) = [tool for tool in diagnosis["tools"] if tool["tool"] == "checkpoint"]
-    assert line["summary"] == "4 checkpoint save(s), 0 load(s) on 2 rank(s): 3 alarm(s): incomplete, unchanged", line
+    assert line["summary"] == "6 checkpoint save(s), 0 load(s) on 2 rank(s): 3 alarm(s): incomplete, unchanged", line
 
 
 def test_the_docs_config_is_the_one_these_runs_use() -> None:
