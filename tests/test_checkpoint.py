@@ -451,6 +451,12 @@ def test_the_taps_come_off_under_a_later_patch_and_are_not_stacked_twice(tmp_pat
             assert tap is not None and len(tap.saved) == 1  # described once, not twice
     finally:
         torch.save = original
+    # The later patch is gone (the original is back): the taps go on again.
+    with verl_events.install(config), stage("save_checkpoint", step=2, path=str(tmp_path)):
+        torch.save({"w": torch.ones(2)}, tmp_path / "model_world_size_1_rank_0.pt")
+        tap = taps.current()
+        assert tap is not None and len(tap.saved) == 1
+    assert torch.save is original
 
 
 def test_damaged_ledger_lines_are_skipped_and_no_control_sequence_reaches_the_terminal(
@@ -478,6 +484,8 @@ def test_damaged_ledger_lines_are_skipped_and_no_control_sequence_reaches_the_te
     assert "/ckpt/global_step_1/actor?]0;owned?" in captured.out
     assert "nonfinite (model): x?y" in captured.out and "tensors: w?[31m" in captured.out
     assert captured.err.count("checkpoints.jsonl:") == 3, captured.err  # the two ranks and the file name
+    assert verl_events_main(["diagnose", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.count("checkpoints.jsonl:1:") == 1  # read once, warned once
     assert verl_events_main(["checkpoints", str(tmp_path), "--json"]) == 1
     shown = json.loads(capsys.readouterr().out)
     # /etc is no checkpoint folder: its "file" is not looked at, so no incomplete alarm comes of it.
@@ -514,3 +522,17 @@ def test_a_selection_without_the_update_stages_counts_no_update_and_judges_nothi
         trainer.save(1)
         trainer.save(2)
     assert [(r.updates, r.alarms) for r in records(tmp_path, "saved")] == [(None, []), (None, [])]
+
+
+def test_a_save_stage_without_a_path_takes_its_folder_from_the_files_it_wrote(trainer: Trainer) -> None:
+    """A save emitted by hand (``stage("save_checkpoint", step=N)``): its began line has no
+    folder, its saved line has the files' one, and the two are one finished save."""
+    folder = trainer.folder(1)
+    folder.mkdir(parents=True)
+    with stage("save_checkpoint", step=1):
+        torch.save(trainer.model.state_dict(), folder / FILES["model"])
+    (began,) = records(trainer.root, "began")
+    (saved,) = records(trainer.root, "saved")
+    assert (began.path, saved.path) == (None, str(folder))
+    assert manifest_path(folder, 0).is_file()
+    assert verl_events_main(["checkpoints", str(trainer.root / "profile"), "--json"]) == 0

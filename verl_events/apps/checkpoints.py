@@ -151,7 +151,8 @@ def _step(step: int | None) -> str:
 
 def headline(evidence: Evidence, holding: Holding) -> str:
     """The checkpoint observer's line in ``verl-events diagnose``: saves, loads, alarms."""
-    ledger = _of(evidence, needed=False).ledger
+    # diagnose's evidence has read the ledger already: reading it again would warn twice.
+    ledger = evidence.checkpoints if evidence.checkpoints is not None else _of(evidence, needed=False).ledger
     alarms = ledger.alarms()
     kinds = sorted({found.alarm.kind for found in alarms})
     said = f"{len(alarms)} alarm(s): {', '.join(kinds)}" if alarms else "no alarm"

@@ -242,7 +242,7 @@ def _checkpoint_alarms(evidence: Evidence) -> None:
     on a rank that still beats is one being written, not one cut short."""
     path = checkpoint_record.checkpoint_log_path(evidence.run)
     records = [record for _, record in records_of(evidence, path, checkpoint_record.CheckpointRecord)]
-    ledger = checkpoint_ledger.read_ledger(records)
+    ledger = evidence.checkpoints = checkpoint_ledger.read_ledger(records)
     last = newest(evidence.heartbeats)
     beating = {b.rank for b in evidence.heartbeats if liveness(b, evidence.now, last).state == "alive"}
     writing = {(save.rank, save.step) for save in ledger.saves if save.saved is None and save.rank in beating}

@@ -81,6 +81,7 @@ class Evidence:
     late_records: int = 0
     hangs: list[Any] = field(default_factory=list)  # hangs.jsonl's records
     stalls: list[Any] = field(default_factory=list)  # stalls.Stall, each stall line read against the others
+    checkpoints: Any = None  # the checkpoint ledger (observers.checkpoint.ledger.Ledger), once read
     ends: list[Any] = field(default_factory=list)  # crash.ProcessEnd, one per process that said how it ended
     teardown: list[Failure] = field(default_factory=list)  # launcher signals after the driver ended normally
     timing_records: int = 0

@@ -22,7 +22,7 @@ from verl_events import LoopEnded
 
 from .record import NAMES_KEPT, VALUES, Alarm, TensorEntry
 
-__all__ = ["judge_load", "judge_loop", "judge_save", "nonfinite_names"]
+__all__ = ["judge_load", "judge_loop", "judge_save", "nonfinite_names", "tensor_count"]
 
 #: The parts whose state a load hands to ``load_state_dict``, where the taps see it held.
 HELD_PARTS = ("model", "optimizer")
@@ -104,10 +104,10 @@ def judge_load(
                     )
                 )
                 continue
-            compared += _count(tensors)
+            compared += tensor_count(tensors)
             alarms += _differences(part, tensors, after, f"the {part} the rank holds after the load", of)
         elif part in read:
-            compared += _count(tensors)
+            compared += tensor_count(tensors)
             alarms += _differences(part, tensors, read[part], f"the {part} file read", of)
         else:
             alarms.append(
@@ -124,14 +124,14 @@ def judge_load(
     return alarms, compared
 
 
-def _count(tensors: Tensors) -> int:
+def tensor_count(tensors: Tensors) -> int:
     """How many tensors: the other values are one entry, not a tensor."""
     return sum(1 for name in tensors if name != VALUES)
 
 
 def _tensors(tensors: Tensors) -> str:
     """``"81 tensor(s) and other values"``: how much of a state an alarm is about."""
-    return f"{_count(tensors)} tensor(s)" + (" and other values" if VALUES in tensors else "")
+    return f"{tensor_count(tensors)} tensor(s)" + (" and other values" if VALUES in tensors else "")
 
 
 def _differences(part: str, saved: Tensors, found: Tensors, what: str, of: str) -> list[Alarm]:
@@ -148,7 +148,8 @@ def _differences(part: str, saved: Tensors, found: Tensors, what: str, of: str) 
                 "not_restored",
                 part,
                 differs,
-                f"{changed} of the {part}'s {_count(saved)} in {what} differ from {of} (fingerprint, dtype or shape)",
+                f"{changed} of the {part}'s {tensor_count(saved)} in {what} differ from {of} "
+                "(fingerprint, dtype or shape)",
             )
         )
     return alarms

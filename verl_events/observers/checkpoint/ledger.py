@@ -95,11 +95,12 @@ def read_ledger(records: Iterable[CheckpointRecord], size_of: Callable[[str], in
             under_way[key] = save
             saves.append(save)
         elif record.kind == "saved":
-            began = under_way.pop(key, None)
+            # A stage without a path (emitted by hand) learns its folder from the files it wrote.
+            began = under_way.pop(key, None) or under_way.pop((record.rank, record.step, None), None)
             save = began if began is not None else Save(record.step, record.rank, record.path)
             if began is None:  # its began line is lost (a damaged line): the save stands on its own
                 saves.append(save)
-            save.saved = record
+            save.saved, save.path = record, save.path or record.path
         elif record.kind == "loaded":
             loads.append(record)
         else:

@@ -60,9 +60,8 @@ from verl_events import (
 from verl_events.layout import run_id
 
 from .._lines import append_line
-from .judge import judge_load, judge_loop, judge_save
+from .judge import judge_load, judge_loop, judge_save, tensor_count
 from .record import (
-    VALUES,
     Alarm,
     CheckpointRecord,
     Manifest,
@@ -137,7 +136,7 @@ class CheckpointObserver(Observer):
         with self._lock:
             self._open[event.seq] = (tap, outer)
         if event.stage == SAVE:
-            self._append(self._record(event, "began"))
+            self._append(self._record(event, "began", _folder(event, tap)))
 
     def on_stage_end(self, event: StageEnd) -> None:
         if event.stage in UPDATE_STAGES:
@@ -182,7 +181,7 @@ class CheckpointObserver(Observer):
         record = self._record(
             event,
             "saved",
-            path=folder,
+            folder,
             files=files,
             parts={p: _summary(t) for p, t in parts.items()},
             updates=updates,
@@ -240,7 +239,7 @@ class CheckpointObserver(Observer):
         record = self._record(
             event,
             "loaded",
-            path=folder,
+            folder,
             files=[{"name": f.name, "part": f.part, "bytes": None} for f in tap.loaded],
             compared=compared,
             alarms=alarms,
@@ -268,15 +267,14 @@ class CheckpointObserver(Observer):
 
     # -- writing --------------------------------------------------------------------------
 
-    def _record(self, event: StageEvent, kind: str, **fields: Any) -> CheckpointRecord:
-        path = event.meta.get("path") if kind == "began" else fields.pop("path", None)
+    def _record(self, event: StageEvent, kind: str, path: str | None, **fields: Any) -> CheckpointRecord:
         return CheckpointRecord(
             run=self._run_id(),
             kind=kind,
             step=event.step,
             rank=event.rank,
             time=time.time(),
-            path=os.path.abspath(path) if isinstance(path, str) else None,  # read elsewhere, from another folder
+            path=None if path is None else os.path.abspath(path),  # read elsewhere, from another folder
             **fields,
         )
 
@@ -322,8 +320,7 @@ def _one_line(text: str, most: int = 200) -> str:
 
 def _summary(tensors: dict[str, TensorEntry]) -> dict[str, int]:
     """A part's count of tensors (its other values aside) and bytes."""
-    counted = sum(1 for name in tensors if name != VALUES)
-    return {"tensors": counted, "bytes": sum(entry[2] for entry in tensors.values())}
+    return {"tensors": tensor_count(tensors), "bytes": sum(entry[2] for entry in tensors.values())}
 
 
 def _by_part(files: list[Any]) -> dict[str, dict[str, TensorEntry]]:

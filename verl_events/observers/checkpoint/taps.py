@@ -198,8 +198,11 @@ def add_user() -> None:
         _users += 1
         if _users > 1:
             return
-        stranded = {(owner, name) for owner, name, _, _ in _stranded}
-        _tapped.extend(_stranded)
+        # Ours is still called under the later patch, unless that patch was taken off since
+        # (the original is back in place): then it is wrapped anew below.
+        still = [entry for entry in _stranded if getattr(entry[0], entry[1]) is not entry[2]]
+        stranded = {(owner, name) for owner, name, _, _ in still}
+        _tapped.extend(still)
         _stranded.clear()
         targets: list[tuple[Any, str, Callable[[Any], Any]]] = [
             (torch, "save", _saving),
